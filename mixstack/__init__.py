@@ -1,0 +1,18 @@
+"""mixstack: the gated SO(2) mixing stack of equivariant interatomic potentials, exact and fast.
+
+Public API (SPEC §2): ``mixing_stack``, ``MixingStack``, ``reference``,
+``set_level`` / ``get_level`` / ``use_level``, ``dispatch_log``.
+"""
+
+from . import reference
+from .api import mixing_stack
+from .dispatch import dispatch_log
+from .levels import get_level, set_level, use_level
+from .module import MixingStack
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MixingStack", "dispatch_log", "get_level", "mixing_stack", "reference", "set_level",
+    "use_level", "__version__",
+]

@@ -1,0 +1,39 @@
+"""``mixstack.mixing_stack``: validate, pick the level's path, run it."""
+
+from __future__ import annotations
+
+import torch
+
+from . import dispatch, ops, reference  # noqa: F401  (ops registers the operators)
+from .layout import validate_inputs
+
+
+def mixing_stack(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alpha: bool = True):
+    """The gated SO(2) mixing stack (SPEC §1) at the active level.
+
+    ``u0 (F, E, ROW)`` focus-major activations, ``alpha (E, F)`` per-edge focus
+    weights, ``w0 (n_layers, F, m0, m0)``, ``w1 (n_layers, F, m1, m1)``,
+    ``gw (n_layers - 1, F, focus_dim, lmax * focus_dim)``; returns the
+    edge-major ``(E, F, ROW)`` result.  Differentiable in every input, to any
+    order.  Level 0 (or a shape/dtype/device the kernels do not take) runs
+    ``mixstack.reference``; levels 1-3 run the Triton operator.
+    """
+    shape = validate_inputs(u0, alpha, w0, w1, gw, lmax=lmax, focus_dim=focus_dim)
+    level = dispatch.forward_level(u0, shape.layout)
+    if level == 0:
+        dispatch.record("fwd:reference")
+        out = reference.forward(u0, alpha, w0, w1, gw, lmax=lmax, focus_dim=focus_dim,
+                                apply_alpha=apply_alpha)[0]
+        if out.requires_grad and not torch.compiler.is_compiling():
+            out.register_hook(_record_reference_backward)
+        return out
+    dispatch.record("fwd:triton")
+    out, _ = torch.ops.mixstack.stack_forward(
+        u0.contiguous(), alpha.contiguous(), w0.contiguous(), w1.contiguous(), gw.contiguous(),
+        lmax, focus_dim, apply_alpha, level)
+    return out
+
+
+def _record_reference_backward(grad):
+    dispatch.record("bwd:reference")
+    return grad

@@ -1,0 +1,48 @@
+"""The ``MIXSTACK_*`` environment variables, read in one place and only when asked.
+
+| variable | meaning | Python equivalent |
+|---|---|---|
+| ``MIXSTACK_LEVEL`` | process default level 0..3 | ``mixstack.set_level`` |
+| ``MIXSTACK_CACHE_DIR`` | where tuning results persist | ``mixstack.config.set_cache_dir`` |
+
+``TRITON_INTERPRET`` (Triton's own switch) is read here too: with it set, the
+Triton levels run on CPU tensors through the interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+
+_cache_dir_override: str | None = None
+
+
+def env_level() -> int | None:
+    """The level named by ``MIXSTACK_LEVEL``, or ``None`` when it is unset."""
+    raw = os.environ.get("MIXSTACK_LEVEL", "").strip()
+    if not raw:
+        return None
+    if raw not in {"0", "1", "2", "3"}:
+        raise ValueError(f"MIXSTACK_LEVEL must be one of 0, 1, 2, 3, got {raw!r}")
+    return int(raw)
+
+
+def triton_interpret() -> bool:
+    """True when Triton kernels run through its CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip() not in {"", "0"}
+
+
+def set_cache_dir(path: str | None) -> None:
+    """Override ``MIXSTACK_CACHE_DIR`` from Python (``None`` restores the default)."""
+    global _cache_dir_override
+    _cache_dir_override = path
+
+
+def cache_dir() -> str:
+    """Directory for per-user tuning results."""
+    if _cache_dir_override:
+        return _cache_dir_override
+    env = os.environ.get("MIXSTACK_CACHE_DIR", "").strip()
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "mixstack")

@@ -1,0 +1,103 @@
+"""The gate of a gated layer, forwards and backwards (one program per edge tile and focus).
+
+``gate_kernel`` computes the gate sigmoids ``sigmoid(s @ gw)`` of a layer from
+its saved scalar pre-activations ``s = z[:, :Cf]`` and writes the sigmoid
+surface ``(F, E, G)``; in the forward (``WRITE_U``) it also writes the m = 0
+columns of the next layer input, ``u + [silu(s) | z0[:, Cf:] * sg]``.  The
+backward relay calls it again to recompute the sigmoids instead of saving them.
+
+``gate_backward_kernel`` is the relay's pointwise step: from the upstream
+gradient ``h``, the saved ``z`` and the sigmoid surface it writes ``gz``, the
+cotangent of the layer's pre-activations, with the gate-logit contraction
+``gl @ gw^T`` folded into the scalar columns.
+
+Register tiles are ``CP = next_pow2(Cf)`` wide with column masks, so any Cf
+that is a multiple of 16 runs; padded lanes load zeros and are never stored.
+"""
+
+import triton
+import triton.language as tl
+
+from .activations import gate_grad, gate_logit_grad, sigmoid, silu, silu_grad
+
+
+@triton.jit
+def gate_kernel(
+    z_ptr, gw_ptr, u_ptr, u_next_ptr, sg_ptr,
+    layer, E, F,
+    LMAX: tl.constexpr, CF: tl.constexpr, CP: tl.constexpr,
+    WRITE_U: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    M0: tl.constexpr = (LMAX + 1) * CF
+    ROW: tl.constexpr = M0 + 2 * LMAX * CF
+    G: tl.constexpr = LMAX * CF
+    pid = tl.program_id(0).to(tl.int64)
+    f = tl.program_id(1).to(tl.int64)
+    e = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    c = tl.arange(0, CP)
+    c_mask = c < CF
+    mask = (e < E)[:, None] & c_mask[None, :]
+    rows = (f * E + e) * ROW
+    z_rows = layer * F * E * ROW + rows
+    sg_rows = (f * E + e) * G
+
+    s = tl.load(z_ptr + z_rows[:, None] + c[None, :], mask=mask, other=0.0)
+    if WRITE_U:
+        u_s = tl.load(u_ptr + rows[:, None] + c[None, :], mask=mask, other=0.0)
+        tl.store(u_next_ptr + rows[:, None] + c[None, :], u_s + silu(s), mask=mask)
+    gw_base = gw_ptr + (layer * F + f) * (CF * G)
+    w_mask = c_mask[:, None] & c_mask[None, :]
+    for j in tl.static_range(LMAX):
+        gw_j = tl.load(gw_base + c[:, None] * G + (j * CF + c)[None, :], mask=w_mask, other=0.0)
+        sg = sigmoid(tl.dot(s, gw_j, input_precision="ieee"))
+        tl.store(sg_ptr + sg_rows[:, None] + (j * CF + c)[None, :], sg, mask=mask)
+        if WRITE_U:
+            cols = (j + 1) * CF + c
+            z_j = tl.load(z_ptr + z_rows[:, None] + cols[None, :], mask=mask, other=0.0)
+            u_j = tl.load(u_ptr + rows[:, None] + cols[None, :], mask=mask, other=0.0)
+            tl.store(u_next_ptr + rows[:, None] + cols[None, :], u_j + z_j * sg, mask=mask)
+
+
+@triton.jit
+def gate_backward_kernel(
+    h_ptr, z_ptr, sg_ptr, gw_ptr, gz_ptr,
+    layer, E, F,
+    LMAX: tl.constexpr, CF: tl.constexpr, CP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    M0: tl.constexpr = (LMAX + 1) * CF
+    ROW: tl.constexpr = M0 + 2 * LMAX * CF
+    G: tl.constexpr = LMAX * CF
+    pid = tl.program_id(0).to(tl.int64)
+    f = tl.program_id(1).to(tl.int64)
+    e = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    c = tl.arange(0, CP)
+    c_mask = c < CF
+    mask = (e < E)[:, None] & c_mask[None, :]
+    rows = ((f * E + e) * ROW)[:, None]
+    z_rows = layer * F * E * ROW + rows
+    sg_rows = ((f * E + e) * G)[:, None]
+    gw_base = gw_ptr + (layer * F + f) * (CF * G)
+    w_mask = c_mask[:, None] & c_mask[None, :]
+
+    contraction = tl.zeros((BLOCK_M, CP), dtype=tl.float32)
+    for j in tl.static_range(LMAX):
+        col_m0 = ((j + 1) * CF + c)[None, :]
+        col_neg = (M0 + j * CF + c)[None, :]
+        col_pos = (M0 + G + j * CF + c)[None, :]
+        sg = tl.load(sg_ptr + sg_rows + (j * CF + c)[None, :], mask=mask, other=0.0)
+        h_m0 = tl.load(h_ptr + rows + col_m0, mask=mask, other=0.0)
+        h_neg = tl.load(h_ptr + rows + col_neg, mask=mask, other=0.0)
+        h_pos = tl.load(h_ptr + rows + col_pos, mask=mask, other=0.0)
+        z_m0 = tl.load(z_ptr + z_rows + col_m0, mask=mask, other=0.0)
+        z_neg = tl.load(z_ptr + z_rows + col_neg, mask=mask, other=0.0)
+        z_pos = tl.load(z_ptr + z_rows + col_pos, mask=mask, other=0.0)
+        tl.store(gz_ptr + rows + col_m0, h_m0 * sg, mask=mask)
+        tl.store(gz_ptr + rows + col_neg, h_neg * sg, mask=mask)
+        tl.store(gz_ptr + rows + col_pos, h_pos * sg, mask=mask)
+        gl = gate_logit_grad(gate_grad(h_m0, z_m0, h_neg, z_neg, h_pos, z_pos), sg)
+        gw_t = tl.load(gw_base + c[None, :] * G + (j * CF + c)[:, None], mask=w_mask, other=0.0)
+        contraction = tl.dot(gl, gw_t, contraction, input_precision="ieee")
+    s = tl.load(z_ptr + z_rows + c[None, :], mask=mask, other=0.0)
+    h_s = tl.load(h_ptr + rows + c[None, :], mask=mask, other=0.0)
+    tl.store(gz_ptr + rows + c[None, :], silu_grad(h_s, s) + contraction, mask=mask)

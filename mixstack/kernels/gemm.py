@@ -1,0 +1,114 @@
+"""The block-diagonal GEMM of the stack, with the epilogues each use needs.
+
+One row of ``u`` times ``blockdiag(W0, W1)``: block 0 maps the m = 0 columns
+through ``W0``, block 1 the |m| = 1 columns through ``W1``.  A launch covers
+block 0, block 1, or both (the N-tile index runs over both blocks' tiles and
+picks the block), for one layer of the stacked weights (passed whole, with the
+layer as an integer: a per-layer view would break Inductor's re-trace).
+
+Uses, by constexpr flags:
+  forward m0 of a gated layer  STORE_Z
+  forward m1 of a gated layer  STORE_Z, GATE, RESIDUAL       -> u_next
+  forward identity layer       RESIDUAL, ALPHA_ON_OUT, OUT_EDGE_MAJOR
+  backward identity layer      A_EDGE_MAJOR, ALPHA_ON_A, TRANSPOSE_W, RESIDUAL
+  backward gated layer         TRANSPOSE_W, RESIDUAL (from ``res_ptr``, in place)
+
+The K loop accumulates ``acc = tl.dot(a, w, acc)`` in exact IEEE fp32
+(never TF32) in a fixed K order; launch configs change the schedule only.
+Row offsets are int64: ``F * E * ROW`` may exceed 2**31.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def block_gemm_kernel(
+    a_ptr, w0_ptr, w1_ptr, res_ptr, out_ptr, z_ptr, sg_ptr, alpha_ptr,
+    layer, E, F,
+    LMAX: tl.constexpr, CF: tl.constexpr,
+    FIRST_BLOCK: tl.constexpr, BOTH_BLOCKS: tl.constexpr,
+    A_EDGE_MAJOR: tl.constexpr, ALPHA_ON_A: tl.constexpr, TRANSPOSE_W: tl.constexpr,
+    STORE_Z: tl.constexpr, GATE: tl.constexpr, RESIDUAL: tl.constexpr,
+    ALPHA_ON_OUT: tl.constexpr, OUT_EDGE_MAJOR: tl.constexpr, STORE_OUT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    M0: tl.constexpr = (LMAX + 1) * CF
+    M1: tl.constexpr = 2 * LMAX * CF
+    ROW: tl.constexpr = M0 + M1
+    G: tl.constexpr = LMAX * CF
+    NT0: tl.constexpr = (M0 + BLOCK_N - 1) // BLOCK_N
+    NT1: tl.constexpr = (M1 + BLOCK_N - 1) // BLOCK_N
+    if BOTH_BLOCKS:
+        NT: tl.constexpr = NT0 + NT1
+    elif FIRST_BLOCK == 0:
+        NT: tl.constexpr = NT0
+    else:
+        NT: tl.constexpr = NT1
+
+    pid = tl.program_id(0).to(tl.int64)
+    f = tl.program_id(1).to(tl.int64)
+    pid_m = pid // NT
+    pid_n = pid % NT
+
+    if BOTH_BLOCKS:
+        second = pid_n >= NT0
+        tile_n = tl.where(second, pid_n - NT0, pid_n)
+    else:
+        second = (pid_n * 0 + FIRST_BLOCK) == 1
+        tile_n = pid_n
+    if second:
+        col0 = M0
+        kdim = M1
+        w_ptr = w1_ptr + (layer * F + f) * (M1 * M1)
+    else:
+        col0 = 0
+        kdim = M0
+        w_ptr = w0_ptr + (layer * F + f) * (M0 * M0)
+
+    e = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    e_mask = e < E
+    if A_EDGE_MAJOR:
+        a_rows = (e * F + f) * ROW
+    else:
+        a_rows = (f * E + e) * ROW
+    if ALPHA_ON_A or ALPHA_ON_OUT:
+        alpha = tl.load(alpha_ptr + e * F + f, mask=e_mask, other=0.0)
+
+    n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < kdim
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in tl.range(0, kdim, BLOCK_K):
+        a = tl.load(a_ptr + a_rows[:, None] + (col0 + k + rk)[None, :], mask=e_mask[:, None], other=0.0)
+        if ALPHA_ON_A:
+            a = a * alpha[:, None]
+        if TRANSPOSE_W:
+            w = tl.load(w_ptr + n[None, :] * kdim + (k + rk)[:, None], mask=n_mask[None, :], other=0.0)
+        else:
+            w = tl.load(w_ptr + (k + rk)[:, None] * kdim + n[None, :], mask=n_mask[None, :], other=0.0)
+        acc = tl.dot(a, w, acc, input_precision="ieee")
+
+    col = col0 + n
+    mask = e_mask[:, None] & n_mask[None, :]
+    focus_rows = (f * E + e) * ROW
+    if STORE_Z:
+        tl.store(z_ptr + layer * F * E * ROW + focus_rows[:, None] + col[None, :], acc, mask=mask)
+    val = acc
+    if GATE:
+        gcol = ((n // CF) % LMAX) * CF + n % CF
+        sg = tl.load(sg_ptr + ((f * E + e) * G)[:, None] + gcol[None, :], mask=mask, other=0.0)
+        val = val * sg
+    if RESIDUAL:
+        res = tl.load(res_ptr + a_rows[:, None] + col[None, :], mask=mask, other=0.0)
+        if ALPHA_ON_A:
+            res = res * alpha[:, None]
+        val = res + val
+    if ALPHA_ON_OUT:
+        val = val * alpha[:, None]
+    if STORE_OUT:
+        if OUT_EDGE_MAJOR:
+            out_rows = (e * F + f) * ROW
+        else:
+            out_rows = focus_rows
+        tl.store(out_ptr + out_rows[:, None] + col[None, :], val, mask=mask)

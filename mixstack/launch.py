@@ -1,0 +1,140 @@
+"""Launchers: allocate the surfaces, pick launch configs, launch the kernels.
+
+Everything here is plain Python over tensor metadata, so it runs unchanged
+eagerly and inside a ``triton_op`` body being traced (kernels go through
+``wrap_triton``; configs become constants of the traced graph).
+
+Surfaces (all float32): the forward writes ``z (n_gated, F, E, ROW)`` and the
+edge-major result, using two ping-pong ``(F, E, ROW)`` activation buffers and a
+``(F, E, G)`` gate-sigmoid surface.  The relay backward keeps one running
+gradient ``h (F, E, ROW)`` updated in place, one ``gz (F, E, ROW)`` and one
+sigmoid surface, each reused by every layer.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from torch.library import wrap_triton
+
+from .kernels.gate import gate_backward_kernel, gate_kernel
+from .kernels.gemm import block_gemm_kernel
+from .kernels.reduce import alpha_grad_kernel
+from .layout import StackLayout
+
+# Level-1 launch configs: conservative, spill-free on every supported shape.
+# (64, 64, 32, 4 warps, 3 stages) with a pipelined K loop ran an ieee block
+# GEMM of this shape at ~42 TFLOP/s on an H200 (h200-measurements.md).
+GEMM_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+ALPHA_GRAD_CONFIG = {"BLOCK_R": 32, "BLOCK_C": 64, "num_warps": 4}
+
+
+def block_k(layout: StackLayout) -> int:
+    """The K tile: it must divide both block widths, so the K loop needs no mask."""
+    return 32 if layout.focus_dim % 32 == 0 else 16
+
+
+def gate_config(layout: StackLayout) -> dict:
+    """Edge rows per gate program: fewer as the register tile widens."""
+    cp = triton.next_power_of_2(layout.focus_dim)
+    return {"BLOCK_M": 64 if cp <= 32 else 32 if cp <= 64 else 16, "num_warps": 4}
+
+
+def _is_empty(n) -> bool:
+    return isinstance(n, int) and n == 0
+
+
+def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, *, blocks, res=None, out=None, z=None,
+          sg=None, alpha=None, a_edge_major=False, alpha_on_a=False, transpose_w=False,
+          gate=False, alpha_on_out=False, out_edge_major=False):
+    """Launch ``block_gemm_kernel`` over ``blocks`` (``(0,)``, ``(1,)`` or ``(0, 1)``)."""
+    cfg = GEMM_CONFIG
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    widths = {0: layout.m0, 1: layout.m1}
+    n_tiles = sum(triton.cdiv(widths[b], bn) for b in blocks)
+    grid = ((n_edges + bm - 1) // bm * n_tiles, n_focus)
+    wrap_triton(block_gemm_kernel)[grid](
+        a, w0, w1, a if res is None else res, a if out is None else out, a if z is None else z,
+        a if sg is None else sg, a if alpha is None else alpha,
+        layer, n_edges, n_focus,
+        LMAX=layout.lmax, CF=layout.focus_dim,
+        FIRST_BLOCK=blocks[0], BOTH_BLOCKS=len(blocks) == 2,
+        A_EDGE_MAJOR=a_edge_major, ALPHA_ON_A=alpha_on_a, TRANSPOSE_W=transpose_w,
+        STORE_Z=z is not None, GATE=gate, RESIDUAL=res is not None,
+        ALPHA_ON_OUT=alpha_on_out, OUT_EDGE_MAJOR=out_edge_major, STORE_OUT=out is not None,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=block_k(layout),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+
+
+def _gate(z, gw, layer, sg, n_edges, n_focus, layout, u=None, u_next=None):
+    cfg = gate_config(layout)
+    grid = ((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)
+    wrap_triton(gate_kernel)[grid](
+        z, gw, z if u is None else u, z if u_next is None else u_next, sg,
+        layer, n_edges, n_focus,
+        LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
+        WRITE_U=u is not None, BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"],
+    )
+
+
+def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool):
+    """Level-1 forward: ``(result (E, F, ROW), z (n_gated, F, E, ROW))``; inputs contiguous fp32."""
+    n_focus, n_edges, row = u0.shape
+    n_gated = w0.shape[0] - 1
+    out = u0.new_empty((n_edges, n_focus, row))
+    z = u0.new_empty((n_gated, n_focus, n_edges, row))
+    if _is_empty(n_edges):
+        return out, z
+    u = u0
+    if n_gated:
+        sg = u0.new_empty((n_focus, n_edges, layout.gate_width))
+        buffers = [torch.empty_like(u0), torch.empty_like(u0) if n_gated > 1 else None]
+    for k in range(n_gated):
+        u_next = buffers[k % 2]
+        _gemm(u, w0, w1, k, n_edges, n_focus, layout, blocks=(0,), z=z)
+        _gate(z, gw, k, sg, n_edges, n_focus, layout, u=u, u_next=u_next)
+        _gemm(u, w0, w1, k, n_edges, n_focus, layout, blocks=(1,), z=z, sg=sg, gate=True,
+              res=u, out=u_next)
+        u = u_next
+    _gemm(u, w0, w1, n_gated, n_edges, n_focus, layout, blocks=(0, 1), res=u, out=out,
+          alpha=alpha if apply_alpha else None, alpha_on_out=apply_alpha, out_edge_major=True)
+    return out, z
+
+
+def stack_backward_relay(grad_out, out, z, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool):
+    """Level-1 relay backward: ``(grad_u0 (F, E, ROW), grad_alpha (E, F) or empty)``.
+
+    Per gated layer: recompute the gate sigmoids, write ``gz`` pointwise, then
+    ``h += gz @ W^T`` over both blocks.  ``grad_out`` is edge-major and contiguous.
+    """
+    n_edges, n_focus, row = grad_out.shape
+    n_gated = w0.shape[0] - 1
+    h = grad_out.new_empty((n_focus, n_edges, row))
+    grad_alpha = grad_out.new_empty((n_edges, n_focus) if apply_alpha else (0,))
+    if _is_empty(n_edges):
+        return h, grad_alpha
+    if apply_alpha:
+        cfg = ALPHA_GRAD_CONFIG
+        n_rows = n_edges * n_focus
+        wrap_triton(alpha_grad_kernel)[((n_rows + cfg["BLOCK_R"] - 1) // cfg["BLOCK_R"],)](
+            grad_out, out, alpha, grad_alpha, n_rows,
+            ROW=row, BLOCK_R=cfg["BLOCK_R"], BLOCK_C=cfg["BLOCK_C"], num_warps=cfg["num_warps"],
+        )
+    _gemm(grad_out, w0, w1, n_gated, n_edges, n_focus, layout, blocks=(0, 1), res=grad_out, out=h,
+          alpha=alpha if apply_alpha else None, a_edge_major=True, alpha_on_a=apply_alpha,
+          transpose_w=True)
+    if n_gated:
+        sg = grad_out.new_empty((n_focus, n_edges, layout.gate_width))
+        gz = torch.empty_like(h)
+        cfg = gate_config(layout)
+        grid = ((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)
+    for k in range(n_gated - 1, -1, -1):
+        _gate(z, gw, k, sg, n_edges, n_focus, layout)
+        wrap_triton(gate_backward_kernel)[grid](
+            h, z, sg, gw, gz, k, n_edges, n_focus,
+            LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
+            BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"],
+        )
+        _gemm(gz, w0, w1, k, n_edges, n_focus, layout, blocks=(0, 1), res=h, out=h, transpose_w=True)
+    return h, grad_alpha
