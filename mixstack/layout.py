@@ -88,11 +88,11 @@ def validate_inputs(u0, alpha, w0, w1, gw, *, lmax, focus_dim) -> StackShape:
     ``ValueError`` for wrong ranks, sizes, mismatches and mixed devices; each
     message names the argument, what was expected and what was received.
     """
-    if isinstance(lmax, bool) or not isinstance(lmax, int):
+    if isinstance(lmax, bool) or not isinstance(lmax, (int, torch.SymInt)):
         raise TypeError(f"lmax must be an int, got {type(lmax).__name__}")
-    if lmax not in LMAX_RANGE:
+    if not LMAX_RANGE.start <= lmax < LMAX_RANGE.stop:
         raise ValueError(f"lmax must be in 1..6, got {lmax}")
-    if isinstance(focus_dim, bool) or not isinstance(focus_dim, int):
+    if isinstance(focus_dim, bool) or not isinstance(focus_dim, (int, torch.SymInt)):
         raise TypeError(f"focus_dim must be an int, got {type(focus_dim).__name__}")
     if focus_dim < 1:
         raise ValueError(f"focus_dim must be positive, got {focus_dim}")

@@ -13,6 +13,8 @@ cotangent of the layer's pre-activations, with the gate-logit contraction
 
 Register tiles are ``CP = next_pow2(Cf)`` wide with column masks, so any Cf
 that is a multiple of 16 runs; padded lanes load zeros and are never stored.
+The loop over degrees is a runtime loop: unrolled (``static_range``) it kept
+every degree's tiles live and spilled 116-224 registers at Cf = 64 (H200).
 """
 
 import triton
@@ -47,7 +49,7 @@ def gate_kernel(
         tl.store(u_next_ptr + rows[:, None] + c[None, :], u_s + silu(s), mask=mask)
     gw_base = gw_ptr + (layer * F + f) * (CF * G)
     w_mask = c_mask[:, None] & c_mask[None, :]
-    for j in tl.static_range(LMAX):
+    for j in tl.range(0, LMAX):
         gw_j = tl.load(gw_base + c[:, None] * G + (j * CF + c)[None, :], mask=w_mask, other=0.0)
         sg = sigmoid(tl.dot(s, gw_j, input_precision="ieee"))
         tl.store(sg_ptr + sg_rows[:, None] + (j * CF + c)[None, :], sg, mask=mask)
@@ -81,7 +83,7 @@ def gate_backward_kernel(
     w_mask = c_mask[:, None] & c_mask[None, :]
 
     contraction = tl.zeros((BLOCK_M, CP), dtype=tl.float32)
-    for j in tl.static_range(LMAX):
+    for j in tl.range(0, LMAX):
         col_m0 = ((j + 1) * CF + c)[None, :]
         col_neg = (M0 + j * CF + c)[None, :]
         col_pos = (M0 + G + j * CF + c)[None, :]

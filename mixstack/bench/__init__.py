@@ -1,0 +1,21 @@
+"""``mixstack bench``: how fast, how much memory, how exact.
+
+- ``timing``: the one timing loop (variants interleaved in rotating order), shared with the tuner;
+- ``counts``: counted FLOPs and minimum bytes of a pass;
+- ``shapes``: the SPEC §7 shapes, small CPU shapes, random inputs;
+- ``runner``: runs variants x shapes x passes with peak memory, accuracy and dispatch paths;
+- ``report``: JSON, Markdown and PNG results files;
+- ``env``: the environment record (device, versions, git, date) of results and ``mixstack info``.
+
+Importing this package imports neither matplotlib nor rich.
+"""
+
+from .counts import flops, min_bytes
+from .runner import BenchConfig, default_config, run_bench
+from .shapes import SMALL, STANDARD, BenchShape, make_inputs
+from .timing import Samples, Task, beats, time_interleaved
+
+__all__ = [
+    "SMALL", "STANDARD", "BenchConfig", "BenchShape", "Samples", "Task", "beats", "default_config",
+    "flops", "make_inputs", "min_bytes", "run_bench", "time_interleaved",
+]

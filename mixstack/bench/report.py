@@ -1,0 +1,198 @@
+"""Results files of ``mixstack bench``: JSON, a Markdown table and a PNG plot.
+
+The JSON record (``runner.run_bench``) holds every sample; the Markdown and
+the plot are views of it, and both carry the device, the software versions
+and the date, as SPEC §7 asks of every figure.  matplotlib is an optional
+dependency (``mixstack[bench]``), imported only when a plot is drawn, with
+the Agg backend so that no display is needed.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import json
+import math
+import os
+from pathlib import Path
+
+from .env import device_slug
+from .runner import PASS_LABELS
+
+JSON_NAME, MARKDOWN_NAME, PLOT_NAME = "bench.json", "bench.md", "bench.png"
+
+
+def require_extra(module: str, extra: str = "bench"):
+    """Import an optional dependency, or raise an ImportError naming the pip fix."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"{module} is needed for this; install it with "
+                          f"`pip install mixstack[{extra}]`") from exc
+
+
+def default_dir(record: dict, base: str | os.PathLike = "results") -> Path:
+    """``results/bench-<date>-<device>/``: the default results folder of a run."""
+    stamp = _dt.datetime.fromisoformat(record["env"]["date"]).strftime("%Y%m%d-%H%M%S")
+    return Path(base) / f"bench-{stamp}-{device_slug(record['env']['device'])}"
+
+
+def _ms(row: dict | None) -> str:
+    if row is None:
+        return "—"
+    return f"{row['median_ms']:.3g} [{row['p20_ms']:.3g}–{row['p80_ms']:.3g}]"
+
+
+def _sci(x) -> str:
+    return "—" if x is None else f"{x:.1e}"
+
+
+def _pct(x) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def header_lines(record: dict) -> list[str]:
+    """Device, versions, date, git revision, command and roofs, one fact per line."""
+    e = record["env"]
+    dev = e["device"]
+    roof = record.get("roof") or {}
+    lines = [
+        f"device: {dev['name']}" + (f" (sm {dev['capability']}, {dev['sm_count']} SMs, "
+                                    f"{dev['memory_gib']} GiB)" if dev["type"] == "cuda" else
+                                    f" ({dev.get('threads')} threads)"),
+        f"software: mixstack {e['mixstack']}, torch {e['torch']}, Triton {e['triton']}, "
+        f"CUDA {e['cuda'] or '—'}, driver {e['driver'] or '—'}, Python {e['python']}",
+        f"date: {e['date']}; git: {e['git_revision'] or '—'}",
+        f"command: {record.get('command') or '—'}",
+    ]
+    if roof:
+        lines.append(f"roofs measured in this run: fp32 matmul {roof['fp32_matmul_n']}^3 "
+                     f"(TF32 off) {roof['fp32_tflops']:.3g} TFLOP/s; copy {roof['copy_gbps']:.4g} GB/s")
+    return lines
+
+
+def summary_rows(record: dict) -> list[dict]:
+    """One row per (shape, variant): time of each pass, peak memory, errors, paths."""
+    timing = {(t["shape"], t["variant"], t["pass"]): t for t in record["timings"]}
+    passes = record["config"]["passes"]
+    rows = []
+    for shape in record["shapes"]:
+        for v in shape["variants"]:
+            err = v["rel_error"]
+            row = {"shape": shape["name"], "variant": v["variant"]}
+            for p in passes:
+                row[f"{PASS_LABELS[p]} ms"] = _ms(timing.get((shape["name"], v["variant"], p)))
+            row.update({
+                "peak MiB": "—" if v["peak_mib"] is None else f"{v['peak_mib']:.0f}",
+                "err out": _sci(err.get("out")), "err grad_u0": _sci(err.get("grad_u0")),
+                "err grad_alpha": _sci(err.get("grad_alpha")),
+                "paths": ", ".join(f"{k}×{n}" for k, n in v["dispatch"].items()) or "—",
+                "note": v["failed"] or v["note"] or "",
+            })
+            rows.append(row)
+    return rows
+
+
+def detail_rows(record: dict) -> list[dict]:
+    """One row per (shape, variant, pass): statistics, rates and roof fractions."""
+    return [{
+        "shape": t["shape"], "variant": t["variant"], "pass": PASS_LABELS[t["pass"]],
+        "median ms": f"{t['median_ms']:.4g}", "p20 ms": f"{t['p20_ms']:.4g}",
+        "p80 ms": f"{t['p80_ms']:.4g}", "rounds": str(t["rounds"]),
+        "GFLOP": f"{t['flops'] / 1e9:.4g}", "TFLOP/s": f"{t['tflops']:.3g}",
+        "of fp32 roof": _pct(t["fp32_roof_fraction"]), "min MB": f"{t['min_bytes'] / 1e6:.4g}",
+        "GB/s": f"{t['gbps']:.4g}", "of copy roof": _pct(t["copy_roof_fraction"]),
+    } for t in record["timings"]]
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """``rows`` (dicts with the same keys) as a Markdown table."""
+    if not rows:
+        return "(none)\n"
+    cols = list(rows[0])
+    out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    out += ["| " + " | ".join(str(r[c]).replace("|", "\\|") for c in cols) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def markdown(record: dict) -> str:
+    """The Markdown report: header, summary table, detail table, skipped variants."""
+    parts = ["# mixstack bench\n", "\n".join(f"- {line}" for line in header_lines(record)) + "\n"]
+    shapes = "; ".join(f"{s['name']}: E={s['edges']} F={s['focus']} Cf={s['focus_dim']} "
+                       f"lmax={s['lmax']} layers={s['layers']}" + ("" if s["apply_alpha"] else " no-alpha")
+                       for s in record["shapes"])
+    parts.append(f"Shapes: {shapes}.\n")
+    parts.append(
+        "## Summary\n\nTimes: median [p20–p80] in ms over the timed rounds, variants interleaved "
+        "in rotating order. bwd = the backward alone (forward untimed), gradients of u0 and "
+        "alpha. Peak MiB: device memory of one fwd+bwd above the inputs. err: ‖x − x64‖/‖x64‖ "
+        "against a float64 reference on the first check_edges edges. paths: what "
+        "`mixstack.dispatch_log` recorded for one fwd+bwd.\n")
+    parts.append(markdown_table(summary_rows(record)))
+    parts.append("\n## Rates\n\nTFLOP/s from counted matrix-product FLOPs; GB/s from the "
+                 "minimum bytes of the contract (see `mixstack/bench/counts.py`).\n")
+    parts.append(markdown_table(detail_rows(record)))
+    extra = [f"{s['variant']} skipped: {s['reason']}" for s in record["skipped"]] + record["notes"]
+    if extra:
+        parts.append("\n## Not run\n\n" + "\n".join(f"- {x}" for x in extra) + "\n")
+    return "\n".join(parts)
+
+
+def plot(record: dict, path: str | os.PathLike) -> Path:
+    """Time per variant per shape (bars: median; whiskers: p20–p80), one panel per shape."""
+    matplotlib = require_extra("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = [s["name"] for s in record["shapes"]]
+    passes = record["config"]["passes"]
+    timing = {(t["shape"], t["variant"], t["pass"]): t for t in record["timings"]}
+    ncols = min(len(shapes), 2) or 1
+    nrows = max(1, math.ceil(len(shapes) / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.5 * ncols, 4.2 * nrows), squeeze=False)
+    width = 0.8 / max(len(passes), 1)
+    for ax, shape in zip(axes.flat, record["shapes"]):
+        variants = [v["variant"] for v in shape["variants"]]
+        for j, p in enumerate(passes):
+            xs, meds, lo, hi = [], [], [], []
+            for i, v in enumerate(variants):
+                t = timing.get((shape["name"], v, p))
+                if t is None:
+                    continue
+                xs.append(i + (j - (len(passes) - 1) / 2) * width)
+                meds.append(t["median_ms"])
+                lo.append(t["median_ms"] - t["p20_ms"])
+                hi.append(t["p80_ms"] - t["median_ms"])
+            ax.bar(xs, meds, width, yerr=[lo, hi], capsize=3, label=PASS_LABELS[p])
+        ax.set_xticks(range(len(variants)), variants)
+        ax.set_ylabel("ms (median, p20–p80)")
+        ax.set_title(f"{shape['name']}: E={shape['edges']} F={shape['focus']} "
+                     f"Cf={shape['focus_dim']} lmax={shape['lmax']}", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(shapes):]:
+        ax.set_visible(False)
+    head = header_lines(record)
+    fig.suptitle("mixstack bench — " + head[0].removeprefix("device: "), fontsize=11)
+    fig.text(0.01, 0.005, head[1] + "\n" + head[2], fontsize=7, va="bottom")
+    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write(record: dict, out_dir: str | os.PathLike, *, with_plot: bool = True) -> dict[str, Path]:
+    """Write ``bench.json``, ``bench.md`` and (optionally) ``bench.png`` into ``out_dir``.
+
+    The JSON and Markdown are written first, so a missing matplotlib (the
+    ImportError from ``plot``) never loses the measurements.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / JSON_NAME, "markdown": out / MARKDOWN_NAME}
+    paths["json"].write_text(json.dumps(record, indent=1) + "\n")
+    paths["markdown"].write_text(markdown(record))
+    if with_plot:
+        paths["plot"] = plot(record, out / PLOT_NAME)
+    return paths

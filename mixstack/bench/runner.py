@@ -1,0 +1,338 @@
+"""Run the benchmark: every variant of every shape, timed, with memory, accuracy and paths.
+
+Variants are the columns of SPEC §7: ``L0-eager`` (``mixstack.mixing_stack``
+at level 0), ``L0-compile`` (``torch.compile`` of ``mixstack.reference``),
+``L1``, ``L2`` and ``L3`` (``mixstack.mixing_stack`` at that level).  For each
+shape the runner
+
+1. draws random non-zero inputs (``shapes.make_inputs``);
+2. *probes* each variant with one untimed forward+backward (compilation and
+   autotuning happen here, outside any timing), then a second one that
+   records the peak device memory above the inputs, the ``dispatch_log`` paths
+   that really ran, and the relative error of the result, ``grad_u0`` and
+   ``grad_alpha`` against a float64 reference on the first ``check_edges``
+   edges (the stack is row-independent, so those rows of the full run are
+   exactly the subset's result);
+3. times each pass — ``fwd``, ``bwd`` (the backward alone: the forward runs
+   untimed before every sample) and ``both`` (forward + backward) — with
+   ``timing.time_interleaved``, variants interleaved in rotating order.
+
+Backward means the force path: ``torch.autograd.grad(out, [u0, alpha], g)``
+with weights that do not require grad.  TF32 is off for the whole run
+(``float32_matmul_precision = "highest"``), so level 0 and the roofs are
+exact fp32 like the Triton levels.  The fp32 roof is measured in the same run
+with a large matmul, and a copy roof with a device-to-device copy.
+
+Library code: nothing here prints.  Progress goes to the ``on_step`` callback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+from .. import reference
+from ..api import mixing_stack
+from ..dispatch import dispatch_log
+from ..levels import use_level
+from . import counts, env
+from .shapes import SMALL, STANDARD, BenchShape, StackInputs, make_inputs
+from .timing import Clock, Task, clock_for, time_interleaved
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "mixstack-bench/1"
+VARIANTS = {"0": "L0-eager", "0c": "L0-compile", "1": "L1", "2": "L2", "3": "L3"}
+LEVEL_OF = {"0": 0, "0c": 0, "1": 1, "2": 2, "3": 3}
+PASSES = counts.PASSES
+PASS_LABELS = {"fwd": "fwd", "bwd": "bwd", "both": "fwd+bwd"}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to run.  ``variants`` are keys of ``VARIANTS`` (``"0"``, ``"0c"``, ``"1"``, ...)."""
+
+    shapes: tuple[BenchShape, ...]
+    variants: tuple[str, ...]
+    passes: tuple[str, ...] = PASSES
+    rounds: int = 20
+    warmup: int = 3
+    device: str | None = None
+    check_edges: int = 4096
+    roof_n: int | None = None          # matmul size of the fp32 roof; None: by device
+    seed: int = 0
+    notes: tuple[str, ...] = field(default=())   # why defaults left something out
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["shapes"] = [s.to_dict() for s in self.shapes]
+        d["variants"] = [VARIANTS[v] for v in self.variants]
+        return d
+
+
+def parse_variants(text: str) -> tuple[str, ...]:
+    """``"0,0c,1,2"`` (or variant names like ``"L0-eager,L1"``) -> variant keys."""
+    by_name = {name.lower(): key for key, name in VARIANTS.items()}
+    keys = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        key = item.lower()
+        key = key[1:] if key.startswith("l") and key[1:] in VARIANTS else key
+        key = by_name.get(key, key)
+        if key not in VARIANTS:
+            raise ValueError(f"unknown level/variant {item!r}; use {', '.join(VARIANTS)} "
+                             f"or {', '.join(VARIANTS.values())}")
+        if key not in keys:
+            keys.append(key)
+    if not keys:
+        raise ValueError("no levels given")
+    return tuple(keys)
+
+
+def default_config(device=None, *, quick: bool = False) -> BenchConfig:
+    """The embedded defaults: SPEC §7 shapes and every level on a GPU; small
+    shapes at level 0 on a CPU (about a minute); ``quick`` for a smoke run."""
+    device = env.resolve_device(device)
+    if device.type == "cuda":
+        shapes = (STANDARD["S1"],) if quick else tuple(STANDARD.values())
+        return BenchConfig(shapes, tuple(VARIANTS), rounds=5 if quick else 20,
+                           warmup=1 if quick else 3, device=str(device))
+    shapes = (SMALL["C1"],) if quick else tuple(SMALL.values())
+    notes = ["L0-compile is left out on the CPU by default (its compile time exceeds the "
+             "benchmark's); ask for it with --levels 0,0c"]
+    triton_keys = tuple(k for k in VARIANTS if LEVEL_OF[k] > 0)
+    if skip_reason(triton_keys[0], device) is None:    # the interpreter: far too slow by default
+        notes.append("L1-L3 are left out on the CPU by default (the Triton interpreter is "
+                     "slow); ask for them with --levels 0,1")
+        triton_keys = ()
+    return BenchConfig(shapes, ("0",) + triton_keys, rounds=3 if quick else 15, warmup=1,
+                       device=str(device), notes=tuple(notes))
+
+
+def skip_reason(key: str, device) -> str | None:
+    """Why variant ``key`` cannot run on ``device``, or ``None`` when it can."""
+    if LEVEL_OF[key] == 0:
+        return None
+    ok, why = env.triton_levels_status(device)
+    return None if ok else why
+
+
+@contextlib.contextmanager
+def exact_fp32():
+    """No TF32 anywhere inside: ``torch.float32_matmul_precision = "highest"``."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def measure_roofs(device, clock: Clock, *, n: int, copy_mib: int, rounds: int = 5,
+                  warmup: int = 2) -> dict:
+    """The device's fp32 matmul rate (``n^3``, TF32 off) and copy bandwidth, timed
+    with the same loop as the variants."""
+    kw = dict(device=device, dtype=torch.float32)
+    a, b, c = torch.randn(n, n, **kw), torch.randn(n, n, **kw), torch.empty(n, n, **kw)
+    src = torch.randn(copy_mib * 2 ** 18, **kw)
+    dst = torch.empty_like(src)
+    with exact_fp32():
+        s = time_interleaved({"matmul": lambda: torch.mm(a, b, out=c), "copy": lambda: dst.copy_(src)},
+                             rounds=rounds, warmup=warmup, clock=clock)
+    moved = 2 * src.numel() * src.element_size()                 # read + write
+    return {"fp32_matmul_n": n, "fp32_tflops": 2 * n ** 3 / s["matmul"].median / 1e12,
+            "copy_mib": copy_mib, "copy_gbps": moved / s["copy"].median / 1e9,
+            "matmul": s["matmul"].to_dict(), "copy": s["copy"].to_dict()}
+
+
+def _peak_above(device: torch.device, fn: Callable[[], object]):
+    """Run ``fn``; return its result and the peak memory it allocated above what
+    was allocated before (``None`` off CUDA)."""
+    if device.type != "cuda":
+        return fn(), None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    result = fn()
+    torch.cuda.synchronize(device)
+    return result, torch.cuda.max_memory_allocated(device) - base
+
+
+def _rel_err(x: torch.Tensor, x64: torch.Tensor) -> float:
+    x, x64 = x.detach().double(), x64.detach().double()
+    den = torch.linalg.vector_norm(x64).item()
+    num = torch.linalg.vector_norm(x - x64).item()
+    return num / den if den > 0 else num
+
+
+def _forward_fn(key: str, shape: BenchShape, inp: StackInputs) -> Callable:
+    """``fwd(u0, alpha) -> result`` of variant ``key`` on ``inp``'s weights."""
+    kw = dict(lmax=shape.lmax, focus_dim=shape.focus_dim, apply_alpha=shape.apply_alpha)
+    w0, w1, gw = inp.w0, inp.w1, inp.gw
+    if key == "0c":
+        torch.compiler.reset()           # a fresh cache per shape: never hit the recompile limit
+        compiled = torch.compile(reference.mixing_stack, dynamic=False, fullgraph=True)
+        return lambda u0, alpha: compiled(u0, alpha, w0, w1, gw, **kw)
+    level = LEVEL_OF[key]
+
+    def fwd(u0, alpha):
+        with use_level(level):
+            return mixing_stack(u0, alpha, w0, w1, gw, **kw)
+
+    return fwd
+
+
+def _reference64(shape: BenchShape, inp: StackInputs, n: int) -> dict:
+    """Result, ``grad_u0`` and ``grad_alpha`` in float64 on the first ``n`` edges."""
+    u0 = inp.u0[:, :n].detach().double().requires_grad_()
+    alpha = inp.alpha[:n].detach().double().requires_grad_()
+    out, _ = reference.forward(u0, alpha, inp.w0.double(), inp.w1.double(), inp.gw.double(),
+                               lmax=shape.lmax, focus_dim=shape.focus_dim, apply_alpha=shape.apply_alpha)
+    wrt = [u0, alpha] if shape.apply_alpha else [u0]
+    grads = torch.autograd.grad(out, wrt, inp.grad_out[:n].double())
+    ref = {"out": out.detach(), "grad_u0": grads[0]}
+    if shape.apply_alpha:
+        ref["grad_alpha"] = grads[1]
+    return ref
+
+
+def _probe(key, fwd, shape, inp, u0, alpha, wrt, ref, n, device) -> dict:
+    """Compile/warm, then one measured fwd+bwd: peak memory, dispatch paths, errors."""
+    t0 = time.perf_counter()
+    torch.autograd.grad(fwd(u0, alpha), wrt, inp.grad_out)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    first_call_s = time.perf_counter() - t0
+
+    def run():
+        out = fwd(u0, alpha)
+        return out, torch.autograd.grad(out, wrt, inp.grad_out)
+
+    with dispatch_log() as paths:
+        (out, grads), peak = _peak_above(device, run)
+    errors = {"out": _rel_err(out[:n], ref["out"]), "grad_u0": _rel_err(grads[0][:, :n], ref["grad_u0"])}
+    if shape.apply_alpha:
+        errors["grad_alpha"] = _rel_err(grads[1][:n], ref["grad_alpha"])
+    return {"variant": VARIANTS[key], "level": LEVEL_OF[key], "dispatch": dict(sorted(paths.items())),
+            "peak_mib": None if peak is None else peak / 2 ** 20,
+            "first_call_s": first_call_s, "rel_error": errors, "note": None, "failed": None}
+
+
+def _path_notes(records: dict[str, dict]) -> None:
+    """Say, from the dispatch paths, what really ran where a name could mislead."""
+    for key, rec in records.items():
+        paths = Counter(rec["dispatch"])
+        if rec["failed"]:
+            continue
+        if key == "0c":
+            rec["note"] = "torch.compile of mixstack.reference (outside mixstack's dispatch)"
+        elif LEVEL_OF[key] >= 1 and any(p.startswith("fwd:reference") for p in paths):
+            rec["note"] = "fell back to the reference: no Triton kernel ran"
+        elif key == "3" and not any("compensated" in p for p in paths):
+            rec["note"] = "no compensated path ran: same as L2 until compensated kernels exist"
+        elif key == "2" and "1" in records and paths == Counter(records["1"]["dispatch"]):
+            rec["note"] = "same dispatch paths as L1 (no tuned fused backward engaged)"
+
+
+def _task(pass_: str, fwd, u0, alpha, wrt, g) -> Task:
+    if pass_ == "fwd":
+        return Task(run=lambda: fwd(u0, alpha))
+    if pass_ == "bwd":
+        return Task(setup=lambda: fwd(u0, alpha), run=lambda out: torch.autograd.grad(out, wrt, g))
+    return Task(run=lambda: torch.autograd.grad(fwd(u0, alpha), wrt, g))
+
+
+def _timing_row(shape, name, pass_, samples, roof) -> dict:
+    fl, by = counts.flops(shape, pass_), counts.min_bytes(shape, pass_)
+    med = samples.median
+    row = {"shape": shape.name, "variant": name, "pass": pass_, "rounds": len(samples.times),
+           **samples.to_dict(), "flops": fl, "min_bytes": by,
+           "tflops": fl / med / 1e12, "gbps": by / med / 1e9}
+    row["fp32_roof_fraction"] = row["tflops"] / roof["fp32_tflops"] if roof else None
+    row["copy_roof_fraction"] = row["gbps"] / roof["copy_gbps"] if roof else None
+    return row
+
+
+def plan(config: BenchConfig) -> tuple[list[str], list[dict]]:
+    """The variants that run on the config's device, and the skipped ones with why."""
+    device = env.resolve_device(config.device)
+    run, skipped = [], []
+    for key in config.variants:
+        why = skip_reason(key, device)
+        if why is None:
+            run.append(key)
+        else:
+            skipped.append({"variant": VARIANTS[key], "reason": why})
+    return run, skipped
+
+
+def total_steps(config: BenchConfig) -> int:
+    """How many ``on_step`` calls ``run_bench`` makes (for a progress bar's total)."""
+    n = len(plan(config)[0])
+    per_shape = 1 + n + len(config.passes) * n * (config.warmup + config.rounds)
+    return 1 + len(config.shapes) * per_shape
+
+
+def run_bench(config: BenchConfig, *, on_step: Callable[[str], None] | None = None,
+              clock: Clock | None = None, command: str | None = None) -> dict:
+    """Run ``config``; return the results record (JSON-serialisable, see ``report``)."""
+    device = env.resolve_device(config.device)
+    clock = clock or clock_for(device)
+    step = on_step or (lambda _desc: None)
+    keys, skipped = plan(config)
+    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with on_device, exact_fp32():
+        record = {"schema": SCHEMA, "command": command, "env": env.collect(device),
+                  "config": config.to_dict(), "notes": list(config.notes), "skipped": skipped,
+                  "shapes": [], "timings": []}
+        cuda = device.type == "cuda"
+        step("measuring the fp32 and copy roofs")
+        record["roof"] = measure_roofs(device, clock, n=config.roof_n or (8192 if cuda else 1024),
+                                       copy_mib=1024 if cuda else 64)
+        for shape in config.shapes:
+            record["shapes"].append(_run_shape(config, shape, keys, device, clock, step,
+                                               record["roof"], record["timings"]))
+            if cuda:
+                torch.cuda.empty_cache()
+    return record
+
+
+def _run_shape(config, shape, keys, device, clock, step, roof, timings) -> dict:
+    log.info("bench %s on %s", shape.describe(), device)
+    inp = make_inputs(shape, device, seed=config.seed)
+    u0, alpha = inp.u0.requires_grad_(), inp.alpha.requires_grad_()
+    wrt = [u0, alpha] if shape.apply_alpha else [u0]
+    n = min(config.check_edges, shape.edges)
+    step(f"{shape.name}: float64 reference on {n} edges")
+    ref = _reference64(shape, inp, n)
+    records, fwds = {}, {}
+    for key in keys:
+        step(f"{shape.name}: warming up {VARIANTS[key]}")
+        fwd = _forward_fn(key, shape, inp)
+        try:
+            records[key] = _probe(key, fwd, shape, inp, u0, alpha, wrt, ref, n, device)
+            fwds[key] = fwd
+        except Exception as exc:                      # recorded and shown; the rest still runs
+            log.warning("%s failed on %s: %s", VARIANTS[key], shape.name, exc)
+            records[key] = {"variant": VARIANTS[key], "level": LEVEL_OF[key], "dispatch": {},
+                            "peak_mib": None, "first_call_s": None, "rel_error": {}, "note": None,
+                            "failed": f"{type(exc).__name__}: {exc}"}
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    _path_notes(records)
+    for pass_ in config.passes:
+        tasks = {VARIANTS[k]: _task(pass_, f, u0, alpha, wrt, inp.grad_out) for k, f in fwds.items()}
+        if not tasks:
+            continue
+        samples = time_interleaved(
+            tasks, rounds=config.rounds, warmup=config.warmup, clock=clock,
+            on_sample=lambda name, timed, p=pass_: step(f"{shape.name} {PASS_LABELS[p]}: {name}"))
+        timings.extend(_timing_row(shape, name, pass_, s, roof) for name, s in samples.items())
+    return {**shape.to_dict(), "check_edges": n, "variants": list(records.values())}

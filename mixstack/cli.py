@@ -1,0 +1,227 @@
+"""The ``mixstack`` command: ``mixstack bench`` and ``mixstack info``.
+
+The only module that prints.  ``main(argv)`` returns the exit status, so
+tests call it directly; the console script ``mixstack`` and
+``python -m mixstack.cli`` both run it.  Progress bars and tables use rich
+(``mixstack[bench]``) when stdout is a terminal, and plain text otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import sys
+from dataclasses import replace
+
+_LEVEL_SOURCES = {
+    "use_level": "a mixstack.use_level(...) scope",
+    "set_level": "mixstack.set_level(...)",
+    "MIXSTACK_LEVEL": "the MIXSTACK_LEVEL environment variable",
+    "default": "the default: 2 where CUDA is available, else 0",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mixstack", description=__doc__.splitlines()[0])
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    info = sub.add_parser("info", help="device, versions, active level, and whether the Triton levels can run")
+    info.add_argument("--device", help="device to report on (default: cuda if available, else cpu)")
+    info.add_argument("--json", action="store_true", help="print the record as JSON")
+
+    b = sub.add_parser("bench", help="time, peak memory and accuracy of each level (SPEC §7)",
+                       description="Benchmark the mixing stack. Without options: shapes S1-S4 and "
+                       "every level on a GPU; two small shapes at level 0 on a CPU (about a minute).")
+    b.add_argument("--shape", action="append", metavar="ID",
+                   help="a standard shape: S1..S4 (GPU sizes) or C1, C4 (CPU sizes); repeatable")
+    b.add_argument("--edges", type=int, help="a custom shape with this many edges E")
+    b.add_argument("--focus", type=int, default=2, help="custom shape: focus streams F (default 2)")
+    b.add_argument("--focus-dim", type=int, default=32, help="custom shape: channels Cf (default 32)")
+    b.add_argument("--lmax", type=int, default=3, help="custom shape: lmax (default 3)")
+    b.add_argument("--layers", type=int, default=4, help="custom shape: n_layers (default 4)")
+    b.add_argument("--no-alpha", action="store_true", help="custom shape: apply_alpha=False")
+    b.add_argument("--levels", help="variants, comma-separated: 0 (eager), 0c (torch.compile), 1, 2, 3")
+    b.add_argument("--pass", dest="passes", action="append", metavar="PASS",
+                   help="fwd, bwd (backward alone) or both (fwd+bwd); repeatable or comma-separated "
+                        "(default: all three)")
+    b.add_argument("--repeats", type=int, help="timed rounds per pass")
+    b.add_argument("--warmup", type=int, help="untimed warm-up rounds per pass")
+    b.add_argument("--check-edges", type=int, help="edges checked against float64 (default 4096)")
+    b.add_argument("--device", help="device (default: cuda if available, else cpu)")
+    b.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    b.add_argument("--quick", action="store_true", help="one shape, few rounds: a smoke run")
+    b.add_argument("--out", help="results folder (default results/bench-<date>-<device>/)")
+    b.add_argument("--no-plot", action="store_true", help="write JSON and Markdown only")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``mixstack <command>``; return the exit status."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "info":
+            return _info(args)
+        return _bench(args, argv)
+    except (ValueError, ImportError) as exc:
+        print(f"mixstack {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+# --------------------------------------------------------------------- info
+
+def info_lines(record: dict) -> list[str]:
+    """The lines ``mixstack info`` prints for an ``env.collect`` record."""
+    dev = record["device"]
+    if dev["type"] == "cuda":
+        device = (f"{dev['name']} (cuda:{dev['index']}, sm {dev['capability']}, "
+                  f"{dev['sm_count']} SMs, {dev['memory_gib']} GiB)")
+    else:
+        device = f"{dev['type']} ({dev['name']}, {dev['threads']} threads)"
+    lvl = record["active_level"]
+    triton_ok = record["triton_levels"]["available"]
+    level_line = f"level: {lvl['level']}, from {_LEVEL_SOURCES.get(lvl['source'], lvl['source'])}"
+    if lvl["level"] > 0 and not triton_ok:
+        level_line += " (calls run level 0 here: the Triton levels cannot run)"
+    return [
+        f"mixstack {record['mixstack']} (git {record['git_revision'] or 'unknown'})",
+        f"python {record['python']} on {record['platform']}",
+        f"torch {record['torch']}, Triton {record['triton'] or 'not installed'}, "
+        f"CUDA {record['cuda'] or 'none (torch built without CUDA)'}, "
+        f"driver {record['driver'] or 'unknown'}",
+        f"device: {device}",
+        level_line,
+        f"TRITON_INTERPRET: {'set' if record['triton_interpret'] else 'not set'}",
+        f"Triton levels (1-3): {'can run' if triton_ok else 'cannot run'} here: "
+        f"{record['triton_levels']['why']}",
+        "tuning tables: none yet",
+    ]
+
+
+def _info(args) -> int:
+    from .bench import env
+    record = env.collect(args.device)
+    if args.json:
+        print(json.dumps(record, indent=1))
+    else:
+        print("\n".join(info_lines(record)))
+    return 0
+
+
+# -------------------------------------------------------------------- bench
+
+def bench_config(args):
+    """The ``BenchConfig`` the parsed ``bench`` arguments ask for."""
+    from .bench import counts, env, runner, shapes
+
+    device = env.resolve_device(args.device)
+    cfg = runner.default_config(device, quick=args.quick)
+    chosen = [shapes.shape_by_name(s) for s in args.shape or []]
+    if args.edges is not None:
+        chosen.append(shapes.BenchShape("custom", args.edges, args.focus, args.focus_dim,
+                                        args.lmax, args.layers, not args.no_alpha))
+    if chosen:
+        cfg = replace(cfg, shapes=tuple(chosen))
+    if args.levels:
+        cfg = replace(cfg, variants=runner.parse_variants(args.levels), notes=())
+    if args.passes:
+        passes = [p.strip() for item in args.passes for p in item.split(",") if p.strip()]
+        bad = [p for p in passes if p not in counts.PASSES]
+        if bad:
+            raise ValueError(f"--pass takes {', '.join(counts.PASSES)}; got {', '.join(bad)}")
+        cfg = replace(cfg, passes=tuple(dict.fromkeys(passes)))
+    for name, value in (("rounds", args.repeats), ("warmup", args.warmup),
+                        ("check_edges", args.check_edges)):
+        if value is not None:
+            if value < (0 if name == "warmup" else 1):
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+            cfg = replace(cfg, **{name: value})
+    return replace(cfg, seed=args.seed)
+
+
+def _skip_notice(skipped: list[dict]) -> list[str]:
+    """Group skipped variants by reason: ``L1, L2, L3 skipped: <why>``."""
+    by_reason: dict[str, list[str]] = {}
+    for s in skipped:
+        by_reason.setdefault(s["reason"], []).append(s["variant"])
+    return [f"skipped {', '.join(v)} (GPU levels): {why}" for why, v in by_reason.items()]
+
+
+def _progress(total: int, enabled: bool):
+    """A rich progress bar (context manager) and its step callback; a no-op when disabled."""
+    import contextlib
+    if not enabled:
+        return contextlib.nullcontext(), None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    bar = Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
+                   TimeRemainingColumn(), transient=True)
+    task = bar.add_task("starting", total=total)
+    return bar, lambda desc: bar.update(task, advance=1, description=desc)
+
+
+def _print_table(rows: list[dict], tty: bool, use_rich: bool) -> None:
+    from .bench.report import markdown_table
+    if not (tty and use_rich):
+        print(markdown_table(rows), end="")
+        return
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(show_lines=False)
+    for col in rows[0]:
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(*(str(v) for v in r.values()))
+    Console().print(table)
+
+
+def _bench(args, argv) -> int:
+    from .bench import env, report, runner
+
+    cfg = bench_config(args)
+    keys, skipped = runner.plan(cfg)
+    tty = sys.stdout.isatty()
+    try:
+        import rich  # noqa: F401
+        use_rich = True
+    except ImportError:
+        use_rich = False
+    device = env.resolve_device(cfg.device)
+    print(f"mixstack bench on {device}: shapes {', '.join(s.name for s in cfg.shapes)}; "
+          f"variants {', '.join(runner.VARIANTS[k] for k in keys) or 'none'}; "
+          f"passes {', '.join(runner.PASS_LABELS[p] for p in cfg.passes)}; "
+          f"{cfg.rounds} rounds after {cfg.warmup} warm-up")
+    for line in _skip_notice(skipped) + list(cfg.notes):
+        print(f"  note: {line}")
+    if not keys:
+        print("mixstack bench: nothing to run", file=sys.stderr)
+        return 2
+    if tty and not use_rich:
+        print("  (install mixstack[bench] for a progress bar)")
+    argv = sys.argv[1:] if argv is None else argv
+    command = "mixstack " + " ".join(shlex.quote(a) for a in argv)
+    bar, step = _progress(runner.total_steps(cfg), tty and use_rich)
+    with bar:
+        record = runner.run_bench(cfg, on_step=step, command=command)
+    print()
+    print("\n".join(report.header_lines(record)))
+    _print_table(report.summary_rows(record), tty, use_rich)
+    out = args.out or report.default_dir(record)
+    try:
+        paths = report.write(record, out, with_plot=not args.no_plot)
+    except ImportError as exc:
+        paths = report.write(record, out, with_plot=False)
+        print(f"  note: no plot: {exc}")
+    print("results: " + ", ".join(str(p) for p in paths.values()))
+    failed = [(s["name"], v["variant"], v["failed"]) for s in record["shapes"]
+              for v in s["variants"] if v["failed"]]
+    for shape, variant, why in failed:
+        print(f"FAILED {variant} on {shape}: {why}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
