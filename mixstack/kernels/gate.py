@@ -23,7 +23,7 @@ import triton.language as tl
 from .activations import gate_grad, gate_logit_grad, sigmoid, silu, silu_grad
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["layer"])
 def gate_kernel(
     z_ptr, gw_ptr, u_ptr, u_next_ptr, sg_ptr,
     layer, E, F,
@@ -40,7 +40,7 @@ def gate_kernel(
     c_mask = c < CF
     mask = (e < E)[:, None] & c_mask[None, :]
     rows = (f * E + e) * ROW
-    z_rows = layer * F * E * ROW + rows
+    z_rows = ((layer * F + f) * E + e) * ROW     # int64 before the multiply by E
     sg_rows = (f * E + e) * G
 
     s = tl.load(z_ptr + z_rows[:, None] + c[None, :], mask=mask, other=0.0)
@@ -60,7 +60,7 @@ def gate_kernel(
             tl.store(u_next_ptr + rows[:, None] + cols[None, :], u_j + z_j * sg, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["layer"])
 def gate_backward_kernel(
     h_ptr, z_ptr, sg_ptr, gw_ptr, gz_ptr,
     layer, E, F,
@@ -77,7 +77,7 @@ def gate_backward_kernel(
     c_mask = c < CF
     mask = (e < E)[:, None] & c_mask[None, :]
     rows = ((f * E + e) * ROW)[:, None]
-    z_rows = layer * F * E * ROW + rows
+    z_rows = (((layer * F + f) * E + e) * ROW)[:, None]
     sg_rows = ((f * E + e) * G)[:, None]
     gw_base = gw_ptr + (layer * F + f) * (CF * G)
     w_mask = c_mask[:, None] & c_mask[None, :]

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["layer"])
 def block_gemm_kernel(
     a_ptr, w0_ptr, w1_ptr, res_ptr, out_ptr, z_ptr, sg_ptr, alpha_ptr,
     layer, E, F,
@@ -94,7 +94,8 @@ def block_gemm_kernel(
     mask = e_mask[:, None] & n_mask[None, :]
     focus_rows = (f * E + e) * ROW
     if STORE_Z:
-        tl.store(z_ptr + layer * F * E * ROW + focus_rows[:, None] + col[None, :], acc, mask=mask)
+        z_rows = ((layer * F + f) * E + e) * ROW     # int64 before the multiply by E
+        tl.store(z_ptr + z_rows[:, None] + col[None, :], acc, mask=mask)
     val = acc
     if GATE:
         gcol = ((n // CF) % LMAX) * CF + n % CF
