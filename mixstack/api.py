@@ -28,7 +28,7 @@ def mixing_stack(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alph
             out.register_hook(_record_reference_backward)
         return out
     dispatch.record("fwd:triton")
-    out, _ = torch.ops.mixstack.stack_forward(
+    out, _, _ = torch.ops.mixstack.stack_forward(
         u0.contiguous(), alpha.contiguous(), w0.contiguous(), w1.contiguous(), gw.contiguous(),
         lmax, focus_dim, apply_alpha, level)
     return out

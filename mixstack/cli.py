@@ -216,10 +216,12 @@ def _bench(args, argv) -> int:
         paths = report.write(record, out, with_plot=False)
         print(f"  note: no plot: {exc}")
     print("results: " + ", ".join(str(p) for p in paths.values()))
-    failed = [(s["name"], v["variant"], v["failed"]) for s in record["shapes"]
+    failed = [f"{v['variant']} on {s['name']}: {v['failed']}" for s in record["shapes"]
               for v in s["variants"] if v["failed"]]
-    for shape, variant, why in failed:
-        print(f"FAILED {variant} on {shape}: {why}", file=sys.stderr)
+    failed += [f"timing {p} on {s['name']}: {why}" for s in record["shapes"]
+               for p, why in s["failed_passes"].items()]
+    for line in failed:
+        print(f"FAILED {line}", file=sys.stderr)
     return 1 if failed else 0
 
 

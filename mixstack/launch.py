@@ -4,8 +4,8 @@ Everything here is plain Python over tensor metadata, so it runs unchanged
 eagerly and inside a ``triton_op`` body being traced (kernels go through
 ``wrap_triton``; configs become constants of the traced graph).
 
-Surfaces (all float32): the forward writes ``z (n_gated, F, E, ROW)`` and the
-edge-major result, using two ping-pong ``(F, E, ROW)`` activation buffers and a
+Surfaces (all float32): the forward writes ``z (n_gated, F, E, ROW)``, the
+edge-major result and, with alpha, the unscaled result ``y``, using two ping-pong ``(F, E, ROW)`` activation buffers and a
 ``(F, E, G)`` gate-sigmoid surface.  The relay backward keeps one running
 gradient ``h (F, E, ROW)`` updated in place, one ``gz (F, E, ROW)`` and one
 sigmoid surface, each reused by every layer.
@@ -50,7 +50,7 @@ def _is_empty(n) -> bool:
     return isinstance(n, int) and n == 0
 
 
-def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, *, blocks, res=None, out=None, z=None,
+def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, *, blocks, res=None, out=None, z=None, y=None,
           sg=None, alpha=None, a_edge_major=False, alpha_on_a=False,
           gate=False, alpha_on_out=False, out_edge_major=False):
     """Launch ``block_gemm_kernel`` over ``blocks`` (``(0,)``, ``(1,)`` or ``(0, 1)``)."""
@@ -61,13 +61,14 @@ def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, *, blocks, res=None, out=N
     grid = ((n_edges + bm - 1) // bm * n_tiles, n_focus)
     wrap_triton(block_gemm_kernel)[grid](
         a, w0, w1, a if res is None else res, a if out is None else out, a if z is None else z,
-        a if sg is None else sg, a if alpha is None else alpha,
+        a if y is None else y, a if sg is None else sg, a if alpha is None else alpha,
         layer, n_edges, n_focus,
         LMAX=layout.lmax, CF=layout.focus_dim,
         FIRST_BLOCK=blocks[0], BOTH_BLOCKS=len(blocks) == 2,
         A_EDGE_MAJOR=a_edge_major, ALPHA_ON_A=alpha_on_a,
         STORE_Z=z is not None, GATE=gate, RESIDUAL=res is not None,
         ALPHA_ON_OUT=alpha_on_out, OUT_EDGE_MAJOR=out_edge_major, STORE_OUT=out is not None,
+        STORE_Y=y is not None,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=block_k(layout),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
@@ -86,13 +87,18 @@ def _gate(z, gw, layer, sg, n_edges, n_focus, layout, u=None, u_next=None):
 
 
 def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool):
-    """Level-1 forward: ``(result (E, F, ROW), z (n_gated, F, E, ROW))``; inputs contiguous fp32."""
+    """Level-1 forward: ``(result, z, y)``; inputs contiguous fp32.
+
+    ``result (E, F, ROW)``, ``z (n_gated, F, E, ROW)``, and with alpha the
+    unscaled result ``y (E, F, ROW)`` for the alpha gradient (else empty).
+    """
     n_focus, n_edges, row = u0.shape
     n_gated = w0.shape[0] - 1
     out = u0.new_empty((n_edges, n_focus, row))
     z = u0.new_empty((n_gated, n_focus, n_edges, row))
+    y = u0.new_empty((n_edges, n_focus, row) if apply_alpha else (0,))
     if _is_empty(n_edges):
-        return out, z
+        return out, z, y
     u = u0
     if n_gated:
         sg = u0.new_empty((n_focus, n_edges, layout.gate_width))
@@ -105,15 +111,17 @@ def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool)
               res=u, out=u_next)
         u = u_next
     _gemm(u, w0, w1, n_gated, n_edges, n_focus, layout, blocks=(0, 1), res=u, out=out,
-          alpha=alpha if apply_alpha else None, alpha_on_out=apply_alpha, out_edge_major=True)
-    return out, z
+          y=y if apply_alpha else None, alpha=alpha if apply_alpha else None,
+          alpha_on_out=apply_alpha, out_edge_major=True)
+    return out, z, y
 
 
-def stack_backward_relay(grad_out, out, z, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool):
+def stack_backward_relay(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool):
     """Level-1 relay backward: ``(grad_u0 (F, E, ROW), grad_alpha (E, F) or empty)``.
 
     Per gated layer: recompute the gate sigmoids, write ``gz`` pointwise, then
-    ``h += gz @ W^T`` over both blocks (``W^T`` materialised once per call).  ``grad_out`` is edge-major and contiguous.
+    ``h += gz @ W^T`` over both blocks (``W^T`` materialised once per call).
+    ``grad_out`` and ``y`` are edge-major and contiguous.
     """
     n_edges, n_focus, row = grad_out.shape
     n_gated = w0.shape[0] - 1
@@ -125,7 +133,7 @@ def stack_backward_relay(grad_out, out, z, alpha, w0, w1, gw, layout: StackLayou
         cfg = ALPHA_GRAD_CONFIG
         n_rows = n_edges * n_focus
         wrap_triton(alpha_grad_kernel)[((n_rows + cfg["BLOCK_R"] - 1) // cfg["BLOCK_R"],)](
-            grad_out, out, alpha, grad_alpha, n_rows,
+            grad_out, y, grad_alpha, n_rows,
             ROW=row, BLOCK_R=cfg["BLOCK_R"], BLOCK_C=cfg["BLOCK_C"], num_warps=cfg["num_warps"],
         )
     w0t = w0.transpose(-1, -2).contiguous()

@@ -114,6 +114,9 @@ def validate_inputs(u0, alpha, w0, w1, gw, *, lmax, focus_dim) -> StackShape:
     _check_size("gw", gw, (n_layers - 1, n_focus, focus_dim, lay.gate_width),
                 "(n_layers - 1, F, focus_dim, G=lmax*focus_dim)")
 
+    for name, t in (("alpha", alpha), ("w0", w0), ("w1", w1), ("gw", gw)):
+        if t.dtype != u0.dtype:
+            raise TypeError(f"{name} must have the dtype of u0 ({u0.dtype}), got {t.dtype}")
     devices = {t.device for t in (u0, alpha, w0, w1, gw)}
     if len(devices) > 1:
         names = ", ".join(f"{n}={t.device}" for n, t in

@@ -1,14 +1,15 @@
 """The ``torch.library`` operators of the stack and their autograd.
 
-``mixstack::stack_forward`` returns ``(result, z)`` and ``mixstack::stack_backward``
-returns ``(grad_u0, grad_alpha)``.  Both are ``triton_op``s: ``torch.compile``
+``mixstack::stack_forward`` returns ``(result, z, y)`` and
+``mixstack::stack_backward`` returns ``(grad_u0, grad_alpha)``.  Both are ``triton_op``s: ``torch.compile``
 and ``torch.export`` trace into their bodies and see the Triton kernels.  A
 body runs the kernels where they can run (CUDA, or any device under
 ``TRITON_INTERPRET=1``) and the reference formulas elsewhere, so the operators
 trace and run on CPU too.
 
-Autograd: the forward saves its inputs, the result and ``z`` (marked
-non-differentiable, and never materialised as a zero gradient).  The backward
+Autograd: the forward saves its inputs, ``z`` and ``y`` (the unscaled result
+the alpha gradient reads; empty without alpha).  Both are marked
+non-differentiable and never materialised as zero gradients.  The backward
 runs the kernel relay for the gradients of ``u0`` and ``alpha``.  When weight
 gradients are requested, or a double backward is being built
 (``create_graph=True``), it runs ``reference.backward`` instead: plain tensor
@@ -32,56 +33,60 @@ def _kernels_for(t: Tensor, layout: StackLayout) -> bool:
 
 @triton_op("mixstack::stack_forward", mutates_args=())
 def stack_forward(u0: Tensor, alpha: Tensor, w0: Tensor, w1: Tensor, gw: Tensor,
-                  lmax: int, focus_dim: int, apply_alpha: bool, level: int) -> tuple[Tensor, Tensor]:
-    """The stack forward: ``(result (E, F, ROW), z (n_layers - 1, F, E, ROW))``."""
+                  lmax: int, focus_dim: int, apply_alpha: bool,
+                  level: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The stack forward: ``(result (E, F, ROW), z (n_layers - 1, F, E, ROW), y)``.
+
+    ``y`` is the result before alpha, ``(E, F, ROW)`` with alpha and empty without.
+    """
     layout = StackLayout(lmax, focus_dim)
     if _kernels_for(u0, layout):
         return launch.stack_forward(u0, alpha, w0, w1, gw, layout, apply_alpha)
-    out, z = reference.forward(u0, alpha, w0, w1, gw, lmax=lmax, focus_dim=focus_dim,
-                               apply_alpha=apply_alpha)
-    return out.contiguous(), z.contiguous()
+    out, z, y = reference.forward_state(u0, alpha, w0, w1, gw, lmax=lmax, focus_dim=focus_dim,
+                                        apply_alpha=apply_alpha)
+    y = y.contiguous() if apply_alpha else u0.new_empty((0,))
+    return out.contiguous(), z.contiguous(), y
 
 
 @triton_op("mixstack::stack_backward", mutates_args=())
-def stack_backward(grad_out: Tensor, out: Tensor, z: Tensor, alpha: Tensor, w0: Tensor, w1: Tensor,
+def stack_backward(grad_out: Tensor, y: Tensor, z: Tensor, alpha: Tensor, w0: Tensor, w1: Tensor,
                    gw: Tensor, lmax: int, focus_dim: int, apply_alpha: bool,
                    level: int) -> tuple[Tensor, Tensor]:
     """Gradients of ``u0`` (focus-major) and ``alpha`` (empty without alpha) from the saved state."""
     layout = StackLayout(lmax, focus_dim)
     if _kernels_for(grad_out, layout):
-        return launch.stack_backward_relay(grad_out, out, z, alpha, w0, w1, gw, layout, apply_alpha)
-    g, ga, *_ = reference.backward(grad_out, out, z, None, alpha, w0, w1, gw, lmax=lmax,
+        return launch.stack_backward_relay(grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha)
+    g, ga, *_ = reference.backward(grad_out, y, z, None, alpha, w0, w1, gw, lmax=lmax,
                                    focus_dim=focus_dim, apply_alpha=apply_alpha)
     return g.contiguous(), ga.contiguous() if apply_alpha else grad_out.new_empty((0,))
 
 
 def _setup_context(ctx, inputs, output):
     u0, alpha, w0, w1, gw, lmax, focus_dim, apply_alpha, level = inputs
-    out, z = output
-    ctx.save_for_backward(u0, alpha, w0, w1, gw, out, z)
+    _, z, y = output
+    ctx.save_for_backward(u0, alpha, w0, w1, gw, y, z)
     ctx.params = dict(lmax=lmax, focus_dim=focus_dim, apply_alpha=apply_alpha)
     ctx.level = level
-    ctx.mark_non_differentiable(z)
+    ctx.mark_non_differentiable(z, y)
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grad_out, _grad_z):
+def _backward(ctx, grad_out, _grad_z, _grad_y):
     none = (None,) * 9
     if grad_out is None:
         return none
-    u0, alpha, w0, w1, gw, out, z = ctx.saved_tensors
+    u0, alpha, w0, w1, gw, y, z = ctx.saved_tensors
     p = ctx.params
     weights = any(ctx.needs_input_grad[2:5])
     if weights or torch.is_grad_enabled():
         record("bwd:reference")
-        if torch.is_grad_enabled():            # double backward: z must carry its own graph
-            out, z = reference.forward(u0, alpha, w0, w1, gw, **p)
-            out = out.contiguous()
-        g, ga, dw0, dw1, dgw = reference.backward(grad_out, out, z, u0, alpha, w0, w1, gw,
+        if torch.is_grad_enabled():            # double backward: z and y must carry their graph
+            _, z, y = reference.forward_state(u0, alpha, w0, w1, gw, **p)
+        g, ga, dw0, dw1, dgw = reference.backward(grad_out, y, z, u0, alpha, w0, w1, gw,
                                                   weights=weights, **p)
         return (g, ga, dw0, dw1, dgw) + none[5:]
     record("bwd:relay")
-    g, ga = torch.ops.mixstack.stack_backward(grad_out.contiguous(), out, z, alpha, w0, w1, gw,
+    g, ga = torch.ops.mixstack.stack_backward(grad_out.contiguous(), y, z, alpha, w0, w1, gw,
                                               p["lmax"], p["focus_dim"], p["apply_alpha"], ctx.level)
     return (g, ga if p["apply_alpha"] else None) + none[2:]
 

@@ -38,10 +38,12 @@ def _block_linear_t(g: torch.Tensor, w0_k: torch.Tensor, w1_k: torch.Tensor, m0:
     return _block_linear(g, w0_k.transpose(-1, -2), w1_k.transpose(-1, -2), m0)
 
 
-def forward(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alpha: bool = True):
-    """Run the stack; return ``(result (E, F, ROW), z (n_gated, F, E, ROW))``.
+def forward_state(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alpha: bool = True):
+    """Run the stack; return ``(result, z, y)``.
 
-    Inputs are assumed valid (see ``layout.validate_inputs``).
+    ``result (E, F, ROW)``, ``z (n_gated, F, E, ROW)`` the gated pre-activations
+    and ``y (E, F, ROW)`` the result before the alpha weight (``result`` itself
+    without alpha).  Inputs are assumed valid (see ``layout.validate_inputs``).
     """
     lay = StackLayout(lmax, focus_dim)
     m0, cf = lay.m0, focus_dim
@@ -56,7 +58,13 @@ def forward(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alpha: bo
     y = u + _block_linear(u, w0[n_gated], w1[n_gated], m0)
     out = y * alpha.transpose(0, 1).unsqueeze(-1) if apply_alpha else y
     z_all = torch.stack(zs) if zs else u0.new_empty((0,) + tuple(u0.shape))
-    return out.transpose(0, 1), z_all
+    return out.transpose(0, 1), z_all, y.transpose(0, 1)
+
+
+def forward(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alpha: bool = True):
+    """Run the stack; return ``(result (E, F, ROW), z (n_gated, F, E, ROW))``."""
+    return forward_state(u0, alpha, w0, w1, gw, lmax=lmax, focus_dim=focus_dim,
+                         apply_alpha=apply_alpha)[:2]
 
 
 def mixing_stack(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alpha: bool = True):
@@ -70,14 +78,15 @@ def mixing_stack(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alph
     return forward(u0, alpha, w0, w1, gw, lmax=lmax, focus_dim=focus_dim, apply_alpha=apply_alpha)[0]
 
 
-def backward(grad_out, out, z_all, u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int,
+def backward(grad_out, y, z_all, u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int,
              apply_alpha: bool, weights: bool = False):
-    """First-order gradients of SPEC §1 from the saved ``z`` and result.
+    """First-order gradients of SPEC §1 from the saved ``z`` and unscaled result ``y``.
 
     Returns ``(grad_u0, grad_alpha, grad_w0, grad_w1, grad_gw)``; ``grad_alpha``
     is ``None`` without alpha and the weight gradients are ``None`` unless
-    ``weights``.  ``out`` is the forward's result; ``u0`` is read only for
-    weight gradients (the layer inputs are rebuilt from it and ``z``).
+    ``weights``.  ``y (E, F, ROW)`` is the result before alpha (read only for
+    ``grad_alpha``); ``u0`` is read only for weight gradients (the layer inputs
+    are rebuilt from it and ``z``).
     """
     lay = StackLayout(lmax, focus_dim)
     m0, cf = lay.m0, focus_dim
@@ -86,7 +95,7 @@ def backward(grad_out, out, z_all, u0, alpha, w0, w1, gw, *, lmax: int, focus_di
     grad_alpha = None
     if apply_alpha:
         a = alpha.transpose(0, 1).unsqueeze(-1)
-        grad_alpha = (grad_out * out).sum(-1) / alpha   # sum_c g * y with y = out / alpha
+        grad_alpha = (grad_out * y).sum(-1)
         g = g * a
 
     sgs = [_gates(z_all[k][..., :cf], gw[k]) for k in range(n_gated)]

@@ -37,10 +37,15 @@ def default_dir(record: dict, base: str | os.PathLike = "results") -> Path:
     return Path(base) / f"bench-{stamp}-{device_slug(record['env']['device'])}"
 
 
+def _num(x: float) -> str:
+    """Three significant digits, never in exponent form below a million."""
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
 def _ms(row: dict | None) -> str:
     if row is None:
         return "—"
-    return f"{row['median_ms']:.3g} [{row['p20_ms']:.3g}–{row['p80_ms']:.3g}]"
+    return f"{_num(row['median_ms'])} [{_num(row['p20_ms'])}–{_num(row['p80_ms'])}]"
 
 
 def _sci(x) -> str:
@@ -133,6 +138,8 @@ def markdown(record: dict) -> str:
                  "minimum bytes of the contract (see `mixstack/bench/counts.py`).\n")
     parts.append(markdown_table(detail_rows(record)))
     extra = [f"{s['variant']} skipped: {s['reason']}" for s in record["skipped"]] + record["notes"]
+    extra += [f"{s['name']} {PASS_LABELS[p]}: timing failed: {why}" for s in record["shapes"]
+              for p, why in s.get("failed_passes", {}).items()]
     if extra:
         parts.append("\n## Not run\n\n" + "\n".join(f"- {x}" for x in extra) + "\n")
     return "\n".join(parts)
@@ -163,13 +170,16 @@ def plot(record: dict, path: str | os.PathLike) -> Path:
                 meds.append(t["median_ms"])
                 lo.append(t["median_ms"] - t["p20_ms"])
                 hi.append(t["p80_ms"] - t["median_ms"])
-            ax.bar(xs, meds, width, yerr=[lo, hi], capsize=3, label=PASS_LABELS[p])
+            if xs:                                   # one colour per pass, in every panel
+                ax.bar(xs, meds, width, yerr=[lo, hi], capsize=3, label=PASS_LABELS[p],
+                       color=f"C{list(PASS_LABELS).index(p)}")
         ax.set_xticks(range(len(variants)), variants)
         ax.set_ylabel("ms (median, p20–p80)")
         ax.set_title(f"{shape['name']}: E={shape['edges']} F={shape['focus']} "
                      f"Cf={shape['focus_dim']} lmax={shape['lmax']}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(shapes):]:
         ax.set_visible(False)
     head = header_lines(record)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -112,7 +111,7 @@ def default_config(device=None, *, quick: bool = False) -> BenchConfig:
         notes.append("L1-L3 are left out on the CPU by default (the Triton interpreter is "
                      "slow); ask for them with --levels 0,1")
         triton_keys = ()
-    return BenchConfig(shapes, ("0",) + triton_keys, rounds=3 if quick else 15, warmup=1,
+    return BenchConfig(shapes, ("0",) + triton_keys, rounds=3 if quick else 10, warmup=1,
                        device=str(device), notes=tuple(notes))
 
 
@@ -228,7 +227,7 @@ def _probe(key, fwd, shape, inp, u0, alpha, wrt, ref, n, device) -> dict:
 def _path_notes(records: dict[str, dict]) -> None:
     """Say, from the dispatch paths, what really ran where a name could mislead."""
     for key, rec in records.items():
-        paths = Counter(rec["dispatch"])
+        paths = rec["dispatch"]
         if rec["failed"]:
             continue
         if key == "0c":
@@ -237,7 +236,7 @@ def _path_notes(records: dict[str, dict]) -> None:
             rec["note"] = "fell back to the reference: no Triton kernel ran"
         elif key == "3" and not any("compensated" in p for p in paths):
             rec["note"] = "no compensated path ran: same as L2 until compensated kernels exist"
-        elif key == "2" and "1" in records and paths == Counter(records["1"]["dispatch"]):
+        elif key == "2" and "1" in records and paths == records["1"]["dispatch"]:
             rec["note"] = "same dispatch paths as L1 (no tuned fused backward engaged)"
 
 
@@ -255,8 +254,8 @@ def _timing_row(shape, name, pass_, samples, roof) -> dict:
     row = {"shape": shape.name, "variant": name, "pass": pass_, "rounds": len(samples.times),
            **samples.to_dict(), "flops": fl, "min_bytes": by,
            "tflops": fl / med / 1e12, "gbps": by / med / 1e9}
-    row["fp32_roof_fraction"] = row["tflops"] / roof["fp32_tflops"] if roof else None
-    row["copy_roof_fraction"] = row["gbps"] / roof["copy_gbps"] if roof else None
+    row["fp32_roof_fraction"] = row["tflops"] / roof["fp32_tflops"]
+    row["copy_roof_fraction"] = row["gbps"] / roof["copy_gbps"]
     return row
 
 
@@ -315,24 +314,35 @@ def _run_shape(config, shape, keys, device, clock, step, roof, timings) -> dict:
     records, fwds = {}, {}
     for key in keys:
         step(f"{shape.name}: warming up {VARIANTS[key]}")
-        fwd = _forward_fn(key, shape, inp)
         try:
+            fwd = _forward_fn(key, shape, inp)
             records[key] = _probe(key, fwd, shape, inp, u0, alpha, wrt, ref, n, device)
             fwds[key] = fwd
         except Exception as exc:                      # recorded and shown; the rest still runs
-            log.warning("%s failed on %s: %s", VARIANTS[key], shape.name, exc)
             records[key] = {"variant": VARIANTS[key], "level": LEVEL_OF[key], "dispatch": {},
                             "peak_mib": None, "first_call_s": None, "rel_error": {}, "note": None,
-                            "failed": f"{type(exc).__name__}: {exc}"}
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+                            "failed": _failure(exc, f"{VARIANTS[key]} on {shape.name}", device)}
     _path_notes(records)
+    failed_passes = {}
     for pass_ in config.passes:
         tasks = {VARIANTS[k]: _task(pass_, f, u0, alpha, wrt, inp.grad_out) for k, f in fwds.items()}
         if not tasks:
             continue
-        samples = time_interleaved(
-            tasks, rounds=config.rounds, warmup=config.warmup, clock=clock,
-            on_sample=lambda name, timed, p=pass_: step(f"{shape.name} {PASS_LABELS[p]}: {name}"))
+        try:
+            samples = time_interleaved(
+                tasks, rounds=config.rounds, warmup=config.warmup, clock=clock,
+                on_sample=lambda name, timed, p=pass_: step(f"{shape.name} {PASS_LABELS[p]}: {name}"))
+        except Exception as exc:                      # keep the other passes and shapes
+            failed_passes[pass_] = _failure(exc, f"timing {pass_} on {shape.name}", device)
+            continue
         timings.extend(_timing_row(shape, name, pass_, s, roof) for name, s in samples.items())
-    return {**shape.to_dict(), "check_edges": n, "variants": list(records.values())}
+    return {**shape.to_dict(), "check_edges": n, "variants": list(records.values()),
+            "failed_passes": failed_passes}
+
+
+def _failure(exc: Exception, what: str, device: torch.device) -> str:
+    """Log a failed run, release its memory, and describe it for the record."""
+    log.warning("%s failed: %s: %s", what, type(exc).__name__, exc)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return f"{type(exc).__name__}: {exc}"

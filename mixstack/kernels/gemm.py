@@ -9,7 +9,8 @@ layer as an integer: a per-layer view would break Inductor's re-trace).
 Uses, by constexpr flags:
   forward m0 of a gated layer  STORE_Z
   forward m1 of a gated layer  STORE_Z, GATE, RESIDUAL       -> u_next
-  forward identity layer       RESIDUAL, ALPHA_ON_OUT, OUT_EDGE_MAJOR
+  forward identity layer       RESIDUAL, ALPHA_ON_OUT, OUT_EDGE_MAJOR, STORE_Y (the
+                               unscaled result ``y`` the alpha gradient reads)
   backward identity layer      A_EDGE_MAJOR, ALPHA_ON_A, RESIDUAL
   backward gated layer         RESIDUAL (from ``res_ptr``, in place)
 
@@ -28,13 +29,14 @@ import triton.language as tl
 
 @triton.jit(do_not_specialize=["layer"])
 def block_gemm_kernel(
-    a_ptr, w0_ptr, w1_ptr, res_ptr, out_ptr, z_ptr, sg_ptr, alpha_ptr,
+    a_ptr, w0_ptr, w1_ptr, res_ptr, out_ptr, z_ptr, y_ptr, sg_ptr, alpha_ptr,
     layer, E, F,
     LMAX: tl.constexpr, CF: tl.constexpr,
     FIRST_BLOCK: tl.constexpr, BOTH_BLOCKS: tl.constexpr,
     A_EDGE_MAJOR: tl.constexpr, ALPHA_ON_A: tl.constexpr,
     STORE_Z: tl.constexpr, GATE: tl.constexpr, RESIDUAL: tl.constexpr,
     ALPHA_ON_OUT: tl.constexpr, OUT_EDGE_MAJOR: tl.constexpr, STORE_OUT: tl.constexpr,
+    STORE_Y: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     M0: tl.constexpr = (LMAX + 1) * CF
@@ -106,11 +108,13 @@ def block_gemm_kernel(
         if ALPHA_ON_A:
             res = res * alpha[:, None]
         val = res + val
+    if OUT_EDGE_MAJOR:
+        out_rows = (e * F + f) * ROW
+    else:
+        out_rows = focus_rows
+    if STORE_Y:
+        tl.store(y_ptr + out_rows[:, None] + col[None, :], val, mask=mask)
     if ALPHA_ON_OUT:
         val = val * alpha[:, None]
     if STORE_OUT:
-        if OUT_EDGE_MAJOR:
-            out_rows = (e * F + f) * ROW
-        else:
-            out_rows = focus_rows
         tl.store(out_ptr + out_rows[:, None] + col[None, :], val, mask=mask)

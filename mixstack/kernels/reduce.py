@@ -1,9 +1,9 @@
 """The alpha gradient: ``grad_alpha[e, f] = sum_c g[e, f, c] * y[e, f, c]``.
 
-``y = out / alpha``: the forward's result is saved instead of a second,
-unscaled surface, so alpha must be non-zero where its gradient is wanted
-(true of the softmax weights the stack is fed).  One program reduces whole
-rows in a fixed column order: no atomics, the same bits on every run.
+``y`` is the unscaled result the forward saved.  (Recovering it as
+``out / alpha`` would save that surface but turn a zero alpha into a NaN
+gradient.)  One program reduces whole rows in a fixed column order: no
+atomics, the same bits on every run.
 """
 
 import triton
@@ -12,7 +12,7 @@ import triton.language as tl
 
 @triton.jit
 def alpha_grad_kernel(
-    g_ptr, out_ptr, alpha_ptr, grad_alpha_ptr, n_rows,
+    g_ptr, y_ptr, grad_alpha_ptr, n_rows,
     ROW: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
@@ -24,7 +24,6 @@ def alpha_grad_kernel(
         mask = r_mask[:, None] & (c < ROW)[None, :]
         offs = r[:, None] * ROW + c[None, :]
         g = tl.load(g_ptr + offs, mask=mask, other=0.0)
-        y = tl.load(out_ptr + offs, mask=mask, other=0.0)
+        y = tl.load(y_ptr + offs, mask=mask, other=0.0)
         acc += g * y
-    alpha = tl.load(alpha_ptr + r, mask=r_mask, other=1.0)
-    tl.store(grad_alpha_ptr + r, tl.sum(acc, axis=1) / alpha, mask=r_mask)
+    tl.store(grad_alpha_ptr + r, tl.sum(acc, axis=1), mask=r_mask)

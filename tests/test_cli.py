@@ -1,0 +1,103 @@
+"""`mixstack info` and `mixstack bench` through `mixstack.cli.main`."""
+
+import json
+
+import pytest
+import torch
+
+from mixstack.cli import main
+
+TINY_ARGS = ["--edges", "29", "--focus", "1", "--focus-dim", "16", "--lmax", "1", "--layers", "2",
+             "--repeats", "2", "--warmup", "0", "--device", "cpu"]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("MIXSTACK_LEVEL", raising=False)
+
+
+def test_info_reports_versions_level_interpreter_and_tables(capsys):
+    assert main(["info", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert f"torch {torch.__version__}" in out
+    assert "Triton " in out and "CUDA " in out
+    assert "device: cpu" in out
+    assert "TRITON_INTERPRET: not set" in out
+    assert "Triton levels (1-3): cannot run here" in out
+    assert "tuning tables: none yet" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU default level")
+def test_info_says_where_the_level_comes_from(capsys, monkeypatch):
+    main(["info"])
+    assert "level: 0, from the default" in capsys.readouterr().out
+    monkeypatch.setenv("MIXSTACK_LEVEL", "2")
+    main(["info"])
+    out = capsys.readouterr().out
+    assert "level: 2, from the MIXSTACK_LEVEL environment variable" in out
+    assert "calls run level 0 here" in out
+
+
+def test_info_sees_the_interpreter(capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    main(["info", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert "TRITON_INTERPRET: set" in out
+    assert "Triton levels (1-3): can run here" in out
+
+
+def test_info_json_is_the_environment_record(capsys):
+    assert main(["info", "--json", "--device", "cpu"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["torch"] == torch.__version__
+    assert record["triton_levels"]["available"] is False
+    assert record["active_level"]["source"] in {"default", "set_level", "use_level", "MIXSTACK_LEVEL"}
+
+
+def test_bench_writes_results_and_says_the_gpu_levels_were_skipped(capsys, tmp_path):
+    out_dir = tmp_path / "res"
+    rc = main(["bench", *TINY_ARGS, "--levels", "0,1,2,3", "--pass", "bwd", "--out", str(out_dir)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "skipped L1, L2, L3 (GPU levels):" in out
+    assert "| custom | L0-eager |" in out                  # the summary table (plain: not a tty)
+    data = json.loads((out_dir / "bench.json").read_text())
+    assert data["command"].startswith("mixstack bench --edges 29")
+    assert data["config"]["passes"] == ["bwd"] and data["config"]["rounds"] == 2
+    assert [t["pass"] for t in data["timings"]] == ["bwd"]
+    assert (out_dir / "bench.md").exists()
+    assert (out_dir / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_rejects_unknown_shapes_passes_and_levels(capsys, tmp_path):
+    assert main(["bench", "--shape", "S9", "--out", str(tmp_path)]) == 2
+    assert "unknown shape 'S9'" in capsys.readouterr().err
+    assert main(["bench", *TINY_ARGS, "--pass", "sideways", "--out", str(tmp_path)]) == 2
+    assert "--pass takes fwd, bwd, both" in capsys.readouterr().err
+    assert main(["bench", *TINY_ARGS, "--levels", "7", "--out", str(tmp_path)]) == 2
+    assert "unknown level" in capsys.readouterr().err
+    assert main(["bench", *TINY_ARGS, "--lmax", "9", "--out", str(tmp_path)]) == 2
+    assert "lmax must be in 1..6" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_bench_with_only_skipped_levels_runs_nothing(capsys, tmp_path):
+    assert main(["bench", *TINY_ARGS, "--levels", "1", "--out", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert "skipped L1 (GPU levels)" in captured.out
+    assert "nothing to run" in captured.err
+
+
+def test_bench_exits_nonzero_when_a_variant_fails(capsys, tmp_path, monkeypatch):
+    from mixstack.bench import runner
+
+    def broken(key, shape, inp):
+        def fail(u0, alpha):
+            raise RuntimeError("kernel refused")
+        return fail
+
+    monkeypatch.setattr(runner, "_forward_fn", broken)
+    assert main(["bench", *TINY_ARGS, "--levels", "0", "--out", str(tmp_path)]) == 1
+    assert "FAILED L0-eager on custom: RuntimeError: kernel refused" in capsys.readouterr().err
+    assert (tmp_path / "bench.json").exists()
