@@ -1,7 +1,8 @@
 """mixstack: the gated SO(2) mixing stack of equivariant interatomic potentials, exact and fast.
 
 Public API (SPEC §2): ``mixing_stack``, ``MixingStack``, ``reference``,
-``set_level`` / ``get_level`` / ``use_level``, ``dispatch_log``.
+``set_level`` / ``get_level`` / ``use_level``, ``dispatch_log``; ``tuning`` and
+``tune`` (SPEC §5).
 """
 
 from . import reference
@@ -9,10 +10,12 @@ from .api import mixing_stack
 from .dispatch import dispatch_log
 from .levels import get_level, set_level, use_level
 from .module import MixingStack
+from . import tuning
+from .tuning import tune
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MixingStack", "dispatch_log", "get_level", "mixing_stack", "reference", "set_level",
-    "use_level", "__version__",
+    "tune", "tuning", "use_level", "__version__",
 ]

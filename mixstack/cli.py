@@ -1,4 +1,4 @@
-"""The ``mixstack`` command: ``mixstack bench`` and ``mixstack info``.
+"""The ``mixstack`` command: ``mixstack bench``, ``mixstack tune`` and ``mixstack info``.
 
 The only module that prints.  ``main(argv)`` returns the exit status, so
 tests call it directly; the console script ``mixstack`` and
@@ -55,6 +55,24 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="one shape, few rounds: a smoke run")
     b.add_argument("--out", help="results folder (default results/bench-<date>-<device>/)")
     b.add_argument("--no-plot", action="store_true", help="write JSON and Markdown only")
+
+    t = sub.add_parser("tune", help="measure launch configs and the fused backward on this GPU (SPEC §5)",
+                       description="Sweep the tuning families for shape keys on the local GPU and "
+                       "record the results in the user's table (MIXSTACK_CACHE_DIR). Without options: "
+                       "the keys of S1-S4, every family; keys with an entry are skipped.")
+    t.add_argument("--shape", action="append", metavar="ID", help="a standard shape S1..S4; repeatable")
+    t.add_argument("--focus-dim", type=int, help="custom key: channels Cf (with --lmax)")
+    t.add_argument("--lmax", type=int, help="custom key: lmax (with --focus-dim)")
+    t.add_argument("--focus", type=int, default=2, help="custom key: focus streams F (default 2)")
+    t.add_argument("--no-alpha", action="store_true", help="custom key: apply_alpha=False")
+    t.add_argument("--family", action="append", metavar="NAME",
+                   help="stack_fwd, stack_bwd_relay, stack_bwd_fused; repeatable (default: all three)")
+    t.add_argument("--force", action="store_true", help="measure keys that already have an entry")
+    t.add_argument("--rounds", type=int, help="timed rounds (default 20)")
+    t.add_argument("--warmup", type=int, help="untimed warm-up rounds (default 2)")
+    t.add_argument("--margin", type=float, default=0.02,
+                   help="fraction a candidate must win by, beyond the baseline's spread (default 0.02)")
+    t.add_argument("--device", help="CUDA device (default: the current one)")
     return p
 
 
@@ -66,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "info":
             return _info(args)
+        if args.command == "tune":
+            return _tune(args)
         return _bench(args, argv)
     except (ValueError, ImportError) as exc:
         print(f"mixstack {args.command}: error: {exc}", file=sys.stderr)
@@ -222,6 +242,102 @@ def _bench(args, argv) -> int:
                for p, why in s["failed_passes"].items()]
     for line in failed:
         print(f"FAILED {line}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+# --------------------------------------------------------------------- tune
+
+def tune_keys(args) -> list | None:
+    """The shape keys the parsed ``tune`` arguments ask for (``None``: the default S1-S4)."""
+    from . import tuning
+    from .bench import shapes
+
+    keys = []
+    for name in args.shape or []:
+        s = shapes.shape_by_name(name)
+        keys.append(tuning.shape_key(focus_dim=s.focus_dim, lmax=s.lmax, n_focus=s.focus,
+                                     apply_alpha=s.apply_alpha))
+    if (args.focus_dim is None) != (args.lmax is None):
+        raise ValueError("a custom key needs both --focus-dim and --lmax")
+    if args.focus_dim is not None:
+        keys.append(tuning.shape_key(focus_dim=args.focus_dim, lmax=args.lmax, n_focus=args.focus,
+                                     apply_alpha=not args.no_alpha))
+    return keys or None
+
+
+def _tune_progress(enabled: bool):
+    """A rich progress bar (one line per family and key) and its callback; no-ops when disabled."""
+    import contextlib
+    if not enabled:
+        return contextlib.nullcontext(), None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    bar = Progress(TextColumn("{task.description:<58}"), BarColumn(), MofNCompleteColumn(),
+                   TimeRemainingColumn())
+    tasks = {}
+
+    def step(ev):
+        desc = f"{ev.family} {ev.key.short()}: {ev.candidate}"
+        if (ev.family, ev.key) not in tasks:
+            tasks[(ev.family, ev.key)] = bar.add_task(desc, total=ev.total)
+        bar.update(tasks[(ev.family, ev.key)], completed=ev.done, total=ev.total, description=desc)
+    return bar, step
+
+
+def tune_rows(results) -> list[dict]:
+    """The summary table of ``mixstack tune``: one row per family and key."""
+    from .tuning.families import family, label
+    rows = []
+    for r in results:
+        base, win = r.baseline_ms, r.winner_ms
+        if r.status in ("failed", "not-run", "no-candidates"):
+            entry = ""
+        else:
+            entry = label(r.config) if r.config is not None else f"None ({family(r.family).baseline_name})"
+        rows.append({
+            "family": r.family, "key": r.key.short(), "status": r.status, "entry": entry,
+            "baseline ms": "" if base is None else f"{base:.3f}",
+            "winner ms": "" if win is None else f"{win:.3f}",
+            "speedup": "" if base is None or win is None else f"{base / win:.3f}x",
+            "skipped": len(r.skipped) or "", "rejected": len(r.rejected) or "",
+        })
+    return rows
+
+
+def _tune(args) -> int:
+    from . import tuning
+    from .tuning import driver, probes, store, sweep
+
+    keys = tune_keys(args)
+    names = driver.resolve_families(args.family)
+    for name, value in (("rounds", args.rounds), ("warmup", args.warmup)):
+        if value is not None and value < (0 if name == "warmup" else 1):
+            raise ValueError(f"--{name} must be positive, got {value}")
+    device = probes.tuning_device(args.device)
+    dev_name = tuning.device_name(device)
+    shown = keys or driver.default_keys()
+    print(f"mixstack tune on {dev_name}: {len(shown)} key(s) ({'; '.join(k.short() for k in shown)}); "
+          f"families {', '.join(names)}; results in {store.user_path(dev_name)}")
+    tty = sys.stdout.isatty()
+    try:
+        import rich  # noqa: F401
+        use_rich = True
+    except ImportError:
+        use_rich = False
+    bar, step = _tune_progress(tty and use_rich)
+    with bar:
+        results = tuning.tune(keys, families=names, force=args.force,
+                              rounds=args.rounds or sweep.DEFAULT_ROUNDS,
+                              warmup=sweep.DEFAULT_WARMUP if args.warmup is None else args.warmup,
+                              margin=args.margin, device=device, progress=step, stop_on_error=False)
+    print()
+    if results:
+        _print_table(tune_rows(results), tty, use_rich)
+    for r in results:
+        for lab, why in {**r.skipped, **r.rejected}.items():
+            print(f"  note: {r.family} {r.key.short()}: {lab}: {why}")
+    failed = [r for r in results if r.status == "failed"]
+    for r in failed:
+        print(f"FAILED {r.family} {r.key.short()}: {r.error}", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -17,6 +17,7 @@ import torch
 import triton
 from torch.library import wrap_triton
 
+from .kernels.fused import fused_backward_kernel
 from .kernels.gate import gate_backward_kernel, gate_kernel
 from .kernels.gemm import block_gemm_kernel
 from .kernels.reduce import alpha_grad_kernel
@@ -24,38 +25,68 @@ from .layout import StackLayout
 
 # Level-1 launch configs: conservative, spill-free on every supported shape.
 # (64, 64, 32, 4 warps, 3 stages) with a pipelined K loop ran an ieee block
-# GEMM of this shape at ~42 TFLOP/s on an H200 (h200-measurements.md).
+# GEMM of this shape at ~42 TFLOP/s on an H200 (h200-measurements.md), and
+# beat (64,128,4,3), (128,64,8,3), (64,64,4,4), (128,128,8,2), (32,64,4,3) on
+# the whole S1/S2 stack (H200, 2026-11-30).  The K tile is 32 wide (16 where
+# Cf is not a multiple of 32): at S4 (Cf = 64) a 64-wide K tile with 8 warps
+# took 35.6 ms for fwd+bwd against 30.3 ms (H200, 2026-11-30).
 GEMM_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 ALPHA_GRAD_CONFIG = {"BLOCK_R": 32, "BLOCK_C": 64, "num_warps": 4}
 
 
 def block_k(layout: StackLayout) -> int:
-    """The K tile: it must divide both block widths, so the K loop needs no mask."""
+    """The default K tile: it divides Cf, so K runs over whole subtiles in
+    degree order and the loop needs no mask."""
     return 32 if layout.focus_dim % 32 == 0 else 16
 
 
-def gate_config(layout: StackLayout) -> dict:
-    """Edge rows per gate program: fewer as the register tile widens.
+def default_gemm_config(layout: StackLayout) -> dict:
+    """The level-1 GEMM launch config for this layout."""
+    return dict(GEMM_CONFIG, BLOCK_K=block_k(layout))
 
-    Spill-free on sm_90 for every supported Cf (ptxas resource report,
-    Triton 3.6/3.7): 32 rows x 8 warps up to a 64-wide tile (40-200
-    registers), 16 rows x 8 warps at 128 (118-166).  32 rows x 4 warps spilled
-    at Cf = 64, and 64 rows at Cf = 128 spilled ~11 KB of stack.
+
+def fused_supported(layout: StackLayout) -> bool:
+    """The fused backward's regime: Cf a power of two whose subtile fits one
+    register dot (16, 32 or 64)."""
+    return layout.focus_dim in (16, 32, 64)
+
+
+def power_of_two_chunks(width: int) -> tuple[int, int, int]:
+    """``width`` as up to three descending powers of two (0 for unused chunks)."""
+    chunks = [1 << b for b in range(width.bit_length() - 1, -1, -1) if width >> b & 1]
+    if len(chunks) > 3:
+        raise ValueError(f"segment width {width} needs more than three power-of-two chunks")
+    return tuple(chunks + [0] * (3 - len(chunks)))
+
+
+def gate_config(layout: StackLayout, backward: bool = False) -> dict:
+    """Launch config of the gate kernel (forward/recompute) or its backward.
+
+    Measured on an H200 (2026-11-30; S1, S2, S4; BLOCK_M/warps in {16, 32, 64,
+    128} x {4, 8}): the forward gate is flat within 5% across configs, 32 rows
+    x 4 warps among the best everywhere; the pointwise backward is best at 32
+    rows x 4 warps for Cf = 32 (0.91 ms at S1 against 1.31 for 32 x 8) and 64
+    rows x 4 warps for Cf = 64 (1.24 ms at S4 against 1.62-1.82).  A 128-wide
+    tile takes 16 rows x 8 warps (spill-free in the sm_90 ptxas report; not
+    timed).  Unrolling the degree loop spilled 116-224 registers at Cf = 64.
     """
     cp = triton.next_power_of_2(layout.focus_dim)
-    return {"BLOCK_M": 32 if cp <= 64 else 16, "num_warps": 8, "num_stages": 1}
+    if cp > 64:
+        return {"BLOCK_M": 16, "num_warps": 8, "num_stages": 1}
+    rows = 64 if backward and cp == 64 else 32
+    return {"BLOCK_M": rows, "num_warps": 4, "num_stages": 1}
 
 
 def _is_empty(n) -> bool:
     return isinstance(n, int) and n == 0
 
 
-def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, *, blocks, res=None, out=None, z=None, y=None,
-          sg=None, alpha=None, a_edge_major=False, alpha_on_a=False,
+def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, res=None, out=None, z=None,
+          y=None, sg=None, alpha=None, a_edge_major=False, alpha_on_a=False,
           gate=False, alpha_on_out=False, out_edge_major=False):
     """Launch ``block_gemm_kernel`` over ``blocks`` (``(0,)``, ``(1,)`` or ``(0, 1)``)."""
-    cfg = GEMM_CONFIG
-    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    cfg = gemm_cfg or default_gemm_config(layout)
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg.get("BLOCK_K", block_k(layout))
     widths = {0: layout.m0, 1: layout.m1}
     n_tiles = sum(triton.cdiv(widths[b], bn) for b in blocks)
     grid = ((n_edges + bm - 1) // bm * n_tiles, n_focus)
@@ -69,7 +100,7 @@ def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, *, blocks, res=None, out=N
         STORE_Z=z is not None, GATE=gate, RESIDUAL=res is not None,
         ALPHA_ON_OUT=alpha_on_out, OUT_EDGE_MAJOR=out_edge_major, STORE_OUT=out is not None,
         STORE_Y=y is not None,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=block_k(layout),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
@@ -86,11 +117,12 @@ def _gate(z, gw, layer, sg, n_edges, n_focus, layout, u=None, u_next=None):
     )
 
 
-def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool):
+def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool, gemm_cfg=None):
     """Level-1 forward: ``(result, z, y)``; inputs contiguous fp32.
 
     ``result (E, F, ROW)``, ``z (n_gated, F, E, ROW)``, and with alpha the
     unscaled result ``y (E, F, ROW)`` for the alpha gradient (else empty).
+    ``gemm_cfg``: a tuned GEMM launch config (``None``: the level-1 default).
     """
     n_focus, n_edges, row = u0.shape
     n_gated = w0.shape[0] - 1
@@ -105,23 +137,27 @@ def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool)
         buffers = [torch.empty_like(u0), torch.empty_like(u0) if n_gated > 1 else None]
     for k in range(n_gated):
         u_next = buffers[k % 2]
-        _gemm(u, w0, w1, k, n_edges, n_focus, layout, blocks=(0,), z=z)
+        _gemm(u, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(0,), z=z)
         _gate(z, gw, k, sg, n_edges, n_focus, layout, u=u, u_next=u_next)
-        _gemm(u, w0, w1, k, n_edges, n_focus, layout, blocks=(1,), z=z, sg=sg, gate=True,
+        _gemm(u, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(1,), z=z, sg=sg, gate=True,
               res=u, out=u_next)
         u = u_next
-    _gemm(u, w0, w1, n_gated, n_edges, n_focus, layout, blocks=(0, 1), res=u, out=out,
+    _gemm(u, w0, w1, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=u, out=out,
           y=y if apply_alpha else None, alpha=alpha if apply_alpha else None,
           alpha_on_out=apply_alpha, out_edge_major=True)
     return out, z, y
 
 
-def stack_backward_relay(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool):
-    """Level-1 relay backward: ``(grad_u0 (F, E, ROW), grad_alpha (E, F) or empty)``.
+def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
+                   gemm_cfg=None, fused_cfg=None):
+    """Level-1/2 backward: ``(grad_u0 (F, E, ROW), grad_alpha (E, F) or empty)``.
 
-    Per gated layer: recompute the gate sigmoids, write ``gz`` pointwise, then
-    ``h += gz @ W^T`` over both blocks (``W^T`` materialised once per call).
-    ``grad_out`` and ``y`` are edge-major and contiguous.
+    The identity layer (with the alpha fold) and ``grad_alpha`` first; then per
+    gated layer either the relay (recompute the gate sigmoids, write ``gz``
+    pointwise, ``h += gz @ W^T`` over both blocks) or, with ``fused_cfg``, the
+    fused kernel's two passes, which allocate no sigmoid or ``gz`` surface.
+    ``W^T`` is materialised once per call; ``grad_out`` and ``y`` are
+    edge-major and contiguous; ``h`` is updated in place.
     """
     n_edges, n_focus, row = grad_out.shape
     n_gated = w0.shape[0] - 1
@@ -138,19 +174,35 @@ def stack_backward_relay(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout,
         )
     w0t = w0.transpose(-1, -2).contiguous()
     w1t = w1.transpose(-1, -2).contiguous()
-    _gemm(grad_out, w0t, w1t, n_gated, n_edges, n_focus, layout, blocks=(0, 1), res=grad_out, out=h,
-          alpha=alpha if apply_alpha else None, a_edge_major=True, alpha_on_a=apply_alpha)
-    if n_gated:
+    _gemm(grad_out, w0t, w1t, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1),
+          res=grad_out, out=h, alpha=alpha if apply_alpha else None, a_edge_major=True,
+          alpha_on_a=apply_alpha)
+    if n_gated and fused_cfg is None:
         sg = grad_out.new_empty((n_focus, n_edges, layout.gate_width))
         gz = torch.empty_like(h)
-        cfg = gate_config(layout)
-        grid = ((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)
     for k in range(n_gated - 1, -1, -1):
+        if fused_cfg is not None:
+            _fused_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, fused_cfg)
+            continue
         _gate(z, gw, k, sg, n_edges, n_focus, layout)
-        wrap_triton(gate_backward_kernel)[grid](
+        cfg = gate_config(layout, backward=True)
+        wrap_triton(gate_backward_kernel)[((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)](
             h, z, sg, gw, gz, k, n_edges, n_focus,
             LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
             BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
-        _gemm(gz, w0t, w1t, k, n_edges, n_focus, layout, blocks=(0, 1), res=h, out=h)
+        _gemm(gz, w0t, w1t, k, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=h, out=h)
     return h, grad_alpha
+
+
+def _fused_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, cfg):
+    """One gated layer of the fused backward: the m = 0 pass, then the |m| = 1 pass
+    (the m = 0 pass reads the |m| = 1 columns of ``h`` before they change)."""
+    grid = ((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)
+    for segment, width in ((0, layout.m0), (1, layout.m1)):
+        n_a, n_b, n_c = power_of_two_chunks(width)
+        wrap_triton(fused_backward_kernel)[grid](
+            h, z, gw, w0t, w1t, layer, n_edges, n_focus,
+            LMAX=layout.lmax, CF=layout.focus_dim, SEGMENT=segment, N_A=n_a, N_B=n_b, N_C=n_c,
+            BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        )

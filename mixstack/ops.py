@@ -55,7 +55,7 @@ def stack_backward(grad_out: Tensor, y: Tensor, z: Tensor, alpha: Tensor, w0: Te
     """Gradients of ``u0`` (focus-major) and ``alpha`` (empty without alpha) from the saved state."""
     layout = StackLayout(lmax, focus_dim)
     if _kernels_for(grad_out, layout):
-        return launch.stack_backward_relay(grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha)
+        return launch.stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha)
     g, ga, *_ = reference.backward(grad_out, y, z, None, alpha, w0, w1, gw, lmax=lmax,
                                    focus_dim=focus_dim, apply_alpha=apply_alpha)
     return g.contiguous(), ga.contiguous() if apply_alpha else grad_out.new_empty((0,))

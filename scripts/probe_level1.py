@@ -98,7 +98,7 @@ for name in which:
     m1 = peak(l1_both); mc = peak(c_both)
     row = dict(shape=name, **{k: round(v, 2) for k, v in t.items()}, mem_L1=round(m1), mem_C=round(mc))
     p(json.dumps(row)); summary.append(row)
-    if name in ("S1", "S2"):
+    if name in ("S1", "S2") and os.environ.get("PROBE_SWEEP"):
         cfgs = [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3), dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
                 dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4),
                 dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2), dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3)]

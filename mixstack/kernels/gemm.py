@@ -20,6 +20,12 @@ for the forward's GEMMs (H200, 2026-11-30).
 
 The K loop accumulates ``acc = tl.dot(a, w, acc)`` in exact IEEE fp32
 (never TF32) in a fixed K order; launch configs change the schedule only.
+K runs over ``Cf``-wide subtiles in *degree order* (``BLOCK_K`` divides
+``Cf``): block 0 takes degrees 1..lmax and then the scalar subtile; block 1
+takes m = -1 and m = +1 of degree 1, then of degree 2, and so on.  That is the order in which a
+fused backward can produce each ``gz`` subtile with one gate sigmoid per
+degree, so the relay and the fused kernels sum in the same order and agree
+bit for bit.
 Row offsets are int64: ``F * E * ROW`` may exceed 2**31.
 """
 
@@ -85,7 +91,11 @@ def block_gemm_kernel(
     n_mask = n < kdim
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in tl.range(0, kdim, BLOCK_K):
+    R: tl.constexpr = CF // BLOCK_K          # K tiles per Cf-wide subtile
+    for t in tl.range(0, kdim // BLOCK_K):
+        q = t // R                            # subtile, taken in degree order (module doc)
+        sub = tl.where(second, (q % 2) * LMAX + q // 2, (q + 1) % (LMAX + 1))
+        k = sub * CF + (t % R) * BLOCK_K
         a = tl.load(a_ptr + a_rows[:, None] + (col0 + k + rk)[None, :], mask=e_mask[:, None], other=0.0)
         if ALPHA_ON_A:
             a = a * alpha[:, None]

@@ -1,0 +1,64 @@
+"""Tuning tables and the sweep that fills them (SPEC §5).
+
+A table maps a *family* and a *shape key* to an entry: a launch config (dict),
+or ``None`` meaning "measured: the baseline wins"; ``lookup`` answers
+``MISSING`` where there is no valid entry.  Precedence: ``register`` (this
+process) > the user's table (``MIXSTACK_CACHE_DIR``) > the built-in table
+shipped in ``mixstack/tables/``.  Entries are valid only for the device model,
+Triton version and kernel sources they were measured on.
+
+| module | what |
+|---|---|
+| ``keys`` | ``ShapeKey``, ``shape_key`` |
+| ``families`` | the families, their candidates and the paths a run must take |
+| ``validity`` | device name, Triton version, kernel-source hash |
+| ``store`` | JSON files: read, report and ignore bad ones, atomic locked writes |
+| ``registry`` | ``register``, ``lookup``, the kept tables |
+| ``sweep`` | ``tune_key``: the one sweep |
+| ``probes`` | ``StackProbe``: the sweep's runs of ``mixing_stack`` on a GPU |
+| ``driver`` | ``tune``, ``tune_missing``: many keys and families |
+
+Launchers ask ``tuned_config(...)`` (a config dict, or ``None`` for "use the
+level-1 config / the relay"); nothing here runs at import.
+"""
+
+from __future__ import annotations
+
+from .families import FAMILIES, SWEEP_ORDER, candidates
+from .keys import ShapeKey, shape_key
+from .registry import (MISSING, covered, find, lookup, record, register, registration, registrations,
+                       reload, saved_registrations, unregister)
+from .store import TuningTableWarning
+from .validity import device_name, kernel_source_hash
+
+
+def tuned_config(family: str, *, focus_dim: int, lmax: int, n_focus: int, apply_alpha: bool,
+                 device=None) -> dict | None:
+    """The launch config to use for one launch, or ``None`` (the baseline: the level-1
+    config, or the relay for ``stack_bwd_fused``) where the entry is ``None`` or missing.
+
+    ``device``: the tensors' device (names the table); call this at level >= 2 only.
+    """
+    key = shape_key(focus_dim=focus_dim, lmax=lmax, n_focus=n_focus, apply_alpha=apply_alpha)
+    cfg = lookup(family, key, device_name=device_name(device))
+    return cfg if isinstance(cfg, dict) else None
+
+
+def tune(keys=None, **kwargs):
+    """Sweep and record; see ``mixstack.tuning.driver.tune``."""
+    from .driver import tune as _tune
+    return _tune(keys, **kwargs)
+
+
+def tune_missing(keys, *, families=None, **kwargs):
+    """Tune the keys without an entry (freeze's hook); see ``driver.tune_missing``."""
+    from .driver import tune_missing as _tune_missing
+    return _tune_missing(keys, families=families, **kwargs)
+
+
+__all__ = [
+    "FAMILIES", "MISSING", "SWEEP_ORDER", "ShapeKey", "TuningTableWarning", "candidates", "covered",
+    "device_name", "find", "kernel_source_hash", "lookup", "record", "register", "registration",
+    "registrations", "reload", "saved_registrations", "shape_key", "tune", "tune_missing",
+    "tuned_config", "unregister",
+]

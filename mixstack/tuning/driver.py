@@ -1,0 +1,109 @@
+"""``mixstack.tune`` and ``tuning.tune_missing``: the sweep over many keys and families.
+
+Both run ``sweep.tune_key`` (the one sweep) for each family of each key, in
+``families.SWEEP_ORDER`` (the relay's GEMMs before the fused backward, which
+is measured against the relay as tuned), with one ``probes.StackProbe`` per
+family and key.  Covered keys are skipped before any input is allocated.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterable
+
+import torch
+
+from . import families as _families
+from . import registry, validity
+from .keys import ShapeKey, as_key, shape_key
+from .sweep import DEFAULT_ROUNDS, DEFAULT_WARMUP, TuneError, TuneResult, tune_key
+
+log = logging.getLogger(__name__)
+
+# A family measured against another one's tuned result: not swept when that one failed.
+_DEPENDS_ON = {"stack_bwd_fused": "stack_bwd_relay"}
+
+
+def default_keys() -> list[ShapeKey]:
+    """The shape keys of the SPEC §7 shapes S1-S4 (S1 and S3 share one)."""
+    from ..bench.shapes import STANDARD
+    keys = [shape_key(focus_dim=s.focus_dim, lmax=s.lmax, n_focus=s.focus, apply_alpha=s.apply_alpha)
+            for s in STANDARD.values()]
+    return list(dict.fromkeys(keys))
+
+
+def resolve_families(names: Iterable[str] | None) -> list[str]:
+    """``names`` checked and put in sweep order (default: every family with candidates)."""
+    if names is None:
+        return list(_families.SWEEP_ORDER)
+    if isinstance(names, str):
+        names = [names]
+    chosen = [_families.family(n).name for n in names]
+    order = list(_families.SWEEP_ORDER) + [n for n in _families.FAMILIES if n not in _families.SWEEP_ORDER]
+    return [n for n in order if n in chosen]
+
+
+def tune(keys=None, *, families: Iterable[str] | None = None, force: bool = False,
+         rounds: int = DEFAULT_ROUNDS, warmup: int = DEFAULT_WARMUP, margin: float = 0.02,
+         persist: bool = True, device=None, progress: Callable | None = None,
+         clock: Callable | None = None, make_probe: Callable | None = None,
+         device_name: str | None = None, stop_on_error: bool = True) -> list[TuneResult]:
+    """Sweep ``families`` (default: ``stack_fwd``, ``stack_bwd_relay``, ``stack_bwd_fused``)
+    for ``keys`` (``tuning.shape_key(...)`` values; default: S1-S4 of SPEC §7) on the
+    local GPU, and record each result in the user's table (``persist``; else for
+    this process only).  Covered keys are skipped unless ``force``.
+
+    A failure raises ``TuneError`` (``stop_on_error``), or with
+    ``stop_on_error=False`` becomes a "failed" result and the sweep goes on
+    (a family measured against a failed one is "not-run").  Returns one
+    ``TuneResult`` per family and key.  ``make_probe(family, key, device=...)``
+    replaces ``probes.StackProbe`` (tests); results then go to ``device_name``,
+    else to the probe's ``device_name``.
+    """
+    from .probes import StackProbe, tuning_device
+    keys = default_keys() if keys is None else list(dict.fromkeys(as_key(k) for k in keys))
+    names = resolve_families(families)
+    make_probe = make_probe or StackProbe
+    if make_probe is StackProbe:
+        device = tuning_device(device)
+        device_name = device_name or validity.device_name(device)
+    results: list[TuneResult] = []
+    for key in keys:
+        failed: dict[str, TuneResult] = {}
+        for name in names:
+            dep = _DEPENDS_ON.get(name)
+            if dep in failed:
+                results.append(TuneResult(name, key, "not-run", error=failed[dep].error))
+                continue
+            if not force and device_name and registry.covered(name, key, device_name=device_name):
+                results.append(TuneResult(name, key, "covered",
+                                          config=registry.lookup(name, key, device_name=device_name)))
+                continue
+            if not _families.candidates(name, key):
+                results.append(TuneResult(name, key, "no-candidates"))
+                continue
+            try:
+                try:
+                    probe = make_probe(name, key, device=device)
+                except Exception as exc:
+                    raise TuneError(f"tuning {name} {key}: could not set up the inputs: "
+                                    f"{type(exc).__name__}: {exc}") from exc
+                results.append(tune_key(name, key, probe=probe, clock=clock, rounds=rounds,
+                                        warmup=warmup, margin=margin, force=force, progress=progress,
+                                        device_name=device_name, persist=persist))
+            except TuneError as exc:
+                if stop_on_error:
+                    raise
+                log.info("%s", exc)
+                failed[name] = TuneResult(name, key, "failed", error=exc)
+                results.append(failed[name])
+            finally:
+                probe = None
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+    return results
+
+
+def tune_missing(keys, *, families: Iterable[str] | None = None, **kwargs) -> list[TuneResult]:
+    """Tune the keys that have no entry yet (freeze calls this before export); persists."""
+    return tune(keys, families=families, force=False, **kwargs)

@@ -1,0 +1,167 @@
+"""Tuning families: what a config of each holds, its candidates, and the paths a run must take.
+
+| family | config | baseline (entry ``None``) |
+|---|---|---|
+| ``stack_fwd`` | ``BLOCK_M, BLOCK_N, num_warps, num_stages`` of the forward GEMMs | the level-1 config |
+| ``stack_bwd_relay`` | the same, for the relay backward's GEMMs | the level-1 config |
+| ``stack_bwd_fused`` | ``BLOCK_M, num_warps, num_stages`` of the fused backward | the relay |
+| ``stack_compensated`` | (placeholder for level 3; no candidates yet) | the fp32 stack |
+
+Each family names the dispatch-log paths (``mixstack.dispatch_log``) that a
+candidate run and a baseline run must show, and the ones they must not: the
+sweep refuses to time a run that did not take the path it claims (SPEC §5.1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import triton
+
+from .keys import ShapeKey
+
+GEMM_FIELDS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+FUSED_FIELDS = ("BLOCK_M", "num_warps", "num_stages")
+
+# Hand-picked (BLOCK_M, BLOCK_N, num_warps, num_stages) around the H200 winners
+# of a 242-config sweep of one ieee block GEMM (h200-measurements.md: (64,128,
+# 32,4,3) at K = 128, (64,64,32,4,3) at K = 192, 42 TFLOP/s; BM = 128 with 3
+# stages and 4 warps spilled, 4-5x slower), then filtered per key by
+# ``_gemm_sensible``.  The K tile is not tuned: it fixes the order of the K
+# sum, so another K tile would change results (launch.block_k chooses it).
+_GEMM = (
+    (64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4),
+    (64, 128, 8, 3), (64, 64, 8, 3), (32, 64, 4, 3), (32, 128, 4, 3), (32, 64, 4, 4),
+    (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2),
+)
+# The fused backward: rows per program x warps x stages (the gz tile lives in
+# registers, so rows per program is the register knob; stages 1-2 only).
+_FUSED = tuple((bm, w, s) for bm in (16, 32, 64) for w in (4, 8) for s in (1, 2))
+SMEM_BUDGET = 160 * 1024   # bytes of operand tiles in flight; above it the pipeliner is refused or slow
+
+
+def block_k(key: ShapeKey) -> int:
+    """The K tile the GEMM kernel uses for this key (``launch.block_k``: one definition)."""
+    from ..launch import block_k as launch_block_k     # not at import: launch imports tuning
+    return launch_block_k(key.layout)
+
+
+def _gemm_sensible(bm: int, bn: int, warps: int, stages: int, key: ShapeKey) -> bool:
+    bk = block_k(key)
+    threads = 32 * warps
+    if not 16 <= bm * bn // threads <= 64:          # accumulator registers per thread
+        return False
+    if (bm + bn) * bk // threads >= 64:             # operand registers per thread: 64 spilled (64x64x64, 4 warps)
+        return False
+    if stages * (bm + bn) * bk * 4 > SMEM_BUDGET:
+        return False
+    widest = max(key.layout.m0, key.layout.m1)
+    return bn <= max(64, triton.next_power_of_2(widest))   # no tile much wider than the widest block
+
+
+def _default_gemm_config(key: ShapeKey) -> dict:
+    """The level-1 config launch.py uses for this key: the baseline, never a candidate."""
+    from ..launch import default_gemm_config
+    return {f: default_gemm_config(key.layout)[f] for f in GEMM_FIELDS}
+
+
+def _gemm_candidates(key: ShapeKey) -> list[dict]:
+    default = _default_gemm_config(key)
+    out = []
+    for bm, bn, w, s in _GEMM:
+        cfg = dict(zip(GEMM_FIELDS, (bm, bn, w, s)))
+        if cfg != default and _gemm_sensible(bm, bn, w, s, key):   # never time the baseline against itself
+            out.append(cfg)
+    return out
+
+
+def _fused_candidates(key: ShapeKey) -> list[dict]:
+    from ..launch import fused_supported
+    if not fused_supported(key.layout):              # outside the fused regime: the relay always runs
+        return []
+    return [dict(zip(FUSED_FIELDS, c)) for c in _FUSED]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One tuning family.  ``timed``: the pass timed (``"fwd"`` or ``"bwd"``).
+
+    ``candidate_paths`` / ``baseline_paths``: dispatch-log paths the run must
+    show; ``candidate_forbidden`` / ``baseline_forbidden``: paths it must not.
+    ``disable``: families registered ``None`` while probing this one (tuning
+    the relay must not let a fused entry take its place).
+    """
+
+    name: str
+    fields: tuple[str, ...]
+    timed: str
+    make_candidates: Callable[[ShapeKey], list[dict]]
+    candidate_paths: tuple[str, ...] = ()
+    candidate_forbidden: tuple[str, ...] = ()
+    baseline_paths: tuple[str, ...] = ()
+    baseline_forbidden: tuple[str, ...] = ()
+    disable: tuple[str, ...] = ()
+    baseline_name: str = "baseline"
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("stack_fwd", GEMM_FIELDS, "fwd", _gemm_candidates,
+           candidate_paths=("fwd:triton", "cfg:stack_fwd"),
+           baseline_paths=("fwd:triton",), baseline_forbidden=("cfg:stack_fwd",),
+           baseline_name="level-1 config"),
+    Family("stack_bwd_relay", GEMM_FIELDS, "bwd", _gemm_candidates,
+           candidate_paths=("bwd:relay", "cfg:stack_bwd_relay"), candidate_forbidden=("bwd:fused",),
+           baseline_paths=("bwd:relay",), baseline_forbidden=("cfg:stack_bwd_relay", "bwd:fused"),
+           disable=("stack_bwd_fused",), baseline_name="level-1 config"),
+    Family("stack_bwd_fused", FUSED_FIELDS, "bwd", _fused_candidates,
+           candidate_paths=("bwd:fused",), candidate_forbidden=("bwd:relay",),
+           baseline_paths=("bwd:relay",), baseline_forbidden=("bwd:fused",),
+           baseline_name="relay"),
+    Family("stack_compensated", GEMM_FIELDS, "bwd", lambda key: []),
+)}
+
+# The order a full sweep runs in: the fused backward is measured against the
+# relay as tuned, so the relay's GEMMs are tuned first.
+SWEEP_ORDER = ("stack_fwd", "stack_bwd_relay", "stack_bwd_fused")
+
+
+def family(name: str) -> Family:
+    """The family called ``name``; ``ValueError`` naming the known ones otherwise."""
+    try:
+        return FAMILIES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown tuning family {name!r}; known: {', '.join(FAMILIES)}") from None
+
+
+def candidates(name: str, key: ShapeKey) -> list[dict]:
+    """The launch configs the sweep tries for ``key`` (fresh dicts; the baseline is not among them)."""
+    from .keys import as_key
+    return [dict(c) for c in family(name).make_candidates(as_key(key))]
+
+
+def check_config(name: str, cfg) -> dict | None:
+    """``cfg`` validated for family ``name``: ``None``, or a dict of exactly its fields (positive ints)."""
+    fam = family(name)
+    if cfg is None:
+        return None
+    if not isinstance(cfg, dict):
+        raise TypeError(f"a {name} config must be a dict or None, got {type(cfg).__name__}")
+    if set(cfg) != set(fam.fields):
+        raise ValueError(f"a {name} config needs exactly the fields {', '.join(fam.fields)}, "
+                         f"got {', '.join(map(str, cfg)) or 'none'}")
+    for f in fam.fields:
+        v = cfg[f]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} config field {f} must be a positive int, got {v!r}")
+    return {f: cfg[f] for f in fam.fields}
+
+
+_ABBREV = {"BLOCK_M": "M", "BLOCK_N": "N", "num_warps": "w", "num_stages": "s"}
+
+
+def label(cfg: dict | None) -> str:
+    """A short name of a config for logs and tables: ``M64 N128 w4 s3``."""
+    if cfg is None:
+        return "baseline"
+    return " ".join(f"{_ABBREV.get(k, k)}{v}" for k, v in cfg.items())

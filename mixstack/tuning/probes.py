@@ -1,0 +1,153 @@
+"""The real probe: runs ``mixstack.mixing_stack`` for the sweep with one candidate registered.
+
+A probe holds two input sets for one shape key: a *timing* set, large enough to
+fill the GPU (~2**18 edges at S1's row width, fewer for wider rows, capped at a
+third of device memory), and a *partial-tile* set of 4099 edges, which no
+power-of-two block size divides, so every kernel's last tile is masked.  Inputs
+are seeded, random and non-zero, with weights drawn by ``MixingStack``'s
+initialisation (``bench.shapes.make_inputs``: one definition of the data).
+
+``run(cfg)`` (forward and backward on both sets; the sweep's bitwise check) and
+``task(cfg)`` (the timed pass: the forward for ``stack_fwd``; for the backward
+families the backward alone, with the forward in the untimed ``setup``) run
+with ``cfg`` registered for the family under test (``None``: the baseline) and
+``None`` registered for the families it must not meet (tuning the relay must not
+run the fused backward), and restore the registrations afterwards, also on
+errors.  The level is the sweep's business (it wraps every call in
+``use_level(2)`` and checks the dispatch log); a probe sets none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .. import config
+from ..api import mixing_stack
+from ..bench import timing
+from ..bench.shapes import BenchShape, make_inputs
+from ..dispatch import dispatch_log
+from . import families, registry, validity
+from .keys import ShapeKey, as_key
+
+N_LAYERS = 4                  # SPEC §7 shapes; the key has no depth (every layer launches the same kernels)
+PARTIAL_EDGES = 4099          # odd: no block size divides it
+TIMING_EDGES = 2 ** 18        # at S1's width (F * ROW = 640): ~50 waves of 64-row tiles on 132 SMs
+MIN_TIMING_EDGES = 2 ** 14
+_S1_WIDTH = 640
+# Live surfaces per edge while a backward runs, in F * ROW float32 rows: inputs,
+# result, y, z (n_layers - 1), forward buffers, h, gz, gradients, and the two
+# output sets the sweep holds for the bitwise check; rounded up.
+_EXTRA_SURFACES = 16
+# Under TRITON_INTERPRET (CPU), only the plumbing is exercised: small sets.
+INTERPRETER_EDGES = (257, 129)
+
+
+def tuning_device(device=None) -> torch.device:
+    """The device the sweep measures on: CUDA, or the CPU under ``TRITON_INTERPRET``."""
+    if device is not None:
+        device = torch.device(device)
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(f"tuning on {device} was asked for, but torch sees no CUDA device")
+            return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+        if not config.triton_interpret():
+            raise ValueError(f"tuning measures Triton kernels; they cannot run on {device} "
+                             "(set TRITON_INTERPRET=1 to exercise the sweep through the interpreter)")
+        return device
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if config.triton_interpret():
+        return torch.device("cpu")
+    raise ValueError("tuning measures Triton kernels on a CUDA GPU, and torch sees none here "
+                     "(TRITON_INTERPRET=1 exercises the sweep on the CPU, without meaningful times)")
+
+
+def timing_edges(key: ShapeKey, device: torch.device, n_layers: int = N_LAYERS) -> int:
+    """Edges of the timing set: ~2**18 at S1's row width, scaled down for wider rows and
+    capped so the sweep's live surfaces stay under a third of device memory."""
+    width = key.n_focus * key.layout.row
+    edges = TIMING_EDGES * _S1_WIDTH // max(width, _S1_WIDTH)
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        edges = min(edges, total // 3 // (width * 4 * (n_layers + _EXTRA_SURFACES)))
+    return max(edges, MIN_TIMING_EDGES)
+
+
+class StackProbe:
+    """Inputs and runs of ``mixing_stack`` for one family and shape key (see the module doc)."""
+
+    def __init__(self, family: str, key, *, device=None, edges: int | None = None,
+                 partial_edges: int | None = None, n_layers: int = N_LAYERS, seed: int = 0):
+        self.family = families.family(family)
+        self.key = as_key(key)
+        self.device = tuning_device(device)
+        self.device_name = validity.device_name(self.device)
+        on_gpu = self.device.type == "cuda"
+        self.edges = edges or (timing_edges(self.key, self.device, n_layers) if on_gpu else INTERPRETER_EDGES[0])
+        self.partial_edges = partial_edges or (PARTIAL_EDGES if on_gpu else INTERPRETER_EDGES[1])
+        self._timing = self._inputs(self.edges, n_layers, seed)
+        self._partial = self._inputs(self.partial_edges, n_layers, seed + 1)
+
+    def _inputs(self, edges, n_layers, seed):
+        k = self.key
+        shape = BenchShape("tune", edges, k.n_focus, k.focus_dim, k.lmax, n_layers, k.apply_alpha)
+        return make_inputs(shape, self.device, seed=seed)
+
+    @contextlib.contextmanager
+    def configured(self, cfg):
+        """``cfg`` registered for the family under test, ``None`` for the ones it must not meet."""
+        with contextlib.ExitStack() as stack:
+            for other in self.family.disable:
+                stack.enter_context(registry.registration(other, self.key, None))
+            stack.enter_context(registry.registration(self.family.name, self.key, cfg))
+            yield
+
+    def _forward(self, inp, u0=None, alpha=None):
+        k = self.key
+        return mixing_stack(inp.u0 if u0 is None else u0, inp.alpha if alpha is None else alpha,
+                            inp.w0, inp.w1, inp.gw, lmax=k.lmax, focus_dim=k.focus_dim,
+                            apply_alpha=k.apply_alpha)
+
+    def _leaves(self, inp):
+        u0 = inp.u0.detach().requires_grad_(True)
+        alpha = inp.alpha.detach().requires_grad_(self.key.apply_alpha)
+        return u0, alpha
+
+    def _backward(self, out, u0, alpha, grad_out):
+        wrt = (u0, alpha) if self.key.apply_alpha else (u0,)
+        grads = torch.autograd.grad(out, wrt, grad_out)
+        return grads[0], (grads[1] if self.key.apply_alpha else u0.new_empty((0,)))
+
+    def _fwd_bwd(self, inp):
+        u0, alpha = self._leaves(inp)
+        out = self._forward(inp, u0, alpha)
+        grad_u0, grad_alpha = self._backward(out, u0, alpha, inp.grad_out)
+        return out.detach(), grad_u0, grad_alpha
+
+    def run(self, cfg):
+        """``((result, grad_u0, grad_alpha) on the partial-tile set + the same on the timing set,
+        dispatch Counter)`` with ``cfg`` in force."""
+        with self.configured(cfg), dispatch_log() as counts:
+            outputs = self._fwd_bwd(self._partial) + self._fwd_bwd(self._timing)
+        return outputs, counts
+
+    def task(self, cfg) -> timing.Task:
+        """The timed pass on the timing set with ``cfg`` in force."""
+        inp = self._timing
+        if self.family.timed == "fwd":
+            def run_forward():
+                with self.configured(cfg), torch.no_grad():
+                    return self._forward(inp)
+            return timing.Task(run=run_forward)
+
+        def setup():
+            u0, alpha = self._leaves(inp)
+            with self.configured(cfg):
+                return self._forward(inp, u0, alpha), u0, alpha
+
+        def run_backward(state):
+            with self.configured(cfg):
+                return self._backward(*state, inp.grad_out)
+        return timing.Task(run=run_backward, setup=setup)

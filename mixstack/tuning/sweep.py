@@ -1,0 +1,280 @@
+"""The sweep: the one implementation behind ``mixstack tune``, ``mixstack.tune`` and freeze.
+
+``tune_key`` measures one family for one shape key, by the six rules of SPEC §5:
+
+1. It sets level 2 itself around every run (``mixstack.use_level(2)``), and
+   checks each run's dispatch log: a candidate or baseline run that did not
+   take the path it claims raises ``NotEngagedError`` (never a timing).
+2. A candidate is accepted only if its outputs are bitwise equal (same bits,
+   not ``==``) to the baseline's, on the probe's inputs, which include an edge
+   count that no block size divides.  The baseline must itself repeat bit for
+   bit and be finite, or the comparison would mean nothing.
+3. Baseline and accepted candidates are timed together by
+   ``mixstack.bench.timing.time_interleaved`` (rotating order, several
+   rounds, medians); a candidate wins only if ``timing.beats`` it (margin, 2%
+   by default, and more than the baseline's own spread).  Of several winners,
+   the one with the lowest median.
+4. The winner, or ``None``, is recorded with the medians, device, versions and
+   date; a covered key (any entry) is skipped unless ``force``.
+5. A candidate the compiler or device refuses for resources is skipped with
+   its reason; any other exception raises ``TuneError`` and records nothing.
+6. ``progress`` receives a ``TuneProgress`` after every step.
+
+The probe (``probes.StackProbe`` on a GPU, a fake in the tests) builds the
+inputs and runs the operator: ``probe.run(cfg) -> (outputs, dispatch Counter)``
+and ``probe.task(cfg) -> timing.Task``; ``cfg`` is a candidate or ``None`` for
+the baseline.  ``tune`` sweeps many keys and families, making a probe for each.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .. import levels
+from ..bench import timing
+from ..dispatch import dispatch_log
+from . import families, registry, validity
+from .keys import ShapeKey, as_key
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ROUNDS = 20
+DEFAULT_WARMUP = 2
+TUNE_LEVEL = 2
+_RESOURCE_MARKERS = ("out of resource", "out of shared memory", "out of registers")
+
+
+class TuneError(RuntimeError):
+    """A sweep failed; the key stays uncovered (nothing was recorded)."""
+
+
+class NotEngagedError(TuneError):
+    """A run did not take the path it claims (e.g. a fused candidate ran the relay)."""
+
+
+@dataclass(frozen=True)
+class TuneProgress:
+    """One step of a sweep.  ``phase``: "check", "warmup", "time" or "done"."""
+
+    family: str
+    key: ShapeKey
+    phase: str
+    candidate: str
+    done: int
+    total: int
+
+
+@dataclass
+class TuneResult:
+    """What a sweep did for one family and key.
+
+    ``status``: "tuned" (measured and recorded), "covered" (an entry existed;
+    skipped), "no-candidates" (nothing to try; nothing recorded), "failed" or
+    "not-run" (only from ``tune(..., stop_on_error=False)``; nothing recorded).
+    """
+
+    family: str
+    key: ShapeKey
+    status: str
+    config: dict | None = None
+    medians_ms: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)
+    rejected: dict = field(default_factory=dict)
+    path: str | None = None
+    error: BaseException | None = None
+
+    @property
+    def baseline_ms(self) -> float | None:
+        return self.medians_ms.get("baseline")
+
+    @property
+    def winner_ms(self) -> float | None:
+        return None if self.config is None else self.medians_ms.get(families.label(self.config))
+
+
+def resource_reason(exc: BaseException) -> str | None:
+    """The reason when ``exc`` (or an exception it was raised from) is a resource refusal."""
+    try:
+        from triton.runtime.errors import OutOfResources
+    except ImportError:                       # pragma: no cover - triton is a dependency
+        OutOfResources = ()
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, OutOfResources) or any(m in str(exc).lower() for m in _RESOURCE_MARKERS):
+            return text
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    if t.is_floating_point() or t.is_complex():
+        return t.contiguous().view(ints[t.element_size()]) if t.element_size() in ints else t
+    return t
+
+
+def bitwise_difference(base, got) -> str | None:
+    """Why ``got`` is not bit-for-bit ``base`` (tuples of tensors), or ``None`` when it is."""
+    if len(base) != len(got):
+        return f"{len(got)} outputs, the baseline has {len(base)}"
+    for i, (a, b) in enumerate(zip(base, got)):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"output {i}: {tuple(b.shape)} {b.dtype}, the baseline's is {tuple(a.shape)} {a.dtype}"
+        if not torch.equal(_bits(a), _bits(b)):
+            n = int((_bits(a) != _bits(b)).sum())
+            diff = (a.double() - b.double()).abs().nan_to_num(float("inf")).max().item()
+            return f"output {i}: {n} of {a.numel()} values differ from the baseline (max |diff| {diff:.3g})"
+    return None
+
+
+def _check_paths(fam: families.Family, key: ShapeKey, cfg, counts) -> None:
+    need, forbid = ((fam.candidate_paths, fam.candidate_forbidden) if cfg is not None
+                    else (fam.baseline_paths, fam.baseline_forbidden))
+    missing = [p for p in need if not counts.get(p)]
+    extra = [p for p in forbid if counts.get(p)]
+    if missing or extra:
+        who = f"candidate {families.label(cfg)}" if cfg is not None else f"baseline ({fam.baseline_name})"
+        raise NotEngagedError(
+            f"tuning {fam.name} {key}: the {who} run did not take the path it claims "
+            f"(missing {missing or 'nothing'}, unexpected {extra or 'nothing'}; "
+            f"dispatch log {dict(counts)})")
+
+
+def _run(probe, fam, key, cfg):
+    with levels.use_level(TUNE_LEVEL):
+        outputs, counts = probe.run(cfg)
+    _check_paths(fam, key, cfg, counts)
+    return tuple(outputs)
+
+
+def _engaged(task: timing.Task, fam, key, cfg) -> timing.Task:
+    """``task`` at the tuning level, its timed part checked against the dispatch log every sample."""
+    def checked(call):
+        with levels.use_level(TUNE_LEVEL), dispatch_log() as counts:
+            call()
+        _check_paths(fam, key, cfg, counts)
+
+    if task.setup is None:
+        return timing.Task(run=lambda: checked(task.run))
+
+    def setup():
+        with levels.use_level(TUNE_LEVEL):
+            return task.setup()
+    return timing.Task(run=lambda state: checked(lambda: task.run(state)), setup=setup)
+
+
+class _Tracker:
+    def __init__(self, callback, family: str, key: ShapeKey, total: int):
+        self.callback, self.family, self.key = callback, family, key
+        self.done, self.total = 0, total
+
+    def emit(self, phase: str, candidate: str, step: bool = True) -> None:
+        self.done += step
+        if self.callback is not None:
+            self.callback(TuneProgress(self.family, self.key, phase, candidate,
+                                       min(self.done, self.total), self.total))
+
+
+def tune_key(family: str, key, *, probe, clock: Callable | None = None, rounds: int = DEFAULT_ROUNDS,
+             warmup: int = DEFAULT_WARMUP, margin: float = 0.02, force: bool = False,
+             progress: Callable[[TuneProgress], None] | None = None, device_name: str | None = None,
+             persist: bool = True) -> TuneResult:
+    """Sweep ``family`` for ``key`` with ``probe`` and record the result (see the module doc).
+
+    ``device_name``: the table the result goes to (default: the probe's
+    ``device_name``, else the current device's).  ``persist=False`` registers the
+    result for this process instead of writing the user's table.
+    """
+    fam = families.family(family)
+    key = as_key(key)
+    device = device_name or getattr(probe, "device_name", None) or validity.device_name()
+    if not force and registry.covered(family, key, device_name=device):
+        return TuneResult(family, key, "covered", config=registry.lookup(family, key, device_name=device))
+    cands = families.candidates(family, key)
+    if not cands:
+        log.info("tuning %s %s: no candidates for this key; nothing to measure", family, key)
+        return TuneResult(family, key, "no-candidates")
+    labels = [families.label(c) for c in cands]
+    n_samples = warmup + rounds
+    track = _Tracker(progress, family, key, 2 + len(cands) + n_samples * (1 + len(cands)))
+    skipped, rejected, accepted = {}, {}, []
+
+    with registry.saved_registrations():       # no registration of the probe's may outlive the sweep
+        track.emit("check", "baseline", step=False)
+        try:
+            base = _run(probe, fam, key, None)
+            track.emit("check", "baseline (repeat)")
+            again = _run(probe, fam, key, None)
+        except TuneError:
+            raise
+        except Exception as exc:
+            raise TuneError(f"tuning {family} {key}: the baseline run failed: "
+                            f"{type(exc).__name__}: {exc}") from exc
+        why = bitwise_difference(base, again)
+        if why is not None:
+            raise TuneError(f"tuning {family} {key}: the baseline does not repeat bit for bit ({why})")
+        if not all(bool(torch.isfinite(t).all()) for t in base if t.is_floating_point()):
+            raise TuneError(f"tuning {family} {key}: the baseline's outputs are not finite")
+        del again
+        for cfg, lab in zip(cands, labels):
+            track.emit("check", lab)
+            try:
+                out = _run(probe, fam, key, cfg)
+            except TuneError:
+                raise
+            except Exception as exc:
+                reason = resource_reason(exc)
+                if reason is None:
+                    raise TuneError(f"tuning {family} {key}: candidate {lab} failed: "
+                                    f"{type(exc).__name__}: {exc}") from exc
+                log.info("tuning %s %s: skipping %s: %s", family, key, lab, reason)
+                skipped[lab] = reason
+                continue
+            why = bitwise_difference(base, out)
+            del out
+            if why is not None:
+                log.warning("tuning %s %s: rejecting %s: %s", family, key, lab, why)
+                rejected[lab] = why
+            else:
+                accepted.append((lab, cfg))
+        del base
+        track.total = track.done + 1 + n_samples * (1 + len(accepted)) if accepted else track.done + 1
+
+        medians, spreads, winner = {}, {}, None
+        if accepted:
+            variants = {"baseline": _engaged(probe.task(None), fam, key, None)}
+            variants.update({lab: _engaged(probe.task(cfg), fam, key, cfg) for lab, cfg in accepted})
+            try:
+                samples = timing.time_interleaved(
+                    variants, rounds=rounds, warmup=warmup, device=getattr(probe, "device", None),
+                    clock=clock, on_sample=lambda name, timed: track.emit("time" if timed else "warmup", name))
+            except TuneError:
+                raise
+            except Exception as exc:
+                raise TuneError(f"tuning {family} {key}: timing failed: {type(exc).__name__}: {exc}") from exc
+            medians = {name: s.median * 1e3 for name, s in samples.items()}
+            spreads = {name: s.rel_spread for name, s in samples.items()}
+            wins = [(samples[lab].median, i) for i, (lab, _) in enumerate(accepted)
+                    if timing.beats(samples[lab], samples["baseline"], margin)]
+            if wins:
+                winner = accepted[min(wins)[1]][1]
+        if rejected and not accepted:
+            log.warning("tuning %s %s: every candidate that ran differs from the baseline; "
+                        "a kernel bug? recording the baseline", family, key)
+
+    entry = {"config": winner, **validity.stamp(device), "baseline": fam.baseline_name,
+             "winner": families.label(winner), "medians_ms": medians, "rel_spread": spreads,
+             "margin": margin, "rounds": rounds, "warmup": warmup,
+             "skipped": skipped, "rejected": rejected}
+    path = registry.record(family, key, entry, device_name=device, persist=persist)
+    track.emit("done", families.label(winner))
+    log.info("tuning %s %s: %s (medians ms: %s)", family, key, families.label(winner),
+             ", ".join(f"{k} {v:.3f}" for k, v in medians.items()) or "none")
+    return TuneResult(family, key, "tuned", config=winner, medians_ms=medians, skipped=skipped,
+                      rejected=rejected, path=path)

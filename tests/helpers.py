@@ -1,0 +1,160 @@
+"""Shared test helpers: input factory, float64 oracle, error measure, one copy.
+
+``tests/conftest.py`` puts this directory on ``sys.path``, so every test
+module (``tests/``, ``tests/interpret/``, ``tests/gpu/``) does ``import helpers``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+import mixstack
+from mixstack.layout import StackLayout
+
+# Tolerance of every float32-vs-float64 comparison: relative Frobenius error.
+# For the shapes tested here (K <= ~600 per dot product, a few layers, O(1)
+# activations) float32 rounding gives 1e-7 .. 4e-7 (measured through the
+# interpreter: forward ~8e-8, gradients ~2e-7, double backward ~4e-7).
+# 1e-5 leaves ~25x headroom for other (fixed) reduction orders, yet sits ~50x
+# below the ~5e-4 that a 1e-3 relative perturbation of one weight tensor causes
+# (test_tolerance_rejects_a_1e3_weight_perturbation), so a wrong layout, a
+# missing term or a TF32 GEMM (~1e-3) cannot pass.
+REL_TOL = 1e-5
+
+INPUT_NAMES = ("u0", "alpha", "w0", "w1", "gw")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One operator shape: F focus streams, E edges, Cf channels, lmax, n_layers, alpha on/off."""
+
+    F: int
+    E: int
+    Cf: int
+    lmax: int
+    n_layers: int
+    apply_alpha: bool = True
+
+    @property
+    def layout(self) -> StackLayout:
+        return StackLayout(self.lmax, self.Cf)
+
+    @property
+    def row(self) -> int:
+        return self.layout.row
+
+    @property
+    def kw(self) -> dict:
+        """Keyword arguments of ``mixing_stack`` for this case."""
+        return dict(lmax=self.lmax, focus_dim=self.Cf, apply_alpha=self.apply_alpha)
+
+    @property
+    def op_args(self) -> tuple:
+        """Trailing non-tensor arguments of ``torch.ops.mixstack.stack_forward`` (without level)."""
+        return (self.lmax, self.Cf, self.apply_alpha)
+
+    def __str__(self) -> str:
+        return (f"F{self.F}-E{self.E}-Cf{self.Cf}-l{self.lmax}-L{self.n_layers}-"
+                f"{'alpha' if self.apply_alpha else 'noalpha'}")
+
+
+def case_id(case: Case) -> str:
+    return str(case)
+
+
+def make_inputs(case: Case, seed: int = 0, *, dtype=torch.float32, device="cpu"):
+    """Random inputs ``(u0, alpha, w0, w1, gw)`` scaled like a trained model.
+
+    ``u0`` unit normal; block weights std ``1/sqrt(K * n_layers)`` (K the block
+    width, so each residual layer adds ~1/n_layers of the variance); gate
+    projection std ``1/sqrt(Cf)``; ``alpha = rand + 0.1`` (bounded away from 0).
+    Generated in float64 on the CPU from a seeded generator, then cast and moved,
+    so a case gives the same values on every device and dtype.
+    """
+    g = torch.Generator().manual_seed(seed)
+    lay, nl = case.layout, case.n_layers
+    f64 = torch.float64
+    u0 = torch.randn(case.F, case.E, lay.row, generator=g, dtype=f64)
+    alpha = torch.rand(case.E, case.F, generator=g, dtype=f64) + 0.1
+    w0 = torch.randn(nl, case.F, lay.m0, lay.m0, generator=g, dtype=f64) / math.sqrt(lay.m0 * nl)
+    w1 = torch.randn(nl, case.F, lay.m1, lay.m1, generator=g, dtype=f64) / math.sqrt(lay.m1 * nl)
+    gw = torch.randn(nl - 1, case.F, case.Cf, lay.gate_width, generator=g, dtype=f64) / math.sqrt(case.Cf)
+    return tuple(t.to(dtype=dtype, device=device) for t in (u0, alpha, w0, w1, gw))
+
+
+def make_grad_out(case: Case, seed: int = 1, *, dtype=torch.float32, device="cpu"):
+    """A random upstream gradient of the ``(E, F, ROW)`` result."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(case.E, case.F, case.row, generator=g, dtype=torch.float64).to(dtype=dtype, device=device)
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Relative Frobenius error ``||got - want|| / ||want||`` in float64 (absolute if want == 0)."""
+    assert got.shape == want.shape, f"shape {tuple(got.shape)} != {tuple(want.shape)}"
+    diff = (got.detach().double().cpu() - want.detach().double().cpu()).norm().item()
+    scale = want.detach().double().cpu().norm().item()
+    return diff / scale if scale > 0 else diff
+
+
+def assert_close_rel(got, want, name: str, tol: float = REL_TOL) -> None:
+    err = rel_err(got, want)
+    assert err <= tol, f"{name}: relative Frobenius error {err:.3e} > {tol:.0e}"
+
+
+def reference64(case: Case, inputs, grad_out=None, *, wrt=("u0", "alpha")):
+    """Float64 oracle: ``mixstack.reference.mixing_stack`` and autograd gradients.
+
+    Returns ``(out, grads)`` with ``grads`` a dict over ``wrt`` (empty without
+    ``grad_out``).  Computed on the inputs' device, in float64.
+    """
+    x = {n: t.detach().double().requires_grad_(n in wrt and grad_out is not None)
+         for n, t in zip(INPUT_NAMES, inputs)}
+    out = mixstack.reference.mixing_stack(*(x[n] for n in INPUT_NAMES), **case.kw)
+    grads = {}
+    if grad_out is not None:
+        names = [n for n in wrt if not (n == "alpha" and not case.apply_alpha)]
+        gs = torch.autograd.grad(out, [x[n] for n in names], grad_out.double(), allow_unused=True)
+        grads = {n: (torch.zeros_like(x[n]) if g is None else g) for n, g in zip(names, gs)}
+    return out.detach(), grads
+
+
+def double_backward64(case: Case, inputs, grad_out, v):
+    """Float64 oracle of the force-training pattern (see ``double_backward``)."""
+    x = [t.detach().double().requires_grad_() for t in inputs]
+    return double_backward(mixstack.reference.mixing_stack, case, x, grad_out.double(), v.double())
+
+
+def double_backward(fn, case: Case, x, grad_out, v):
+    """``d/dx <v, d<grad_out, fn(x)>/du0>`` for every input x (create_graph=True).
+
+    ``x`` are leaf tensors requiring grad; returns a dict over INPUT_NAMES
+    (``alpha`` omitted without alpha).
+    """
+    out = fn(*x, **case.kw)
+    (grad_u0,) = torch.autograd.grad(out, x[0], grad_out, create_graph=True)
+    loss = (grad_u0 * v).sum()
+    names = [n for n in INPUT_NAMES if not (n == "alpha" and not case.apply_alpha)]
+    leaves = [t for n, t in zip(INPUT_NAMES, x) if n in names]
+    gs = torch.autograd.grad(loss, leaves, allow_unused=True)
+    return {n: (torch.zeros_like(t) if g is None else g) for n, t, g in zip(names, leaves, gs)}
+
+
+def run_stack(case: Case, level: int, inputs, grad_out, *, weights: bool = False):
+    """One ``mixstack.mixing_stack`` call at ``level`` and its backward.
+
+    ``u0`` and ``alpha`` always require grad (the force path: relay backward);
+    with ``weights`` the weights do too.  Returns a dict with ``out``, one
+    ``grad_<name>`` per differentiated input, and ``log``, the ``dispatch_log``
+    Counter of the call.  Inputs are cloned, so callers' tensors are never leaves.
+    """
+    names = ["u0"] + (["alpha"] if case.apply_alpha else []) + (["w0", "w1", "gw"] if weights else [])
+    x = {n: t.detach().clone().requires_grad_(n in names) for n, t in zip(INPUT_NAMES, inputs)}
+    with mixstack.use_level(level), mixstack.dispatch_log() as log:
+        out = mixstack.mixing_stack(*(x[n] for n in INPUT_NAMES), **case.kw)
+        grads = torch.autograd.grad(out, [x[n] for n in names], grad_out)
+    res = {"out": out.detach(), "log": dict(log)}
+    res.update({f"grad_{n}": g for n, g in zip(names, grads)})
+    return res

@@ -1,0 +1,25 @@
+"""The Triton kernels on CPU through the interpreter: this directory needs TRITON_INTERPRET=1.
+
+Triton reads ``TRITON_INTERPRET`` when a kernel is decorated, i.e. when
+``mixstack.kernels`` is first imported, so it must be set for the whole pytest
+process: ``TRITON_INTERPRET=1 python -m pytest tests/interpret``.  Without it
+every test here is skipped (compiled kernels cannot take CPU tensors).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import mixstack.kernels.gemm
+from mixstack import config
+
+KERNELS_INTERPRETED = type(mixstack.kernels.gemm.block_gemm_kernel).__name__ == "InterpretedFunction"
+SKIP_REASON = ("Triton kernels were not created under the interpreter: run this directory as "
+               "`TRITON_INTERPRET=1 python -m pytest tests/interpret` (TRITON_INTERPRET must be "
+               "set before mixstack is imported)")
+
+
+@pytest.fixture(autouse=True)
+def _require_interpreter():
+    if not (KERNELS_INTERPRETED and config.triton_interpret()):
+        pytest.skip(SKIP_REASON)

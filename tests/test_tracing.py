@@ -1,0 +1,112 @@
+"""Deployment tracing on CPU (SPEC §6): ``torch.compile(fullgraph=True, dynamic=True)``,
+``torch.export`` with a dynamic edge count, and ``torch.library.opcheck`` of both ops.
+
+CPU tensors, no interpreter: the ops run their reference branch, which is what
+lets their registration, fake implementations and autograd be traced here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import helpers
+import mixstack
+from helpers import Case
+from mixstack import config
+
+pytestmark = pytest.mark.skipif(
+    config.triton_interpret(), reason="tracing tests run without TRITON_INTERPRET (second process)")
+
+CASE = Case(F=2, E=7, Cf=16, lmax=1, n_layers=2, apply_alpha=True)
+OTHER_E = 11
+
+
+class _Stack(torch.nn.Module):
+    """Calls ``mixstack.mixing_stack`` (``op=False``) or the custom op directly (``op=True``)."""
+
+    def __init__(self, case: Case, op: bool, level: int = 1):
+        super().__init__()
+        _, _, w0, w1, gw = helpers.make_inputs(case)
+        self.w0, self.w1, self.gw = (torch.nn.Parameter(t, requires_grad=False) for t in (w0, w1, gw))
+        self.case, self.op, self.level = case, op, level
+
+    def forward(self, u0, alpha):
+        c = self.case
+        if self.op:
+            return torch.ops.mixstack.stack_forward(u0, alpha, self.w0, self.w1, self.gw, c.lmax, c.Cf,
+                                                    c.apply_alpha, self.level)[0]
+        return mixstack.mixing_stack(u0, alpha, self.w0, self.w1, self.gw, **c.kw)
+
+
+def _fwd_bwd(fn, case: Case, seed: int):
+    u0, alpha, *_ = helpers.make_inputs(case, seed)
+    u0.requires_grad_()
+    alpha.requires_grad_()
+    out = fn(u0, alpha)
+    gu, ga = torch.autograd.grad(out, (u0, alpha), helpers.make_grad_out(case, seed + 100))
+    return out.detach(), gu, ga
+
+
+@pytest.mark.parametrize("op", [False, True], ids=["mixing_stack", "custom-op"])
+def test_compiled_fullgraph_dynamic_matches_eager_across_edge_counts_without_recompiling(op):
+    torch._dynamo.reset()
+    counters.clear()
+    mod = _Stack(CASE, op)
+    compiled = torch.compile(mod, fullgraph=True, dynamic=True)
+    with mixstack.use_level(1):
+        for i, n_edges in enumerate((CASE.E, OTHER_E)):
+            case = Case(CASE.F, n_edges, CASE.Cf, CASE.lmax, CASE.n_layers, CASE.apply_alpha)
+            got = _fwd_bwd(compiled, case, seed=i)
+            want = _fwd_bwd(mod, case, seed=i)
+            for name, g, w in zip(("out", "grad_u0", "grad_alpha"), got, want):
+                assert g.shape == w.shape, name
+                helpers.assert_close_rel(g, w, f"{name} (E={n_edges})")
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+def test_exported_program_with_dynamic_edge_dim_runs_at_another_edge_count():
+    mod = _Stack(CASE, op=True)
+    u0, alpha, *_ = helpers.make_inputs(CASE)
+    n_edges = torch.export.Dim("n_edges", min=2)
+    ep = torch.export.export(mod, (u0, alpha), dynamic_shapes={"u0": {1: n_edges}, "alpha": {0: n_edges}})
+    assert torch.ops.mixstack.stack_forward.default in {n.target for n in ep.graph.nodes}
+    run = ep.module()
+    for n_e in (CASE.E, OTHER_E, 2):
+        case = Case(CASE.F, n_e, CASE.Cf, CASE.lmax, CASE.n_layers, CASE.apply_alpha)
+        u0, alpha, *_ = helpers.make_inputs(case, seed=n_e)
+        got = run(u0, alpha)
+        assert got.shape == (n_e, CASE.F, CASE.row)
+        helpers.assert_close_rel(got, mod(u0, alpha), f"exported (E={n_e})")
+
+
+def test_exported_mixing_stack_module_runs_at_another_edge_count():
+    mod = _Stack(CASE, op=False)
+    u0, alpha, *_ = helpers.make_inputs(CASE)
+    n_edges = torch.export.Dim("n_edges", min=2)
+    with mixstack.use_level(1):
+        ep = torch.export.export(mod, (u0, alpha), dynamic_shapes={"u0": {1: n_edges},
+                                                                   "alpha": {0: n_edges}})
+        u0, alpha, *_ = helpers.make_inputs(Case(CASE.F, OTHER_E, CASE.Cf, CASE.lmax, CASE.n_layers), 5)
+        helpers.assert_close_rel(ep.module()(u0, alpha), mod(u0, alpha), "exported mixing_stack")
+
+
+OPCHECK_CASES = [CASE, Case(F=1, E=5, Cf=16, lmax=2, n_layers=1, apply_alpha=False)]
+
+
+@pytest.mark.parametrize("case", OPCHECK_CASES, ids=helpers.case_id)
+def test_opcheck_stack_forward(case):
+    u0, alpha, w0, w1, gw = helpers.make_inputs(case)
+    u0.requires_grad_()
+    alpha.requires_grad_()
+    torch.library.opcheck(torch.ops.mixstack.stack_forward, (u0, alpha, w0, w1, gw, *case.op_args, 1))
+
+
+@pytest.mark.parametrize("case", OPCHECK_CASES, ids=helpers.case_id)
+def test_opcheck_stack_backward(case):
+    inputs = helpers.make_inputs(case)
+    _, z, y = torch.ops.mixstack.stack_forward(*inputs, *case.op_args, 1)
+    grad_out = helpers.make_grad_out(case)
+    torch.library.opcheck(torch.ops.mixstack.stack_backward,
+                          (grad_out, y, z, *inputs[1:], *case.op_args, 1))

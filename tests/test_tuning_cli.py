@@ -1,0 +1,129 @@
+"""``mixstack.tune`` / ``tuning.tune_missing`` over many keys, and ``mixstack tune``, with a fake probe."""
+
+import pytest
+import torch
+
+import mixstack
+from mixstack import tuning
+from mixstack.cli import main
+from mixstack.tuning import driver, probes
+from mixstack.tuning.sweep import TuneError
+from tuning_fakes import DEVICE, FakeClock, FakeProbe, tuning_env  # noqa: F401
+
+KEY = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)
+KEY64 = tuning.shape_key(focus_dim=64, lmax=3, n_focus=1, apply_alpha=True)
+
+
+@pytest.fixture(autouse=True)
+def _env(tuning_env):
+    return tuning_env
+
+
+def _probes(errors=None, made=None):
+    """A probe factory; ``errors``: family -> {label: exception}."""
+    def make(family, key, device=None):
+        p = FakeProbe(family, key, errors=(errors or {}).get(family))
+        if made is not None:
+            made.append((family, key))
+        return p
+    return make
+
+
+def _tune(keys, **kw):
+    clock = kw.pop("clock", None)
+    return mixstack.tune(keys, rounds=2, warmup=0, clock=clock or (lambda fn: fn() or 1.0), **kw)
+
+
+def test_tune_is_exported_with_the_tuning_package():
+    assert mixstack.tune is tuning.tune and "tune" in mixstack.__all__ and "tuning" in mixstack.__all__
+
+
+def test_the_default_keys_are_those_of_s1_to_s4():
+    keys = driver.default_keys()
+    assert keys == [KEY, tuning.shape_key(focus_dim=32, lmax=6, n_focus=2, apply_alpha=True), KEY64]
+
+
+def test_tune_sweeps_each_family_in_order_and_skips_covered_keys(tuning_env):
+    made = []
+    res = _tune([KEY, KEY64], make_probe=_probes(made=made))
+    assert [(r.family, r.key, r.status) for r in res] == [
+        (f, k, "tuned") for k in (KEY, KEY64) for f in ("stack_fwd", "stack_bwd_relay", "stack_bwd_fused")]
+    assert made == [(r.family, r.key) for r in res]
+    made.clear()
+    again = tuning.tune_missing([KEY, KEY64], make_probe=_probes(made=made), rounds=2, warmup=0)
+    assert {r.status for r in again} == {"covered"}
+    made.clear()
+    tuning.tune_missing([KEY], make_probe=_probes(made=made), device_name=DEVICE)
+    assert made == []                                       # skipped before any input is made
+
+
+def test_a_failure_stops_tune_and_records_nothing_for_that_family(tuning_env):
+    cand = tuning.families.label(tuning.candidates("stack_bwd_relay", KEY)[0])
+    with pytest.raises(TuneError, match="boom"):
+        _tune([KEY], make_probe=_probes({"stack_bwd_relay": {cand: RuntimeError("boom")}}))
+    assert tuning.lookup("stack_fwd", KEY, device_name=DEVICE) is not tuning.MISSING
+    assert tuning.lookup("stack_bwd_relay", KEY, device_name=DEVICE) is tuning.MISSING
+
+
+def test_without_stop_on_error_the_fused_family_is_not_run_after_the_relay_failed():
+    cand = tuning.families.label(tuning.candidates("stack_bwd_relay", KEY)[0])
+    res = _tune([KEY, KEY64], make_probe=_probes({"stack_bwd_relay": {cand: RuntimeError("boom")}}),
+                stop_on_error=False)
+    status = {(r.family, r.key): r.status for r in res}
+    assert status[("stack_bwd_relay", KEY)] == "failed"
+    assert status[("stack_bwd_fused", KEY)] == "not-run"
+    assert status[("stack_fwd", KEY)] == "tuned"
+    assert tuning.lookup("stack_bwd_fused", KEY, device_name=DEVICE) is tuning.MISSING
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_tune_without_a_gpu_says_so(capsys, monkeypatch):
+    with pytest.raises(ValueError, match="CUDA"):
+        mixstack.tune([KEY])
+    assert main(["tune", "--shape", "S1"]) == 2
+    assert "CUDA" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the CLI
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Point the CLI's sweep at the fake probe on a 'device' named fake-gpu."""
+    made = []
+    monkeypatch.setattr(probes, "tuning_device", lambda device=None: torch.device("cpu"))
+    monkeypatch.setattr(probes, "StackProbe", _probes(made=made))
+    monkeypatch.setattr(tuning, "device_name", lambda device=None: DEVICE)
+    monkeypatch.setattr(tuning.validity, "device_name", lambda device=None: DEVICE)
+    return made
+
+
+def test_cli_tune_prints_a_summary_and_records_then_skips(capsys, fake_gpu, tuning_env):
+    assert main(["tune", "--shape", "S1", "--shape", "S3", "--rounds", "2", "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "fake-gpu" in out and str(tuning_env.user_file) in out
+    assert "| stack_bwd_fused | Cf32 l3 F2 alpha | tuned |" in out
+    assert len(fake_gpu) == 3                               # S1 and S3 share one key
+    assert main(["tune", "--focus-dim", "32", "--lmax", "3", "--family", "stack_bwd_fused"]) == 0
+    assert "| stack_bwd_fused | Cf32 l3 F2 alpha | covered |" in capsys.readouterr().out
+    assert len(fake_gpu) == 3
+
+
+def test_cli_tune_reports_a_failure_and_exits_1(capsys, fake_gpu, monkeypatch):
+    def failing(family, key, device=None):
+        return FakeProbe(family, key, errors={"baseline": RuntimeError("boom")})
+    monkeypatch.setattr(probes, "StackProbe", failing)
+    assert main(["tune", "--shape", "S4", "--family", "stack_bwd_relay", "--rounds", "2"]) == 1
+    captured = capsys.readouterr()
+    assert "| stack_bwd_relay | Cf64 l3 F1 alpha | failed |" in captured.out
+    assert "FAILED stack_bwd_relay" in captured.err and "boom" in captured.err
+
+
+@pytest.mark.parametrize("args, why", [
+    (["--focus-dim", "32"], "--lmax"),
+    (["--family", "stack_bwd_fast"], "unknown tuning family"),
+    (["--shape", "S9"], "unknown shape"),
+    (["--rounds", "0"], "--rounds"),
+])
+def test_cli_tune_refuses_bad_arguments(capsys, fake_gpu, args, why):
+    assert main(["tune", *args]) == 2
+    assert why in capsys.readouterr().err

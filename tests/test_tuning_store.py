@@ -1,0 +1,169 @@
+"""Persistence: atomic locked writes, reload, and corrupt or stale tables reported and ignored."""
+
+import json
+import os
+import shutil
+import threading
+import time
+import warnings
+
+import pytest
+
+from mixstack import tuning
+from mixstack.tuning import registry, store, validity
+from tuning_fakes import DEVICE, entry_for, tuning_env, write_table  # noqa: F401
+
+KEY = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)
+KEY2 = tuning.shape_key(focus_dim=64, lmax=3, n_focus=1, apply_alpha=True)
+CFG = {"BLOCK_M": 32, "num_warps": 8, "num_stages": 2}
+GEMM = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}
+FUSED = "stack_bwd_fused"
+
+
+@pytest.fixture(autouse=True)
+def _env(tuning_env):
+    return tuning_env
+
+
+def _lookup(key=KEY, family=FUSED):
+    return tuning.lookup(family, key, device_name=DEVICE)
+
+
+def test_a_recorded_entry_persists_and_a_fresh_registry_reads_it(tuning_env):
+    registry.record(FUSED, KEY, entry_for(CFG, medians_ms={"baseline": 2.0}), device_name=DEVICE)
+    doc = json.loads(tuning_env.user_file.read_text())
+    assert doc["format"] == store.FORMAT and doc["device"] == DEVICE
+    assert doc["entries"][FUSED][str(KEY)]["config"] == CFG
+    tuning.reload()                                           # as a new process would
+    assert _lookup() == CFG
+    assert tuning.find(FUSED, KEY, device_name=DEVICE)[1]["medians_ms"] == {"baseline": 2.0}
+
+
+def test_writes_merge_with_entries_written_meanwhile(tuning_env):
+    registry.record(FUSED, KEY, entry_for(CFG), device_name=DEVICE)
+    # another process adds an entry behind this one's back
+    doc = json.loads(tuning_env.user_file.read_text())
+    doc["entries"]["stack_fwd"] = {str(KEY2): entry_for(GEMM)}
+    tuning_env.user_file.write_text(json.dumps(doc))
+    registry.record("stack_bwd_relay", KEY, entry_for(None), device_name=DEVICE)
+    assert _lookup() == CFG
+    assert _lookup(KEY2, "stack_fwd") == GEMM
+    assert _lookup(KEY, "stack_bwd_relay") is None
+
+
+def test_a_failed_write_leaves_the_old_file_whole_and_no_temporary_file(tuning_env, monkeypatch):
+    registry.record(FUSED, KEY, entry_for(CFG), device_name=DEVICE)
+    before = tuning_env.user_file.read_bytes()
+
+    def crash(src, dst):
+        raise OSError("disk full")
+    monkeypatch.setattr(store.os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        registry.record(FUSED, KEY2, entry_for(CFG), device_name=DEVICE)
+    assert tuning_env.user_file.read_bytes() == before
+    assert sorted(os.listdir(tuning_env.user)) == sorted([store.file_name(DEVICE),
+                                                          store.file_name(DEVICE) + ".lock"])
+
+
+def test_a_writer_waits_for_the_file_lock(tuning_env):
+    path = str(tuning_env.user_file)
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with store.locked(path):
+            held.set()
+            release.wait(5)
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(5)
+    threading.Timer(0.3, release.set).start()
+    t0 = time.perf_counter()
+    registry.record(FUSED, KEY, entry_for(CFG), device_name=DEVICE)
+    waited = time.perf_counter() - t0
+    t.join()
+    assert waited >= 0.25
+    assert _lookup() == CFG
+
+
+@pytest.mark.parametrize("text, why", [
+    ("{not json", "not valid JSON"),
+    ('["a list"]', "not a mixstack tuning table"),
+    ('{"format": 99, "entries": {}}', "format 99"),
+])
+def test_a_corrupt_user_file_is_reported_and_ignored(tuning_env, text, why):
+    write_table(tuning_env.builtin_file, {(FUSED, KEY): entry_for(CFG)})
+    tuning_env.user.mkdir()
+    tuning_env.user_file.write_text(text)
+    with pytest.warns(tuning.TuningTableWarning, match=why) as rec:
+        assert _lookup() == CFG                                # the built-in table still answers
+    assert str(tuning_env.user_file) in str(rec[0].message)
+
+
+def test_a_corrupt_file_is_replaced_by_the_next_write_and_kept_aside(tuning_env):
+    tuning_env.user.mkdir()
+    tuning_env.user_file.write_text("{not json")
+    with pytest.warns(tuning.TuningTableWarning):
+        registry.record(FUSED, KEY, entry_for(CFG), device_name=DEVICE)
+    assert _lookup() == CFG
+    assert (tuning_env.user / (store.file_name(DEVICE) + ".corrupt")).read_text() == "{not json"
+
+
+def test_a_malformed_entry_is_reported_and_the_others_kept(tuning_env):
+    write_table(tuning_env.user_file, {(FUSED, KEY): entry_for({"BLOCK_M": "big"}),
+                                       (FUSED, KEY2): entry_for(CFG)})
+    with pytest.warns(tuning.TuningTableWarning, match="malformed"):
+        assert _lookup() is tuning.MISSING
+    assert _lookup(KEY2) == CFG
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("triton", "2.0.0", "Triton 2.0.0"),
+    ("kernel_hash", "0" * 64, "kernel sources"),
+    ("device", "NVIDIA H20", "NVIDIA H20"),
+])
+def test_a_stale_entry_is_reported_and_ignored(tuning_env, field, value, why):
+    write_table(tuning_env.user_file, {(FUSED, KEY): entry_for(CFG, **{field: value}),
+                                       (FUSED, KEY2): entry_for(CFG)})
+    with pytest.warns(tuning.TuningTableWarning, match=why):
+        assert _lookup() is tuning.MISSING
+    assert _lookup(KEY2) == CFG
+
+
+def test_the_warning_is_given_once(tuning_env):
+    write_table(tuning_env.user_file, {(FUSED, KEY): entry_for(CFG, triton="2.0.0")})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            tuning.reload()
+            _lookup()
+    assert len([w for w in caught if issubclass(w.category, tuning.TuningTableWarning)]) == 1
+
+
+def test_editing_a_kernel_body_invalidates_the_entries(tuning_env, tmp_path, monkeypatch):
+    kernels = tmp_path / "kernels"
+    shutil.copytree(validity.KERNELS_DIR, kernels, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(validity, "KERNELS_DIR", str(kernels))
+    registry.record(FUSED, KEY, entry_for(CFG), device_name=DEVICE)
+    assert _lookup() == CFG
+    gemm = kernels / "gemm.py"
+    gemm.write_text(gemm.read_text().replace("acc = tl.dot(a, w, acc", "acc = tl.dot(a, w,  acc", 1))
+    tuning.reload()
+    with pytest.warns(tuning.TuningTableWarning, match="kernel sources"):
+        assert _lookup() is tuning.MISSING
+    assert not tuning.covered(FUSED, KEY, device_name=DEVICE)     # the sweep measures it again
+
+
+def test_the_kernel_hash_covers_every_kernel_file(tmp_path):
+    kernels = tmp_path / "kernels"
+    shutil.copytree(validity.KERNELS_DIR, kernels, ignore=shutil.ignore_patterns("__pycache__"))
+    h0 = validity.kernel_source_hash(str(kernels))
+    assert h0 == validity.kernel_source_hash(str(kernels)) == validity.kernel_source_hash()
+    names = sorted(p.name for p in kernels.glob("*.py"))
+    assert {"gemm.py", "gate.py", "activations.py"} <= set(names)
+    for name in names:
+        path = kernels / name
+        text = path.read_text()
+        path.write_text(text + "\n# edited\n")
+        assert validity.kernel_source_hash(str(kernels)) != h0, name
+        path.write_text(text)
+    assert validity.kernel_source_hash(str(kernels)) == h0

@@ -1,0 +1,188 @@
+"""Shape keys, families and candidates, registrations, and lookup precedence."""
+
+import pytest
+import torch
+
+from mixstack import launch, tuning
+from mixstack.tuning import registry, store
+from mixstack.tuning.keys import ShapeKey
+from tuning_fakes import DEVICE, entry_for, tuning_env, write_table  # noqa: F401
+
+KEY = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)
+CFG_A = {"BLOCK_M": 16, "num_warps": 4, "num_stages": 1}
+CFG_B = {"BLOCK_M": 32, "num_warps": 8, "num_stages": 2}
+CFG_C = {"BLOCK_M": 64, "num_warps": 4, "num_stages": 2}
+FUSED = "stack_bwd_fused"
+
+
+@pytest.fixture(autouse=True)
+def _env(tuning_env):
+    return tuning_env
+
+
+# ------------------------------------------------------------------ keys
+
+def test_shape_keys_are_hashable_frozen_values_with_a_stable_string_form():
+    same = tuning.shape_key(apply_alpha=True, n_focus=2, lmax=3, focus_dim=32)
+    assert same == KEY and hash(same) == hash(KEY) and len({KEY, same}) == 1
+    assert str(KEY) == "focus_dim=32;lmax=3;n_focus=2;apply_alpha=1"
+    assert ShapeKey.parse(str(KEY)) == KEY
+    with pytest.raises(AttributeError):
+        KEY.lmax = 4
+
+
+def test_a_field_added_later_defaults_to_the_old_key():
+    assert tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True, edge_bucket=None) == KEY
+    bucketed = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True, edge_bucket=18)
+    assert bucketed != KEY and bucketed.get("edge_bucket") == 18 and KEY.get("edge_bucket") is None
+    assert ShapeKey.parse(str(bucketed)) == bucketed
+    flag = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=False, mode="x", big=True)
+    assert ShapeKey.parse(str(flag)) == flag
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(focus_dim=32, lmax=7, n_focus=2, apply_alpha=True), ValueError),
+    (dict(focus_dim=0, lmax=3, n_focus=2, apply_alpha=True), ValueError),
+    (dict(focus_dim=32, lmax=3, n_focus=2, apply_alpha=1), TypeError),
+    (dict(focus_dim=32.0, lmax=3, n_focus=2, apply_alpha=True), TypeError),
+    (dict(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True, bucket=[1]), TypeError),
+])
+def test_bad_shape_keys_are_refused(kwargs, error):
+    with pytest.raises(error):
+        tuning.shape_key(**kwargs)
+
+
+@pytest.mark.parametrize("text", ["", "focus_dim=32", "focus_dim=32;lmax=3;n_focus=2;apply_alpha=2",
+                                  "focus_dim=x;lmax=3;n_focus=2;apply_alpha=1"])
+def test_malformed_key_strings_are_refused(text):
+    with pytest.raises(ValueError):
+        ShapeKey.parse(text)
+
+
+# ------------------------------------------------------------------ candidates
+
+@pytest.mark.parametrize("cf, lmax", [(32, 3), (32, 6), (64, 3), (16, 1)])
+def test_gemm_candidates_are_a_pruned_set_without_the_level_1_config(cf, lmax):
+    key = tuning.shape_key(focus_dim=cf, lmax=lmax, n_focus=2, apply_alpha=True)
+    for fam in ("stack_fwd", "stack_bwd_relay"):
+        cands = tuning.candidates(fam, key)
+        assert 4 <= len(cands) <= 12
+        assert all(set(c) == {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"} for c in cands)
+        assert len({tuple(c.values()) for c in cands}) == len(cands)
+        default = launch.default_gemm_config(key.layout)
+        assert {f: default[f] for f in cands[0]} not in cands        # never the baseline itself
+
+
+def test_fused_candidates_cover_block_m_warps_and_stages_inside_the_fused_regime():
+    cands = tuning.candidates(FUSED, KEY)
+    assert len(cands) == 12
+    assert {c["BLOCK_M"] for c in cands} == {16, 32, 64}
+    assert {(c["num_warps"], c["num_stages"]) for c in cands} == {(4, 1), (4, 2), (8, 1), (8, 2)}
+    for cf in (48, 128):
+        assert tuning.candidates(FUSED, tuning.shape_key(focus_dim=cf, lmax=2, n_focus=1,
+                                                         apply_alpha=True)) == []
+    assert tuning.candidates("stack_compensated", KEY) == []
+
+
+def test_candidates_are_fresh_dicts():
+    tuning.candidates(FUSED, KEY)[0]["BLOCK_M"] = 999
+    assert tuning.candidates(FUSED, KEY)[0]["BLOCK_M"] != 999
+
+
+def test_unknown_family_names_the_known_ones():
+    with pytest.raises(ValueError, match="stack_bwd_fused"):
+        tuning.lookup("stack_bwd_fast", KEY)
+
+
+# ------------------------------------------------------------------ registrations
+
+@pytest.mark.parametrize("cfg", [{"BLOCK_M": 32}, {"BLOCK_M": 32, "num_warps": 4, "num_stages": 0},
+                                 {**CFG_A, "BLOCK_N": 64}, "32"])
+def test_bad_configs_are_refused_by_register(cfg):
+    with pytest.raises((ValueError, TypeError)):
+        tuning.register(FUSED, KEY, cfg)
+    assert tuning.lookup(FUSED, KEY, device_name=DEVICE) is tuning.MISSING
+
+
+def test_registration_scope_restores_what_was_there_also_on_errors():
+    tuning.register(FUSED, KEY, CFG_A)
+    with pytest.raises(RuntimeError):
+        with tuning.registration(FUSED, KEY, None):
+            assert tuning.lookup(FUSED, KEY, device_name=DEVICE) is None
+            raise RuntimeError
+    assert tuning.lookup(FUSED, KEY, device_name=DEVICE) == CFG_A
+    tuning.unregister(FUSED, KEY)
+    with tuning.registration(FUSED, KEY, CFG_B):
+        pass
+    assert tuning.lookup(FUSED, KEY, device_name=DEVICE) is tuning.MISSING
+
+
+def test_lookup_returns_a_copy():
+    tuning.register(FUSED, KEY, CFG_A)
+    tuning.lookup(FUSED, KEY, device_name=DEVICE)["BLOCK_M"] = 999
+    assert tuning.lookup(FUSED, KEY, device_name=DEVICE) == CFG_A
+
+
+# ------------------------------------------------------------------ precedence
+
+def test_register_beats_the_user_table_which_beats_the_builtin_table(tuning_env):
+    write_table(tuning_env.builtin_file, {(FUSED, KEY): entry_for(CFG_A)})
+    assert tuning.lookup(FUSED, KEY, device_name=DEVICE) == CFG_A
+    assert tuning.find(FUSED, KEY, device_name=DEVICE)[0] == "builtin"
+    registry.record(FUSED, KEY, entry_for(CFG_B), device_name=DEVICE)
+    assert tuning.lookup(FUSED, KEY, device_name=DEVICE) == CFG_B
+    assert tuning.find(FUSED, KEY, device_name=DEVICE)[0] == "user"
+    tuning.register(FUSED, KEY, CFG_C)
+    assert tuning.lookup(FUSED, KEY, device_name=DEVICE) == CFG_C
+    tuning.register(FUSED, KEY, None)                       # an explicit None beats tables too
+    assert tuning.lookup(FUSED, KEY, device_name=DEVICE) is None
+    tuning.unregister(FUSED, KEY)
+    assert tuning.lookup(FUSED, KEY, device_name=DEVICE) == CFG_B
+    tuning_env.user_file.unlink()
+    tuning.reload()
+    assert tuning.lookup(FUSED, KEY, device_name=DEVICE) == CFG_A
+
+
+def test_a_user_none_beats_a_builtin_config(tuning_env):
+    write_table(tuning_env.builtin_file, {(FUSED, KEY): entry_for(CFG_A)})
+    registry.record(FUSED, KEY, entry_for(None), device_name=DEVICE)
+    assert tuning.lookup(FUSED, KEY, device_name=DEVICE) is None
+    assert tuning.covered(FUSED, KEY, device_name=DEVICE)
+
+
+def test_tables_are_per_device_model(tuning_env):
+    registry.record(FUSED, KEY, entry_for(CFG_A, device="NVIDIA H200"), device_name="NVIDIA H200")
+    assert tuning.lookup(FUSED, KEY, device_name="NVIDIA H200") == CFG_A
+    assert tuning.lookup(FUSED, KEY, device_name="NVIDIA H20") is tuning.MISSING
+    assert store.file_name("NVIDIA H200") != store.file_name("NVIDIA H20")
+
+
+def test_lookups_read_the_files_once_until_a_write(tuning_env, monkeypatch):
+    write_table(tuning_env.builtin_file, {(FUSED, KEY): entry_for(CFG_A)})
+    reads = []
+    real = store.load_table
+    monkeypatch.setattr(store, "load_table", lambda path, device: reads.append(path) or real(path, device))
+    for _ in range(5):
+        assert tuning.lookup(FUSED, KEY, device_name=DEVICE) == CFG_A
+    assert len(reads) == 2                                  # built-in + user, once
+    registry.record(FUSED, KEY, entry_for(CFG_B), device_name=DEVICE)
+    assert tuning.lookup(FUSED, KEY, device_name=DEVICE) == CFG_B
+    assert len(reads) == 4
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the device name without CUDA")
+def test_the_default_device_name_is_cpu_or_the_interpreter(monkeypatch):
+    assert tuning.device_name() == "cpu"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert tuning.device_name() == "triton-interpreter"
+    tuning.register(FUSED, KEY, CFG_A)                      # registrations hold on any device
+    assert tuning.lookup(FUSED, KEY) == CFG_A
+
+
+def test_tuned_config_is_none_for_missing_and_for_none_entries():
+    kw = dict(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)
+    assert tuning.tuned_config(FUSED, **kw) is None
+    tuning.register(FUSED, KEY, None)
+    assert tuning.tuned_config(FUSED, **kw) is None
+    tuning.register(FUSED, KEY, CFG_B)
+    assert tuning.tuned_config(FUSED, **kw) == CFG_B
