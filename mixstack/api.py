@@ -27,7 +27,6 @@ def mixing_stack(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alph
         if out.requires_grad and not torch.compiler.is_compiling():
             out.register_hook(_record_reference_backward)
         return out
-    dispatch.record("fwd:triton")
     out, _, _ = torch.ops.mixstack.stack_forward(
         u0.contiguous(), alpha.contiguous(), w0.contiguous(), w1.contiguous(), gw.contiguous(),
         lmax, focus_dim, apply_alpha, level)

@@ -7,6 +7,11 @@ body runs the kernels where they can run (CUDA, or any device under
 ``TRITON_INTERPRET=1``) and the reference formulas elsewhere, so the operators
 trace and run on CPU too.
 
+At level >= 2 the bodies take launch configs from the tuning tables
+(``stack_fwd``, ``stack_bwd_relay``) and run the fused backward where the
+``stack_bwd_fused`` entry names a config and the shape is in its regime;
+each body records the path it ran in ``dispatch_log``.
+
 Autograd: the forward saves its inputs, ``z`` and ``y`` (the unscaled result
 the alpha gradient reads; empty without alpha).  Both are marked
 non-differentiable and never materialised as zero gradients.  The backward
@@ -22,7 +27,7 @@ import torch
 from torch import Tensor
 from torch.library import triton_op
 
-from . import launch, reference
+from . import launch, reference, tuning
 from .dispatch import kernels_can_run, record, unsupported_reason
 from .layout import StackLayout
 
@@ -41,7 +46,10 @@ def stack_forward(u0: Tensor, alpha: Tensor, w0: Tensor, w1: Tensor, gw: Tensor,
     """
     layout = StackLayout(lmax, focus_dim)
     if _kernels_for(u0, layout):
-        return launch.stack_forward(u0, alpha, w0, w1, gw, layout, apply_alpha)
+        record("fwd:triton")
+        gemm_cfg = _tuned("stack_fwd", u0, layout, apply_alpha, level)
+        return launch.stack_forward(u0, alpha, w0, w1, gw, layout, apply_alpha, gemm_cfg)
+    record("fwd:reference")
     out, z, y = reference.forward_state(u0, alpha, w0, w1, gw, lmax=lmax, focus_dim=focus_dim,
                                         apply_alpha=apply_alpha)
     y = y.contiguous() if apply_alpha else u0.new_empty((0,))
@@ -55,10 +63,32 @@ def stack_backward(grad_out: Tensor, y: Tensor, z: Tensor, alpha: Tensor, w0: Te
     """Gradients of ``u0`` (focus-major) and ``alpha`` (empty without alpha) from the saved state."""
     layout = StackLayout(lmax, focus_dim)
     if _kernels_for(grad_out, layout):
-        return launch.stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha)
+        gemm_cfg = _tuned("stack_bwd_relay", grad_out, layout, apply_alpha, level)
+        fused_cfg = None
+        if launch.fused_supported(layout):
+            fused_cfg = _tuned("stack_bwd_fused", grad_out, layout, apply_alpha, level, log=False)
+        record("bwd:relay" if fused_cfg is None else "bwd:fused")
+        return launch.stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha,
+                                     gemm_cfg, fused_cfg)
+    record("bwd:reference")
     g, ga, *_ = reference.backward(grad_out, y, z, None, alpha, w0, w1, gw, lmax=lmax,
                                    focus_dim=focus_dim, apply_alpha=apply_alpha)
     return g.contiguous(), ga.contiguous() if apply_alpha else grad_out.new_empty((0,))
+
+
+def _tuned(family: str, t: Tensor, layout: StackLayout, apply_alpha: bool, level: int,
+           log: bool = True) -> dict | None:
+    """The tuned launch config of ``family`` for this call (level >= 2), or ``None``:
+    the level-1 config (or, for the fused family, the relay).  Read at trace time
+    under a compiler, so the config becomes a constant of the graph."""
+    if level < 2:
+        return None
+    cfg = tuning.tuned_config(family, focus_dim=layout.focus_dim, lmax=layout.lmax,
+                              n_focus=int(t.shape[0] if family == "stack_fwd" else t.shape[1]),
+                              apply_alpha=apply_alpha, device=t.device)
+    if cfg is not None and log:
+        record(f"cfg:{family}")
+    return cfg
 
 
 def _setup_context(ctx, inputs, output):
@@ -85,7 +115,6 @@ def _backward(ctx, grad_out, _grad_z, _grad_y):
         g, ga, dw0, dw1, dgw = reference.backward(grad_out, y, z, u0, alpha, w0, w1, gw,
                                                   weights=weights, **p)
         return (g, ga, dw0, dw1, dgw) + none[5:]
-    record("bwd:relay")
     g, ga = torch.ops.mixstack.stack_backward(grad_out.contiguous(), y, z, alpha, w0, w1, gw,
                                               p["lmax"], p["focus_dim"], p["apply_alpha"], ctx.level)
     return (g, ga if p["apply_alpha"] else None) + none[2:]

@@ -17,6 +17,12 @@ _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
+# Tuning results go to a throwaway folder, never the user's cache: a stored entry
+# would change what level 2 runs in the tests that follow.
+import tempfile  # noqa: E402
+
+os.environ["MIXSTACK_CACHE_DIR"] = tempfile.mkdtemp(prefix="mixstack-test-cache-")
+
 import mixstack  # noqa: E402
 from mixstack import levels  # noqa: E402
 

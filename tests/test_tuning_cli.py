@@ -8,7 +8,7 @@ from mixstack import tuning
 from mixstack.cli import main
 from mixstack.tuning import driver, probes
 from mixstack.tuning.sweep import TuneError
-from tuning_fakes import DEVICE, FakeClock, FakeProbe, tuning_env  # noqa: F401
+from tuning_fakes import DEVICE, FakeProbe, tuning_env  # noqa: F401
 
 KEY = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)
 KEY64 = tuning.shape_key(focus_dim=64, lmax=3, n_focus=1, apply_alpha=True)
@@ -77,7 +77,7 @@ def test_without_stop_on_error_the_fused_family_is_not_run_after_the_relay_faile
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
-def test_tune_without_a_gpu_says_so(capsys, monkeypatch):
+def test_tune_without_a_gpu_says_so(capsys):
     with pytest.raises(ValueError, match="CUDA"):
         mixstack.tune([KEY])
     assert main(["tune", "--shape", "S1"]) == 2

@@ -52,7 +52,7 @@ def _gemm_sensible(bm: int, bn: int, warps: int, stages: int, key: ShapeKey) -> 
     threads = 32 * warps
     if not 16 <= bm * bn // threads <= 64:          # accumulator registers per thread
         return False
-    if (bm + bn) * bk // threads >= 64:             # operand registers per thread: 64 spilled (64x64x64, 4 warps)
+    if (bm + bn) * bk // threads >= 64:             # operand registers per thread (64x64x64, 4 warps spilled)
         return False
     if stages * (bm + bn) * bk * 4 > SMEM_BUDGET:
         return False

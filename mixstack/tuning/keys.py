@@ -81,7 +81,8 @@ class ShapeKey:
 
     def short(self) -> str:
         """A compact label for tables and progress bars: ``Cf32 l3 F2 alpha``."""
-        text = f"Cf{self.focus_dim} l{self.lmax} F{self.n_focus} {'alpha' if self.apply_alpha else 'no-alpha'}"
+        alpha = "alpha" if self.apply_alpha else "no-alpha"
+        text = f"Cf{self.focus_dim} l{self.lmax} F{self.n_focus} {alpha}"
         return text + "".join(f" {n}={v}" for n, v in self.extra)
 
     @classmethod

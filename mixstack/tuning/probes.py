@@ -51,7 +51,8 @@ def tuning_device(device=None) -> torch.device:
         if device.type == "cuda":
             if not torch.cuda.is_available():
                 raise ValueError(f"tuning on {device} was asked for, but torch sees no CUDA device")
-            return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            return torch.device("cuda", index)
         if not config.triton_interpret():
             raise ValueError(f"tuning measures Triton kernels; they cannot run on {device} "
                              "(set TRITON_INTERPRET=1 to exercise the sweep through the interpreter)")
@@ -85,7 +86,9 @@ class StackProbe:
         self.device = tuning_device(device)
         self.device_name = validity.device_name(self.device)
         on_gpu = self.device.type == "cuda"
-        self.edges = edges or (timing_edges(self.key, self.device, n_layers) if on_gpu else INTERPRETER_EDGES[0])
+        if edges is None:
+            edges = timing_edges(self.key, self.device, n_layers) if on_gpu else INTERPRETER_EDGES[0]
+        self.edges = edges
         self.partial_edges = partial_edges or (PARTIAL_EDGES if on_gpu else INTERPRETER_EDGES[1])
         self._timing = self._inputs(self.edges, n_layers, seed)
         self._partial = self._inputs(self.partial_edges, n_layers, seed + 1)

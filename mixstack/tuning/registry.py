@@ -119,8 +119,10 @@ def _table(device: str) -> dict:
     table = _tables.get(where)
     if table is None:
         with _lock:
-            table = {k: ("builtin", e) for k, e in store.load_table(store.builtin_path(device), device).items()}
-            table.update({k: ("user", e) for k, e in store.load_table(store.user_path(device), device).items()})
+            builtin = store.load_table(store.builtin_path(device), device)
+            user = store.load_table(store.user_path(device), device)
+            table = {k: ("builtin", e) for k, e in builtin.items()}
+            table.update({k: ("user", e) for k, e in user.items()})
             _tables[where] = table
     return table
 

@@ -250,10 +250,12 @@ def tune_key(family: str, key, *, probe, clock: Callable | None = None, rounds: 
         if accepted:
             variants = {"baseline": _engaged(probe.task(None), fam, key, None)}
             variants.update({lab: _engaged(probe.task(cfg), fam, key, cfg) for lab, cfg in accepted})
+
+            def on_sample(name, timed):
+                track.emit("time" if timed else "warmup", name)
             try:
-                samples = timing.time_interleaved(
-                    variants, rounds=rounds, warmup=warmup, device=getattr(probe, "device", None),
-                    clock=clock, on_sample=lambda name, timed: track.emit("time" if timed else "warmup", name))
+                samples = timing.time_interleaved(variants, rounds=rounds, warmup=warmup, clock=clock,
+                                                  device=getattr(probe, "device", None), on_sample=on_sample)
             except TuneError:
                 raise
             except Exception as exc:

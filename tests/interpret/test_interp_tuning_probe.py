@@ -1,0 +1,66 @@
+"""The sweep's real probe (``tuning.probes.StackProbe``) on the interpreted kernels."""
+
+import pytest
+import torch
+
+import mixstack
+from mixstack import tuning
+from mixstack.bench.timing import time_interleaved
+from mixstack.tuning.probes import StackProbe
+
+KEY = tuning.shape_key(focus_dim=16, lmax=1, n_focus=1, apply_alpha=True)
+ROW = KEY.layout.row
+
+
+@pytest.fixture(scope="module")
+def relay_probe():
+    return StackProbe("stack_bwd_relay", KEY)
+
+
+def test_the_probe_checks_a_partial_tile_and_the_timing_set(relay_probe):
+    assert relay_probe.partial_edges % 2 == 1                  # no block size divides it
+    with tuning.saved_registrations(), mixstack.use_level(2):
+        outputs, counts = relay_probe.run(None)
+    shapes = [lambda e: (e, 1, ROW), lambda e: (1, e, ROW), lambda e: (e, 1)]   # result, grad_u0, grad_alpha
+    assert [tuple(t.shape) for t in outputs] == [s(e) for e in (relay_probe.partial_edges, relay_probe.edges)
+                                                 for s in shapes]
+    assert all(bool(torch.isfinite(t).all()) and t.abs().sum() > 0 for t in outputs)
+    assert counts["fwd:triton"] == 2 and counts["bwd:relay"] == 2 and not counts["bwd:fused"]
+
+
+def test_the_probe_keeps_the_fused_backward_out_of_relay_runs_and_restores_registrations(
+        relay_probe, monkeypatch):
+    fused_cfg = tuning.candidates("stack_bwd_fused", KEY)[0]
+    with tuning.saved_registrations():
+        tuning.register("stack_bwd_fused", KEY, fused_cfg)
+        seen = []
+        real = relay_probe._fwd_bwd
+
+        def spy(inp):
+            seen.append((tuning.lookup("stack_bwd_fused", KEY), tuning.lookup("stack_bwd_relay", KEY)))
+            return real(inp)
+        monkeypatch.setattr(relay_probe, "_fwd_bwd", spy)
+        with mixstack.use_level(2):
+            relay_probe.run(None)
+        assert seen == [(None, None), (None, None)]
+        assert tuning.lookup("stack_bwd_fused", KEY) == fused_cfg   # restored
+
+        def boom(inp):
+            raise RuntimeError("boom")
+        monkeypatch.setattr(relay_probe, "_fwd_bwd", boom)
+        before = tuning.registrations()
+        with pytest.raises(RuntimeError, match="boom"):
+            relay_probe.run(tuning.candidates("stack_bwd_relay", KEY)[0])
+        assert tuning.registrations() == before
+
+
+def test_the_backward_task_times_the_backward_with_the_forward_in_setup(relay_probe):
+    task = relay_probe.task(None)
+    assert task.setup is not None
+    with tuning.saved_registrations(), mixstack.use_level(2), mixstack.dispatch_log() as log:
+        state = task.setup()
+        assert log["fwd:triton"] == 1 and not log["bwd:relay"]
+        task.run(state)
+        assert log["bwd:relay"] == 1
+        samples = time_interleaved({"baseline": task}, rounds=1, warmup=0)
+    assert samples["baseline"].median > 0
