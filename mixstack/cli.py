@@ -118,13 +118,28 @@ def info_lines(record: dict) -> list[str]:
         f"TRITON_INTERPRET: {'set' if record['triton_interpret'] else 'not set'}",
         f"Triton levels (1-3): {'can run' if triton_ok else 'cannot run'} here: "
         f"{record['triton_levels']['why']}",
-        "tuning tables: none yet",
-    ]
+    ] + [_coverage_line(t) for t in record.get("tuning_tables", [])]
+
+
+def _coverage_line(table: dict) -> str:
+    """One ``mixstack info`` line per tuning table: where it is and what it covers."""
+    head = f"tuning table ({table['source']}): {table['path']}"
+    if not table["exists"]:
+        return head + ": none"
+    counts = ", ".join(f"{fam} {n}" for fam, n in sorted(table["valid_entries"].items()))
+    text = f"{head}: valid entries: {counts or 'none'}"
+    if table["problems"]:
+        text += " (" + "; ".join(table["problems"]) + ")"
+    return text
 
 
 def _info(args) -> int:
     from .bench import env
+    from .tuning import store, validity
     record = env.collect(args.device)
+    device = record["device"]
+    table_device = device["name"] if device["type"] == "cuda" else validity.device_name(None)
+    record["tuning_tables"] = store.coverage(table_device)
     if args.json:
         print(json.dumps(record, indent=1))
     else:

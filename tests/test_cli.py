@@ -25,7 +25,19 @@ def test_info_reports_versions_level_interpreter_and_tables(capsys):
     assert "device: cpu" in out
     assert "TRITON_INTERPRET: not set" in out
     assert "Triton levels (1-3): cannot run here" in out
-    assert "tuning tables: none yet" in out
+    assert "tuning table (built-in):" in out and "tuning table (user):" in out
+
+
+def test_info_counts_the_valid_entries_of_the_user_table(capsys, monkeypatch, tmp_path):
+    from mixstack import tuning
+    from mixstack.tuning import validity
+    monkeypatch.setenv("MIXSTACK_CACHE_DIR", str(tmp_path))
+    key = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)
+    entry = dict(validity.current(), device="cpu", config=None, date="2026-11-30")
+    tuning.record("stack_bwd_fused", key, entry, device_name="cpu")
+    assert main(["info", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert f"tuning table (user): {tmp_path}" in out and "stack_bwd_fused 1" in out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU default level")

@@ -182,3 +182,20 @@ def write_entry(device: str, family: str, key: ShapeKey, entry: dict, path: str 
         atomic_write_json(path, doc)
     log.info("tuning: recorded %s %s in %s", family, key, path)
     return path
+
+
+def coverage(device: str) -> list[dict]:
+    """What the built-in and the user's table hold for ``device``, for ``mixstack info``:
+    one record per place with the path, whether the file exists, and valid entries
+    per family (stale or malformed ones are reported as warnings and not counted)."""
+    out = []
+    for source, path in (("built-in", builtin_path(device)), ("user", user_path(device))):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            entries = load_table(path, device)
+        counts: dict[str, int] = {}
+        for fam, _ in entries:
+            counts[fam] = counts.get(fam, 0) + 1
+        out.append({"source": source, "path": path, "exists": os.path.exists(path),
+                    "valid_entries": counts, "problems": [str(w.message) for w in caught]})
+    return out
