@@ -47,16 +47,8 @@ def default_gemm_config(layout: StackLayout) -> dict:
 
 def fused_supported(layout: StackLayout) -> bool:
     """The fused backward's regime: Cf a power of two whose subtile fits one
-    register dot (16, 32 or 64)."""
+    register tile of the gate (16, 32 or 64)."""
     return layout.focus_dim in (16, 32, 64)
-
-
-def power_of_two_chunks(width: int) -> tuple[int, int, int]:
-    """``width`` as up to three descending powers of two (0 for unused chunks)."""
-    chunks = [1 << b for b in range(width.bit_length() - 1, -1, -1) if width >> b & 1]
-    if len(chunks) > 3:
-        raise ValueError(f"segment width {width} needs more than three power-of-two chunks")
-    return tuple(chunks + [0] * (3 - len(chunks)))
 
 
 def gate_config(layout: StackLayout, backward: bool = False) -> dict:
@@ -180,9 +172,13 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
     if n_gated and fused_cfg is None:
         sg = grad_out.new_empty((n_focus, n_edges, layout.gate_width))
         gz = torch.empty_like(h)
+    elif n_gated:
+        bm = fused_cfg["BLOCK_M"]
+        programs = _fused_programs(h, (n_edges + bm - 1) // bm * n_focus)
+        scratch = h.new_empty((programs, bm, max(layout.m0, layout.m1)))
     for k in range(n_gated - 1, -1, -1):
         if fused_cfg is not None:
-            _fused_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, fused_cfg)
+            _fused_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, fused_cfg, scratch)
             continue
         _gate(z, gw, k, sg, n_edges, n_focus, layout)
         cfg = gate_config(layout, backward=True)
@@ -195,14 +191,29 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
     return h, grad_alpha
 
 
-def _fused_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, cfg):
+# Persistent programs of the fused backward per SM: each owns a scratch of
+# BLOCK_M x segment floats (~25 MB in all at S1 with 64 rows), L2-resident.
+FUSED_PROGRAMS_PER_SM = 4
+_INTERPRETER_PROGRAMS = 3      # few programs under the interpreter: the persistent loop is exercised
+
+
+def _fused_programs(t, n_tiles: int) -> int:
+    if t.device.type == "cuda":
+        sms = torch.cuda.get_device_properties(t.device).multi_processor_count
+        return max(1, min(n_tiles, sms * FUSED_PROGRAMS_PER_SM))
+    return max(1, min(n_tiles, _INTERPRETER_PROGRAMS))
+
+
+def _fused_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, cfg, scratch):
     """One gated layer of the fused backward: the m = 0 pass, then the |m| = 1 pass
     (the m = 0 pass reads the |m| = 1 columns of ``h`` before they change)."""
-    grid = ((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)
-    for segment, width in ((0, layout.m0), (1, layout.m1)):
-        n_a, n_b, n_c = power_of_two_chunks(width)
-        wrap_triton(fused_backward_kernel)[grid](
-            h, z, gw, w0t, w1t, layer, n_edges, n_focus,
-            LMAX=layout.lmax, CF=layout.focus_dim, SEGMENT=segment, N_A=n_a, N_B=n_b, N_C=n_c,
-            BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    bm = cfg["BLOCK_M"]
+    n_tiles = (n_edges + bm - 1) // bm * n_focus
+    programs = scratch.shape[0]
+    for segment in (0, 1):
+        wrap_triton(fused_backward_kernel)[(programs,)](
+            h, z, gw, w0t, w1t, scratch, layer, n_edges, n_focus, n_tiles,
+            LMAX=layout.lmax, CF=layout.focus_dim, SEGMENT=segment,
+            BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k(layout),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )

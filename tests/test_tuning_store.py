@@ -15,7 +15,7 @@ from tuning_fakes import DEVICE, entry_for, tuning_env, write_table  # noqa: F40
 
 KEY = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)
 KEY2 = tuning.shape_key(focus_dim=64, lmax=3, n_focus=1, apply_alpha=True)
-CFG = {"BLOCK_M": 32, "num_warps": 8, "num_stages": 2}
+CFG = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}
 GEMM = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}
 FUSED = "stack_bwd_fused"
 

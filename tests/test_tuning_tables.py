@@ -9,9 +9,9 @@ from mixstack.tuning.keys import ShapeKey
 from tuning_fakes import DEVICE, entry_for, tuning_env, write_table  # noqa: F401
 
 KEY = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)
-CFG_A = {"BLOCK_M": 16, "num_warps": 4, "num_stages": 1}
-CFG_B = {"BLOCK_M": 32, "num_warps": 8, "num_stages": 2}
-CFG_C = {"BLOCK_M": 64, "num_warps": 4, "num_stages": 2}
+CFG_A = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+CFG_B = {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
+CFG_C = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 FUSED = "stack_bwd_fused"
 
 
@@ -73,11 +73,11 @@ def test_gemm_candidates_are_a_pruned_set_without_the_level_1_config(cf, lmax):
         assert {f: default[f] for f in cands[0]} not in cands        # never the baseline itself
 
 
-def test_fused_candidates_cover_block_m_warps_and_stages_inside_the_fused_regime():
+def test_fused_candidates_cover_rows_columns_warps_and_stages_inside_the_fused_regime():
     cands = tuning.candidates(FUSED, KEY)
-    assert len(cands) == 12
-    assert {c["BLOCK_M"] for c in cands} == {16, 32, 64}
-    assert {(c["num_warps"], c["num_stages"]) for c in cands} == {(4, 1), (4, 2), (8, 1), (8, 2)}
+    assert len(cands) == 16
+    assert {c["BLOCK_M"] for c in cands} == {32, 64} and {c["BLOCK_N"] for c in cands} == {64, 128}
+    assert {(c["num_warps"], c["num_stages"]) for c in cands} == {(4, 2), (4, 3), (8, 2), (8, 3)}
     for cf in (48, 128):
         assert tuning.candidates(FUSED, tuning.shape_key(focus_dim=cf, lmax=2, n_focus=1,
                                                          apply_alpha=True)) == []
@@ -96,8 +96,8 @@ def test_unknown_family_names_the_known_ones():
 
 # ------------------------------------------------------------------ registrations
 
-@pytest.mark.parametrize("cfg", [{"BLOCK_M": 32}, {"BLOCK_M": 32, "num_warps": 4, "num_stages": 0},
-                                 {**CFG_A, "BLOCK_N": 64}, "32"])
+@pytest.mark.parametrize("cfg", [{"BLOCK_M": 32}, {**CFG_A, "num_stages": 0},
+                                 {**CFG_A, "BLOCK_K": 64}, "32"])
 def test_bad_configs_are_refused_by_register(cfg):
     with pytest.raises((ValueError, TypeError)):
         tuning.register(FUSED, KEY, cfg)

@@ -33,6 +33,31 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def degree_order_dot(a_ptr, a_rows, col0, e_mask, w_ptr, kdim, n, n_mask, second, alpha,
+                     LMAX: tl.constexpr, CF: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALPHA_ON_A: tl.constexpr):
+    """``A[rows, col0 : col0 + kdim] @ W[:, n]`` for one block, K in degree order.
+
+    The one K loop of the stack: the relay's GEMMs and the fused backward's
+    GEMM phase both run it, so they sum in the same order.  ``second``: the
+    |m| = 1 block.  ``w_ptr``: the block's (kdim x kdim) weight, row-major.
+    """
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    R: tl.constexpr = CF // BLOCK_K          # K tiles per Cf-wide subtile
+    for t in tl.range(0, kdim // BLOCK_K):
+        q = t // R                            # subtile, taken in degree order (module doc)
+        sub = tl.where(second, (q % 2) * LMAX + q // 2, (q + 1) % (LMAX + 1))
+        k = sub * CF + (t % R) * BLOCK_K
+        a = tl.load(a_ptr + a_rows[:, None] + (col0 + k + rk)[None, :], mask=e_mask[:, None], other=0.0)
+        if ALPHA_ON_A:
+            a = a * alpha[:, None]
+        w = tl.load(w_ptr + (k + rk)[:, None] * kdim + n[None, :], mask=n_mask[None, :], other=0.0)
+        acc = tl.dot(a, w, acc, input_precision="ieee")
+    return acc
+
+
 @triton.jit(do_not_specialize=["layer"])
 def block_gemm_kernel(
     a_ptr, w0_ptr, w1_ptr, res_ptr, out_ptr, z_ptr, y_ptr, sg_ptr, alpha_ptr,
@@ -87,20 +112,12 @@ def block_gemm_kernel(
     if ALPHA_ON_A or ALPHA_ON_OUT:
         alpha = tl.load(alpha_ptr + e * F + f, mask=e_mask, other=0.0)
 
+    else:
+        alpha = e_mask     # unused
     n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < kdim
-    rk = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    R: tl.constexpr = CF // BLOCK_K          # K tiles per Cf-wide subtile
-    for t in tl.range(0, kdim // BLOCK_K):
-        q = t // R                            # subtile, taken in degree order (module doc)
-        sub = tl.where(second, (q % 2) * LMAX + q // 2, (q + 1) % (LMAX + 1))
-        k = sub * CF + (t % R) * BLOCK_K
-        a = tl.load(a_ptr + a_rows[:, None] + (col0 + k + rk)[None, :], mask=e_mask[:, None], other=0.0)
-        if ALPHA_ON_A:
-            a = a * alpha[:, None]
-        w = tl.load(w_ptr + (k + rk)[:, None] * kdim + n[None, :], mask=n_mask[None, :], other=0.0)
-        acc = tl.dot(a, w, acc, input_precision="ieee")
+    acc = degree_order_dot(a_ptr, a_rows, col0, e_mask, w_ptr, kdim, n, n_mask, second, alpha,
+                           LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, ALPHA_ON_A)
 
     col = col0 + n
     mask = e_mask[:, None] & n_mask[None, :]

@@ -4,7 +4,7 @@
 |---|---|---|
 | ``stack_fwd`` | ``BLOCK_M, BLOCK_N, num_warps, num_stages`` of the forward GEMMs | the level-1 config |
 | ``stack_bwd_relay`` | the same, for the relay backward's GEMMs | the level-1 config |
-| ``stack_bwd_fused`` | ``BLOCK_M, num_warps, num_stages`` of the fused backward | the relay |
+| ``stack_bwd_fused`` | ``BLOCK_M, BLOCK_N, num_warps, num_stages`` of the fused backward | the relay |
 | ``stack_compensated`` | (placeholder for level 3; no candidates yet) | the fp32 stack |
 
 Each family names the dispatch-log paths (``mixstack.dispatch_log``) that a
@@ -22,7 +22,7 @@ import triton
 from .keys import ShapeKey
 
 GEMM_FIELDS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
-FUSED_FIELDS = ("BLOCK_M", "num_warps", "num_stages")
+FUSED_FIELDS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 
 # Hand-picked (BLOCK_M, BLOCK_N, num_warps, num_stages) around the H200 winners
 # of a 242-config sweep of one ieee block GEMM (h200-measurements.md: (64,128,
@@ -35,9 +35,10 @@ _GEMM = (
     (64, 128, 8, 3), (64, 64, 8, 3), (32, 64, 4, 3), (32, 128, 4, 3), (32, 64, 4, 4),
     (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2),
 )
-# The fused backward: rows per program x warps x stages (the gz tile lives in
-# registers, so rows per program is the register knob; stages 1-2 only).
-_FUSED = tuple((bm, w, s) for bm in (16, 32, 64) for w in (4, 8) for s in (1, 2))
+# The fused backward: rows per program x output columns per GEMM step x warps
+# x stages of its GEMM phase (the relay GEMM's knobs; the gate phase's tiles
+# are BLOCK_M x Cf).
+_FUSED = tuple((bm, bn, w, s) for bm in (32, 64) for bn in (64, 128) for w in (4, 8) for s in (2, 3))
 SMEM_BUDGET = 160 * 1024   # bytes of operand tiles in flight; above it the pipeliner is refused or slow
 
 
