@@ -1,4 +1,5 @@
-"""The ``mixstack`` command: ``mixstack bench``, ``mixstack tune`` and ``mixstack info``.
+"""The ``mixstack`` command: ``mixstack bench``, ``mixstack bench model``, ``mixstack tune``,
+``mixstack freeze`` and ``mixstack info``.
 
 The only module that prints.  ``main(argv)`` returns the exit status, so
 tests call it directly; the console script ``mixstack`` and
@@ -14,6 +15,7 @@ import logging
 import shlex
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 _LEVEL_SOURCES = {
     "use_level": "a mixstack.use_level(...) scope",
@@ -34,16 +36,27 @@ def _parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="time, peak memory and accuracy of each level (SPEC §7)",
                        description="Benchmark the mixing stack. Without options: shapes S1-S4 and "
-                       "every level on a GPU; two small shapes at level 0 on a CPU (about a minute).")
+                       "every level on a GPU; two small shapes at level 0 on a CPU (about a minute). "
+                       "`mixstack bench model`: energy+forces frames of an SO2Potential on diamond and "
+                       "bcc Cu cells of about 500, 2000 and 4400 atoms.")
+    b.add_argument("target", nargs="?", choices=("stack", "model"), default="stack",
+                   help="stack: the operator (default); model: a whole potential, energy + forces")
     b.add_argument("--shape", action="append", metavar="ID",
                    help="a standard shape: S1..S4 (GPU sizes) or C1, C4 (CPU sizes); repeatable")
     b.add_argument("--edges", type=int, help="a custom shape with this many edges E")
-    b.add_argument("--focus", type=int, default=2, help="custom shape: focus streams F (default 2)")
-    b.add_argument("--focus-dim", type=int, default=32, help="custom shape: channels Cf (default 32)")
-    b.add_argument("--lmax", type=int, default=3, help="custom shape: lmax (default 3)")
-    b.add_argument("--layers", type=int, default=4, help="custom shape: n_layers (default 4)")
+    b.add_argument("--focus", type=int, help="custom shape / model: focus streams F (default 2)")
+    b.add_argument("--focus-dim", type=int, help="custom shape / model: channels Cf (default 32)")
+    b.add_argument("--lmax", type=int, help="custom shape / model: lmax (default 3)")
+    b.add_argument("--layers", type=int, help="custom shape / model: n_layers (default 4)")
+    b.add_argument("--cell", action="append", metavar="NAME",
+                   help="model: diamond or cu-bcc; repeatable (default both)")
+    b.add_argument("--atoms", action="append", type=int, metavar="N",
+                   help="model: about N atoms per cell; repeatable (default 500, 2000, 4400 on a GPU)")
+    b.add_argument("--blocks", type=int, help="model: interaction blocks (default 2)")
+    b.add_argument("--cutoff", type=float, help="model: cutoff in Å (default 5)")
     b.add_argument("--no-alpha", action="store_true", help="custom shape: apply_alpha=False")
-    b.add_argument("--levels", help="variants, comma-separated: 0 (eager), 0c (torch.compile), 1, 2, 3")
+    b.add_argument("--levels", help="variants, comma-separated: 0 (eager), 0c (torch.compile), 1, 2, 3; "
+                   "model also 1c, 2c, 3c (that level under torch.compile)")
     b.add_argument("--pass", dest="passes", action="append", metavar="PASS",
                    help="fwd, bwd (backward alone) or both (fwd+bwd); repeatable or comma-separated "
                         "(default: all three)")
@@ -73,6 +86,25 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--margin", type=float, default=0.02,
                    help="fraction a candidate must win by, beyond the baseline's spread (default 0.02)")
     t.add_argument("--device", help="CUDA device (default: the current one)")
+
+    fz = sub.add_parser("freeze", help="export a potential with AOTInductor into a .pt2 file (SPEC §6)",
+                        description="Tune the model's mixing-stack keys on the local GPU (CUDA, level "
+                        ">= 2), then torch.export the energy, forces and stress and compile them with "
+                        "AOTInductor into a .pt2 that mixstack.load (or MixstackCalculator) runs. The "
+                        "model: a checkpoint written by SO2Potential.save, or a new one from the options.")
+    fz.add_argument("out", help="the .pt2 file to write")
+    fz.add_argument("--checkpoint", help="an SO2Potential.save file (default: a new model)")
+    fz.add_argument("--structure", default="diamond",
+                    help="example structure: diamond, cu-bcc, or a file ASE reads (default diamond)")
+    for opt, text in (("--lmax", "lmax (default 2)"), ("--focus-dim", "channels Cf (default 16)"),
+                      ("--focus", "focus streams (default 2)"), ("--layers", "stack layers (default 3)"),
+                      ("--blocks", "interaction blocks (default 2)")):
+        fz.add_argument(opt, type=int, help=f"new model: {text}")
+    fz.add_argument("--cutoff", type=float, help="new model: cutoff in Å (default 5)")
+    fz.add_argument("--float64", action="store_true", help="new model: float64 weights")
+    fz.add_argument("--seed", type=int, default=0, help="new model: initialisation seed (default 0)")
+    fz.add_argument("--device", help="where to trace and compile (default: cpu, or the checkpoint's)")
+    fz.add_argument("--no-tune", action="store_true", help="do not tune missing keys first")
     return p
 
 
@@ -86,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             return _info(args)
         if args.command == "tune":
             return _tune(args)
+        if args.command == "freeze":
+            return _freeze(args)
         return _bench(args, argv)
     except (ValueError, ImportError) as exc:
         print(f"mixstack {args.command}: error: {exc}", file=sys.stderr)
@@ -157,8 +191,8 @@ def bench_config(args):
     cfg = runner.default_config(device, quick=args.quick)
     chosen = [shapes.shape_by_name(s) for s in args.shape or []]
     if args.edges is not None:
-        chosen.append(shapes.BenchShape("custom", args.edges, args.focus, args.focus_dim,
-                                        args.lmax, args.layers, not args.no_alpha))
+        chosen.append(shapes.BenchShape("custom", args.edges, _or(args.focus, 2), _or(args.focus_dim, 32),
+                                        _or(args.lmax, 3), _or(args.layers, 4), not args.no_alpha))
     if chosen:
         cfg = replace(cfg, shapes=tuple(chosen))
     if args.levels:
@@ -176,6 +210,10 @@ def bench_config(args):
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
             cfg = replace(cfg, **{name: value})
     return replace(cfg, seed=args.seed)
+
+
+def _or(value, default):
+    return default if value is None else value
 
 
 def _skip_notice(skipped: list[dict]) -> list[str]:
@@ -216,6 +254,8 @@ def _print_table(rows: list[dict], tty: bool, use_rich: bool) -> None:
 def _bench(args, argv) -> int:
     from .bench import env, report, runner
 
+    if args.target == "model":
+        return _bench_model(args, argv)
     cfg = bench_config(args)
     keys, skipped = runner.plan(cfg)
     tty = sys.stdout.isatty()
@@ -258,6 +298,121 @@ def _bench(args, argv) -> int:
     for line in failed:
         print(f"FAILED {line}", file=sys.stderr)
     return 1 if failed else 0
+
+
+# -------------------------------------------------------------- bench model
+
+_MODEL_OPTIONS = {"focus": "n_focus", "focus_dim": "focus_dim", "lmax": "lmax", "layers": "n_layers",
+                  "blocks": "n_blocks", "cutoff": "cutoff"}
+
+
+def model_bench_config(args):
+    """The ``ModelBenchConfig`` the parsed ``bench model`` arguments ask for."""
+    from .bench import model_bench
+
+    stack_only = [f"--{o}" for o, v in (("shape", args.shape), ("edges", args.edges),
+                                        ("pass", args.passes), ("check-edges", args.check_edges))
+                  if v is not None]
+    if stack_only or args.no_alpha:
+        raise ValueError(f"{', '.join(stack_only or ['--no-alpha'])}: options of `mixstack bench` "
+                         "(the operator), not of `mixstack bench model`")
+    cfg = model_bench.default_config(args.device, quick=args.quick)
+    model = dict(cfg.model)
+    for opt, key in _MODEL_OPTIONS.items():
+        value = getattr(args, opt)
+        if value is not None:
+            if value <= 0:
+                raise ValueError(f"--{opt.replace('_', '-')} must be positive, got {value}")
+            model[key] = value
+    if not 1 <= model["lmax"] <= 6:
+        raise ValueError(f"lmax must be in 1..6, got {model['lmax']}")
+    cfg = replace(cfg, model=model, seed=args.seed)
+    if args.cell:
+        bad = [c for c in args.cell if c not in model_bench.CELLS]
+        if bad:
+            raise ValueError(f"unknown cell {', '.join(bad)}; use {', '.join(model_bench.CELLS)}")
+        cfg = replace(cfg, cells=tuple(dict.fromkeys(args.cell)))
+    if args.atoms:
+        if min(args.atoms) < 1:
+            raise ValueError(f"--atoms must be positive, got {min(args.atoms)}")
+        cfg = replace(cfg, atoms=tuple(dict.fromkeys(args.atoms)))
+    if args.levels:
+        cfg = replace(cfg, variants=model_bench.parse_variants(args.levels), notes=())
+    for name, value in (("rounds", args.repeats), ("warmup", args.warmup)):
+        if value is not None:
+            if value < (0 if name == "warmup" else 1):
+                raise ValueError(f"--{'repeats' if name == 'rounds' else name} must be positive, got {value}")
+            cfg = replace(cfg, **{name: value})
+    return cfg
+
+
+def _bench_model(args, argv) -> int:
+    from .bench import env, model_bench
+
+    cfg = model_bench_config(args)
+    keys, skipped = model_bench.plan(cfg)
+    device = env.resolve_device(cfg.device)
+    VARIANTS = model_bench.VARIANTS
+    print(f"mixstack bench model on {device}: cells {', '.join(cfg.cells)} at ~{', '.join(map(str, cfg.atoms))} "
+          f"atoms; variants {', '.join(VARIANTS[k] for k in keys) or 'none'}; "
+          f"{cfg.rounds} rounds after {cfg.warmup} warm-up")
+    for line in _skip_notice(skipped) + list(cfg.notes):
+        print(f"  note: {line}")
+    if not keys:
+        print("mixstack bench model: nothing to run", file=sys.stderr)
+        return 2
+    argv = sys.argv[1:] if argv is None else argv
+    command = "mixstack " + " ".join(shlex.quote(a) for a in argv)
+    record = model_bench.run_model_bench(cfg, command=command)
+    from .bench import report
+    print("\n".join(report.header_lines(record)))
+    rows = model_bench.summary_rows(record)
+    print(report.markdown_table(rows), end="")
+    stamp = report.default_dir(record).name.replace("bench-", "bench-model-", 1)
+    out = args.out or Path("results") / stamp
+    try:
+        paths = model_bench.write(record, out, with_plot=not args.no_plot)
+    except ImportError as exc:
+        paths = model_bench.write(record, out, with_plot=False)
+        print(f"  note: no plot: {exc}")
+    print("results: " + ", ".join(str(p) for p in paths.values()))
+    failed = [f"{v['variant']} on {c['label']}: {v['failed']}" for c in record["cells"]
+              for v in c["variants"] if v["failed"]]
+    for line in failed:
+        print(f"FAILED {line}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+# -------------------------------------------------------------------- freeze
+
+def _freeze(args) -> int:
+    import torch
+
+    from .deploy import freeze
+    from .potential import SO2Potential
+
+    if args.checkpoint:
+        model = SO2Potential.load(args.checkpoint, device=args.device)
+    else:
+        kw = {key: getattr(args, opt) for opt, key in _MODEL_OPTIONS.items()
+              if getattr(args, opt, None) is not None}
+        model = SO2Potential(**kw, seed=args.seed, device=args.device or None,
+                             dtype=torch.float64 if args.float64 else None)
+    if args.structure in ("diamond", "cu-bcc"):
+        from .bench.model_bench import build_cell
+        example = build_cell(args.structure, 16, seed=args.seed)
+    else:
+        try:
+            from ase.io import read
+        except ImportError as exc:
+            raise ImportError("reading a structure needs ASE; `pip install mixstack[potential]`") from exc
+        example = read(args.structure)
+    print(f"mixstack freeze: {model.__class__.__name__}({model.extra_repr()}) on "
+          f"{next(model.parameters()).device}, example {example.get_chemical_formula()} "
+          f"({len(example)} atoms); compiling with AOTInductor (a minute or more)")
+    path = freeze(model, example, args.out, tune=not args.no_tune)
+    print(f"wrote {path}")
+    return 0
 
 
 # --------------------------------------------------------------------- tune

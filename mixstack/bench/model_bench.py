@@ -1,0 +1,344 @@
+"""``mixstack bench model``: frame time of a whole potential (energy + forces) at each level.
+
+Cells: diamond (``bulk("C", "diamond", cubic=True)``) and bcc Cu
+(``bulk("Cu", "bcc", a=2.87, cubic=True)``), repeated to about 500, 2000 and
+4400 atoms and rattled by 0.05 Å (a fixed seed) so that forces are not zero
+by symmetry.  The model is an ``SO2Potential`` (default: the S1 stack key,
+``lmax 3, focus_dim 32, n_focus 2, n_layers 4``, two blocks, cutoff 5 Å) in
+float32, TF32 off.  A frame is ``E`` and ``F = -dE/dx`` by autograd; the
+neighbour list is built once per cell, outside the timing.
+
+Variants: ``L0-compile`` — level 0 under ``torch.compile`` — is the
+pure-PyTorch baseline; ``L0-eager``, ``L1``, ``L2``, ``L3`` run the model
+eagerly at that level (the stack's Triton kernels are compiled already; the
+rest of the model is eager); ``L1-compile`` .. ``L3-compile`` (on request,
+``--levels 1c,2c,3c``) put the whole energy function under ``torch.compile``
+at that level, the custom operators inside the graph.  Each compiled variant
+compiles its own copy of the energy function (its own code object, hence its
+own compile cache), so variants interleaved in the timing loop never hit
+each other's graphs — the level is read while tracing and is not a guard.  For each cell the record
+holds, per variant, the frame time (``timing.time_interleaved``, variants
+interleaved in rotating order), the peak device memory of one frame, the
+``dispatch_log`` paths, and the deviation of energy (eV/atom) and forces
+(max and relative) from the baseline — next to the baseline's own band: its
+deviation from a second run of itself and from ``L0-eager`` (another
+reduction order of the same float32 math).  A deviation inside that band is
+float32 rounding.
+
+Library code: nothing here prints; progress goes to ``on_step``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..dispatch import dispatch_log
+from ..levels import use_level
+from . import env
+from .report import header_lines, markdown_table, require_extra
+from . import runner
+from .runner import _peak_above, exact_fp32
+from .timing import Clock, Task, clock_for, time_interleaved
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "mixstack-bench-model/1"
+VARIANTS = {**runner.VARIANTS, "1c": "L1-compile", "2c": "L2-compile", "3c": "L3-compile"}
+LEVEL_OF = {**runner.LEVEL_OF, "1c": 1, "2c": 2, "3c": 3}
+CELLS = ("diamond", "cu-bcc")
+SIZES = (500, 2000, 4400)
+DEFAULT_MODEL = dict(lmax=3, focus_dim=32, n_focus=2, n_layers=4, n_blocks=2, cutoff=5.0)
+QUICK_CPU_MODEL = dict(lmax=2, focus_dim=16, n_focus=2, n_layers=3, n_blocks=2, cutoff=4.0)
+JSON_NAME, MARKDOWN_NAME, PLOT_NAME = "bench_model.json", "bench_model.md", "bench_model.png"
+
+
+@dataclass(frozen=True)
+class ModelBenchConfig:
+    """What ``run_model_bench`` runs.  ``variants``: keys of ``VARIANTS``."""
+
+    cells: tuple[str, ...] = CELLS
+    atoms: tuple[int, ...] = SIZES
+    variants: tuple[str, ...] = ("0c", "0", "1", "2", "3")
+    model: dict = field(default_factory=lambda: dict(DEFAULT_MODEL))
+    rounds: int = 10
+    warmup: int = 2
+    device: str | None = None
+    seed: int = 0
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["variants"] = [VARIANTS[v] for v in self.variants]
+        return d
+
+
+def default_config(device=None, *, quick: bool = False) -> ModelBenchConfig:
+    """Every cell, size and level on a GPU; on a CPU one ~64-atom cell per lattice,
+    level 0 eager only (a smoke run), saying what it leaves out."""
+    device = env.resolve_device(device)
+    if device.type == "cuda":
+        return ModelBenchConfig(atoms=(500,) if quick else SIZES, rounds=3 if quick else 10,
+                                warmup=1 if quick else 2, device=str(device))
+    notes = ["CPU: ~64-atom cells and a small model; the SPEC sizes need a CUDA device"]
+    base = ("0",) if quick else ("0c", "0")
+    if quick:
+        notes.append("L0-compile is left out of --quick on the CPU (its compile time); "
+                     "ask for it with --levels 0c,0")
+    triton = ("1", "2", "3")
+    if skip_reason(triton[0], device) is None:          # the interpreter: far too slow by default
+        notes.append("L1-L3 are left out on the CPU by default (the Triton interpreter is slow); "
+                     "ask for them with --levels 0,1")
+        triton = ()
+    return ModelBenchConfig(atoms=(64,), variants=base + triton, model=dict(QUICK_CPU_MODEL),
+                            rounds=2 if quick else 5, warmup=1, device=str(device), notes=tuple(notes))
+
+
+def _repeats(unit: int, target: int) -> tuple[int, int, int]:
+    """Near-cubic repeats whose atom count ``unit * a * b * c`` is closest to ``target``."""
+    r = max(1, round((target / unit) ** (1 / 3)))
+    options = [(a, b, c) for a, b, c in itertools.product(range(max(1, r - 1), r + 2), repeat=3)
+               if a <= b <= c and c - a <= 1]
+    return min(options, key=lambda abc: (abs(unit * math.prod(abc) - target), abc))
+
+
+def build_cell(name: str, target_atoms: int, seed: int = 0):
+    """A rattled periodic cell of lattice ``name`` with about ``target_atoms`` atoms."""
+    try:
+        from ase.build import bulk
+    except ImportError as exc:
+        raise ImportError("bench model needs ASE; install it with `pip install mixstack[potential]`") from exc
+    if name == "diamond":
+        unit = bulk("C", "diamond", cubic=True)
+    elif name == "cu-bcc":
+        unit = bulk("Cu", "bcc", a=2.87, cubic=True)
+    else:
+        raise ValueError(f"unknown cell {name!r}; use {', '.join(CELLS)}")
+    atoms = unit.repeat(_repeats(len(unit), target_atoms))
+    atoms.rattle(0.05, seed=seed)
+    return atoms
+
+
+def parse_variants(text: str) -> tuple[str, ...]:
+    """``"0c,0,1,2c"`` (or names like ``"L1-compile"``) -> variant keys."""
+    by_name = {name.lower(): key for key, name in VARIANTS.items()}
+    keys = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        key = item.lower()
+        key = key[1:] if key.startswith("l") and key[1:] in VARIANTS else by_name.get(key, key)
+        if key not in VARIANTS:
+            raise ValueError(f"unknown level/variant {item!r}; use {', '.join(VARIANTS)} "
+                             f"or {', '.join(VARIANTS.values())}")
+        keys.append(key)
+    if not keys:
+        raise ValueError("no levels given")
+    return tuple(dict.fromkeys(keys))
+
+
+def skip_reason(key: str, device) -> str | None:
+    """Why variant ``key`` cannot run on ``device``, or ``None`` when it can."""
+    return runner.skip_reason("1" if LEVEL_OF[key] > 0 else "0", device)
+
+
+def _own_copy(fn: Callable, tag: str) -> Callable:
+    """``fn`` with a code object of its own: ``torch.compile`` keeps one cache per code object."""
+    import types
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+
+
+def _frame_fn(key: str, model) -> Callable:
+    """``frame(inputs) -> (energy, forces)`` of variant ``key``."""
+    energy = model.energy
+    if key.endswith("c"):
+        def energy_of(*args):
+            return model.energy(*args)
+        energy = torch.compile(_own_copy(energy_of, key), dynamic=False)
+    level = LEVEL_OF[key]
+
+    def frame(inp):
+        with use_level(level), torch.enable_grad():
+            pos = inp.positions.detach().requires_grad_(True)
+            e, _ = energy(pos, *inp[1:])
+            (g,) = torch.autograd.grad(e, pos)
+        return e.detach(), -g
+
+    return frame
+
+
+def _deviation(got, ref, n_atoms: int) -> dict:
+    (e, f), (e0, f0) = got, ref
+    df = (f.double() - f0.double())
+    den = torch.linalg.vector_norm(f0.double()).item()
+    return {"energy_per_atom": abs(e.double().item() - e0.double().item()) / n_atoms,
+            "force_max": df.abs().max().item() if df.numel() else 0.0,
+            "force_rel": torch.linalg.vector_norm(df).item() / den if den > 0 else 0.0}
+
+
+def _band(devs: list[dict]) -> dict | None:
+    return {k: max(d[k] for d in devs) for k in devs[0]} if devs else None
+
+
+def _run_cell(cfg, model, name, target, keys, device, clock, step) -> dict:
+    from ..potential.neighbors import atoms_inputs
+    atoms = build_cell(name, target, seed=cfg.seed)
+    inp = atoms_inputs(atoms, model.cutoff, device=device, dtype=torch.float32)
+    n, label = len(atoms), f"{name}-{len(atoms)}"
+    frames, results, variants = {}, {}, []
+    torch.compiler.reset()                            # the previous cell's graphs
+    for key in keys:
+        step(f"{label}: warming up {VARIANTS[key]}")
+        rec = {"variant": VARIANTS[key], "level": LEVEL_OF[key], "failed": None, "dispatch": {}}
+        try:
+            fn = _frame_fn(key, model)
+            fn(inp)                                          # compile / first call
+            with dispatch_log() as paths:
+                results[key], peak = _peak_above(device, lambda f=fn: f(inp))
+            rec.update(dispatch=dict(sorted(paths.items())),
+                       peak_mib=None if peak is None else peak / 2 ** 20)
+            frames[key] = fn
+        except Exception as exc:                             # recorded; the rest still runs
+            log.warning("%s on %s failed: %s: %s", VARIANTS[key], label, type(exc).__name__, exc)
+            rec["failed"] = f"{type(exc).__name__}: {exc}"
+        variants.append(rec)
+    base = next((k for k in keys if k in results), None)
+    band = []
+    if base is not None:
+        band.append(_deviation(frames[base](inp), results[base], n))        # a second run of itself
+        if base == "0c" and "0" in results:
+            band.append(_deviation(results["0"], results[base], n))         # another reduction order
+        for rec, key in zip(variants, keys):
+            if key in results:
+                rec["deviation"] = _deviation(results[key], results[base], n)
+    timing = {}
+    if frames:
+        tasks = {VARIANTS[k]: Task(run=lambda f=f: f(inp)) for k, f in frames.items()}
+        samples = time_interleaved(tasks, rounds=cfg.rounds, warmup=cfg.warmup, clock=clock,
+                                   on_sample=lambda v, timed: step(f"{label}: {v}"))
+        timing = {v: s.to_dict() for v, s in samples.items()}
+    for rec in variants:
+        rec["timing"] = timing.get(rec["variant"])
+    return {"cell": name, "label": label, "atoms": n, "edges": int(inp.edge_index.shape[1]),
+            "baseline": VARIANTS[base] if base else None, "band": _band(band), "variants": variants}
+
+
+def plan(cfg: ModelBenchConfig) -> tuple[list[str], list[dict]]:
+    """The variants that run on the config's device, and the skipped ones with why."""
+    device = env.resolve_device(cfg.device)
+    run, skipped = [], []
+    for key in cfg.variants:
+        why = skip_reason(key, device)
+        if why is None:
+            run.append(key)
+        else:
+            skipped.append({"variant": VARIANTS[key], "reason": why})
+    return run, skipped
+
+
+def run_model_bench(cfg: ModelBenchConfig, *, on_step: Callable[[str], None] | None = None,
+                    clock: Clock | None = None, command: str | None = None) -> dict:
+    """Run ``cfg``; return the JSON-serialisable record (see ``markdown``)."""
+    from ..potential import SO2Potential
+    device = env.resolve_device(cfg.device)
+    clock = clock or clock_for(device)
+    step = on_step or (lambda _desc: None)
+    keys, skipped = plan(cfg)
+    model = SO2Potential(**cfg.model, seed=cfg.seed, device=device).eval()
+    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    record = {"schema": SCHEMA, "command": command, "env": env.collect(device), "config": cfg.to_dict(),
+              "notes": list(cfg.notes), "skipped": skipped, "cells": []}
+    with on_device, exact_fp32():
+        for name, target in itertools.product(cfg.cells, cfg.atoms):
+            record["cells"].append(_run_cell(cfg, model, name, target, keys, device, clock, step))
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return record
+
+
+# ------------------------------------------------------------------ reports
+
+def _fmt(x, spec=".2e") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def summary_rows(record: dict) -> list[dict]:
+    """One row per (cell, variant): time, memory, deviation from the baseline, band."""
+    rows = []
+    for cell in record["cells"]:
+        band = cell["band"] or {}
+        for v in cell["variants"]:
+            t, d = v.get("timing"), v.get("deviation") or {}
+            rows.append({
+                "cell": cell["label"], "edges": cell["edges"], "variant": v["variant"],
+                "frame ms": "—" if t is None else f"{t['median_ms']:.4g} [{t['p20_ms']:.4g}–{t['p80_ms']:.4g}]",
+                "peak MiB": _fmt(v.get("peak_mib"), ".0f"),
+                "dE eV/atom": _fmt(d.get("energy_per_atom")), "dF max eV/Å": _fmt(d.get("force_max")),
+                "dF rel": _fmt(d.get("force_rel")),
+                "band dE / dF max": f"{_fmt(band.get('energy_per_atom'))} / {_fmt(band.get('force_max'))}",
+                "paths": ", ".join(f"{k}×{n}" for k, n in v["dispatch"].items()) or "—",
+                "note": v["failed"] or ("baseline" if v["variant"] == cell["baseline"] else ""),
+            })
+    return rows
+
+
+def markdown(record: dict) -> str:
+    m = record["config"]["model"]
+    parts = ["# mixstack bench model\n", "\n".join(f"- {x}" for x in header_lines(record)) + "\n",
+             f"Model: SO2Potential {', '.join(f'{k}={v}' for k, v in m.items())}, float32. A frame is the "
+             "energy and forces (autograd); times are median [p20–p80] ms over interleaved rounds. "
+             "Deviations are from the baseline (L0-compile when it runs); the band is the baseline's "
+             "deviation from a second run of itself and from L0-eager.\n",
+             markdown_table(summary_rows(record))]
+    extra = [f"{s['variant']} skipped: {s['reason']}" for s in record["skipped"]] + record["notes"]
+    if extra:
+        parts.append("\n## Not run\n\n" + "\n".join(f"- {x}" for x in extra) + "\n")
+    return "\n".join(parts)
+
+
+def plot(record: dict, path) -> Path:
+    """Frame time per variant against atom count, one panel per lattice."""
+    matplotlib = require_extra("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    lattices = list(dict.fromkeys(c["cell"] for c in record["cells"]))
+    fig, axes = plt.subplots(1, len(lattices), figsize=(6 * len(lattices), 4.2), squeeze=False)
+    for ax, lat in zip(axes.flat, lattices):
+        cells = [c for c in record["cells"] if c["cell"] == lat]
+        for name in record["config"]["variants"]:
+            pts = [(c["atoms"], v["timing"]["median_ms"]) for c in cells for v in c["variants"]
+                   if v["variant"] == name and v.get("timing")]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=name)
+        ax.set_xlabel("atoms")
+        ax.set_ylabel("ms per frame (energy + forces)")
+        ax.set_title(lat, fontsize=10)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    head = header_lines(record)
+    fig.suptitle("mixstack bench model — " + head[0].removeprefix("device: "), fontsize=11)
+    fig.text(0.01, 0.005, head[1] + "\n" + head[2], fontsize=7, va="bottom")
+    fig.tight_layout(rect=(0, 0.08, 1, 0.94))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def write(record: dict, out_dir, *, with_plot: bool = True) -> dict[str, Path]:
+    """``bench_model.json``, ``bench_model.md`` and (optionally) ``bench_model.png`` in ``out_dir``."""
+    import json
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / JSON_NAME, "markdown": out / MARKDOWN_NAME}
+    paths["json"].write_text(json.dumps(record, indent=1) + "\n")
+    paths["markdown"].write_text(markdown(record))
+    if with_plot:
+        paths["plot"] = plot(record, out / PLOT_NAME)
+    return paths

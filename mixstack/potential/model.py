@@ -1,0 +1,145 @@
+"""``SO2Potential``: a compact SO(2)-equivariant message-passing potential on the mixing stack.
+
+Energy from positions, cell and atomic numbers; forces ``-dE/dx`` and stress
+``(1/V) dE/d(strain)`` by autograd through the edge vectors.  The neighbour
+list is an input (``neighbors.system_inputs``), computed outside autograd and
+outside any exported graph; every edge vector is rebuilt here as
+``x_j - x_i + S @ cell`` from the (strained) positions and cell, so both
+derivatives reach all of the model's geometry.
+
+Species are embedded by atomic number (``nn.Embedding`` over ``Z = 0..118``),
+so any element works.  Initialisation is deterministic in ``seed`` and does
+not touch the global random state; ``energy_scale`` multiplies the learned
+per-atom energy (the species reference energies start at zero), which sets
+the size of an untrained model's forces.  ``dtype=torch.float64`` builds a float64
+model (the stack's reference path takes any float dtype; the Triton levels
+take float32 and fall back to the reference otherwise).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .blocks import InteractionBlock, mlp
+from .radial import BesselBasis, PolynomialEnvelope
+from .wigner import WignerRows, edge_frames
+
+MAX_Z = 118
+
+
+class SO2Potential(nn.Module):
+    """An SO(2) convolution potential whose convolutions run ``mixstack.mixing_stack``.
+
+    ``forward(positions, cell, numbers, edge_index, shifts, slots)`` returns
+    ``(energy (), forces (N, 3), stress (3, 3), energies (N,))`` in eV, eV/Å and
+    eV/Å^3 (stress is zero for a cell of zero volume).  See
+    ``mixstack.potential.neighbors`` for the inputs.
+    """
+
+    def __init__(self, *, lmax: int = 2, focus_dim: int = 16, n_focus: int = 2, cutoff: float = 5.0,
+                 seed: int = 0, n_blocks: int = 2, n_layers: int = 3, n_radial: int = 8,
+                 radial_hidden: int = 32, avg_neighbors: float = 12.0, envelope_p: int = 6,
+                 energy_scale: float = 1.0,
+                 device=None, dtype=None):
+        super().__init__()
+        if n_blocks < 1:
+            raise ValueError(f"n_blocks must be >= 1, got {n_blocks}")
+        if avg_neighbors <= 0:
+            raise ValueError(f"avg_neighbors must be > 0, got {avg_neighbors}")
+        self.config = dict(lmax=lmax, focus_dim=focus_dim, n_focus=n_focus, cutoff=float(cutoff), seed=seed,
+                           n_blocks=n_blocks, n_layers=n_layers, n_radial=n_radial,
+                           radial_hidden=radial_hidden, avg_neighbors=float(avg_neighbors),
+                           envelope_p=envelope_p, energy_scale=float(energy_scale))
+        self.lmax, self.focus_dim, self.cutoff = lmax, focus_dim, float(cutoff)
+        self.energy_scale = float(energy_scale)
+        kw = dict(dtype=dtype)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.embedding = nn.Embedding(MAX_Z + 1, focus_dim, **kw)
+            self.species_energy = nn.Embedding(MAX_Z + 1, 1, **kw)
+            nn.init.zeros_(self.species_energy.weight)
+            self.radial_basis = BesselBasis(cutoff, n_radial, **kw)
+            self.envelope = PolynomialEnvelope(cutoff, envelope_p)
+            self.wigner = WignerRows(lmax, keep=1, **kw)
+            self.blocks = nn.ModuleList(
+                InteractionBlock(lmax=lmax, focus_dim=focus_dim, n_focus=n_focus, n_layers=n_layers,
+                                 n_radial=n_radial, radial_hidden=radial_hidden,
+                                 avg_neighbors=avg_neighbors, **kw)
+                for _ in range(n_blocks))
+            self.readout = mlp([focus_dim, radial_hidden, 1], **kw)
+        if device is not None:
+            self.to(device)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embedding.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embedding.weight.device
+
+    def stacks(self):
+        """The mixing stacks of the model, in order."""
+        return [b.stack for b in self.blocks]
+
+    def energy(self, positions, cell, numbers, edge_index, shifts, slots, strain=None):
+        """``(energy (), energies (N,))``; ``strain (3, 3)`` (symmetrised) deforms positions and cell."""
+        if strain is not None:
+            sym = 0.5 * (strain + strain.transpose(0, 1))
+            positions = positions + positions @ sym
+            cell = cell + cell @ sym
+        src, dst = edge_index[0], edge_index[1]
+        vec = positions[src] - positions[dst] + shifts @ cell
+        r = torch.linalg.vector_norm(vec, dim=-1)
+        rows = self.wigner(edge_frames(vec))
+        rbf = self.radial_basis(r)
+        env = self.envelope(r)
+        n = positions.shape[0]
+        x = self.embedding(numbers)
+        x = torch.cat((x[:, None], x.new_zeros(n, (self.lmax + 1) ** 2 - 1, self.focus_dim)), 1)
+        for block in self.blocks:
+            x = block(x, src, dst, rows, rbf, env, slots)
+        energies = self.energy_scale * self.readout(x[:, 0]).squeeze(-1) + self.species_energy(numbers).squeeze(-1)
+        return energies.sum(), energies
+
+    def forward(self, positions, cell, numbers, edge_index, shifts, slots):
+        """Energy, forces, stress and per-atom energies (see the class docstring).
+
+        Derivatives are taken with ``create_graph`` in training mode (force
+        losses), without it in eval mode.
+        """
+        with torch.enable_grad():
+            pos = positions.detach().requires_grad_(True)
+            strain = torch.zeros(3, 3, dtype=positions.dtype, device=positions.device, requires_grad=True)
+            energy, energies = self.energy(pos, cell, numbers, edge_index, shifts, slots, strain)
+            grad_pos, grad_strain = torch.autograd.grad(energy, (pos, strain), create_graph=self.training)
+        # |a . (b x c)|: the cell volume (torch.linalg.det has no AOTInductor C shim)
+        volume = (cell[0] * torch.linalg.cross(cell[1], cell[2], dim=-1)).sum().abs()
+        safe = torch.where(volume > 0, volume, torch.ones_like(volume))
+        stress = torch.where(volume > 0, grad_strain / safe, torch.zeros_like(grad_strain))
+        if not self.training:
+            energy, energies = energy.detach(), energies.detach()
+        return energy, -grad_pos, stress, energies
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.config.items())
+
+    # ------------------------------------------------------------ checkpoints
+
+    def save(self, path) -> None:
+        """Write ``{"config", "state_dict"}`` (``SO2Potential.load`` reads it back)."""
+        torch.save({"kind": "mixstack.SO2Potential", "config": self.config,
+                    "dtype": str(self.dtype).removeprefix("torch."),
+                    "state_dict": self.state_dict()}, path)
+
+    @classmethod
+    def load(cls, path, *, device=None) -> "SO2Potential":
+        """A model from ``save``'s file."""
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(blob, dict) or blob.get("kind") != "mixstack.SO2Potential":
+            raise ValueError(f"{path} is not an SO2Potential checkpoint (written by SO2Potential.save)")
+        model = cls(**blob["config"], dtype=getattr(torch, blob["dtype"]))
+        model.load_state_dict(blob["state_dict"])
+        return model.to(device) if device is not None else model
+

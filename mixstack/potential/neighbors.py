@@ -1,0 +1,105 @@
+"""Neighbour lists of the potential, computed outside autograd and outside exported graphs.
+
+The list comes from vesin (preferred) or ASE's ``neighbor_list``; both handle
+periodic cells of any shape, cells smaller than the cutoff (several images of
+one atom) and open boundaries.  What the model reads is six tensors, the
+arguments of ``SO2Potential.forward`` and of a frozen program:
+
+| name | shape | meaning |
+|---|---|---|
+| ``positions`` | ``(N, 3)`` | Cartesian positions, Å |
+| ``cell`` | ``(3, 3)`` | lattice vectors as rows, Å (zeros for an open system) |
+| ``numbers`` | ``(N,)`` int64 | atomic numbers |
+| ``edge_index`` | ``(2, E)`` int64 | row 0 the neighbour ``j`` (message source), row 1 the centre ``i`` |
+| ``shifts`` | ``(E, 3)`` float | integer cell shifts ``S``: ``r_ij = x_j - x_i + S @ cell`` |
+| ``slots`` | ``(N, K)`` int64 | the edges of each centre, padded with ``E`` |
+
+Edges are sorted by centre, then neighbour, then shift, so the list (and every
+sum over it) does not depend on the library's internal order.  ``slots``
+lets the model sum each atom's messages as a dense ``(N, K)`` gather followed
+by a sum over ``K``: a fixed reduction order on every device, unlike
+``index_add`` (atomics on a GPU).  The graph depends on positions only through
+which pairs are within the cutoff; forces and stress differentiate the edge
+vectors, which the model rebuilds from ``positions``, ``cell`` and ``shifts``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+_PIP_FIX = "`pip install mixstack[potential]`"
+
+
+class SystemInputs(NamedTuple):
+    """The tensors a potential reads for one structure (see the module docstring)."""
+
+    positions: torch.Tensor
+    cell: torch.Tensor
+    numbers: torch.Tensor
+    edge_index: torch.Tensor
+    shifts: torch.Tensor
+    slots: torch.Tensor
+
+
+def _pairs(positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, cutoff: float):
+    """``(i, j, S)`` for every ordered pair within ``cutoff`` (both directions)."""
+    try:
+        import vesin
+    except ImportError:
+        vesin = None
+    if vesin is not None:
+        nl = vesin.NeighborList(cutoff=float(cutoff), full_list=True)
+        periodic = bool(pbc[0]) if bool(pbc.all() or not pbc.any()) else [bool(p) for p in pbc]
+        i, j, S = nl.compute(points=positions, box=cell, periodic=periodic, quantities="ijS")
+        return i.astype(np.int64), j.astype(np.int64), S.astype(np.int64)
+    try:
+        from ase.neighborlist import primitive_neighbor_list
+    except ImportError as exc:
+        raise ImportError(f"a neighbour list needs vesin or ase; install them with {_PIP_FIX}") from exc
+    i, j, S = primitive_neighbor_list("ijS", pbc, cell, positions, float(cutoff), self_interaction=False)
+    return i.astype(np.int64), j.astype(np.int64), S.astype(np.int64)
+
+
+def neighbor_arrays(positions, cell, pbc, cutoff: float):
+    """The sorted ``(edge_index (2, E), shifts (E, 3), slots (N, K))`` as numpy int64 arrays."""
+    positions = np.ascontiguousarray(np.asarray(positions, dtype=np.float64))
+    if positions.ndim != 2 or positions.shape[1] != 3:
+        raise ValueError(f"positions must have shape (N, 3), got {positions.shape}")
+    cell = np.ascontiguousarray(np.asarray(cell, dtype=np.float64).reshape(3, 3))
+    pbc = np.broadcast_to(np.asarray(pbc, dtype=bool), (3,))
+    if cutoff <= 0:
+        raise ValueError(f"cutoff must be > 0, got {cutoff}")
+    n = positions.shape[0]
+    i, j, S = _pairs(positions, cell, pbc, cutoff)
+    order = np.lexsort((S[:, 2], S[:, 1], S[:, 0], j, i))     # centre, then neighbour, then shift
+    i, j, S = i[order], j[order], S[order]
+    counts = np.bincount(i, minlength=n)
+    k = max(int(counts.max()) if n else 0, 1)
+    start = np.cumsum(counts) - counts
+    lane = np.arange(k)
+    slots = np.where(lane[None, :] < counts[:, None], start[:, None] + lane[None, :], len(i))
+    return np.stack((j, i)), S, slots.astype(np.int64)
+
+
+def system_inputs(positions, cell, pbc, numbers, cutoff: float, *, device=None,
+                  dtype=torch.float32) -> SystemInputs:
+    """The model's input tensors for one structure (numpy or torch inputs)."""
+    pos = np.asarray(positions.detach().cpu() if torch.is_tensor(positions) else positions, dtype=np.float64)
+    cel = np.asarray(cell.detach().cpu() if torch.is_tensor(cell) else cell, dtype=np.float64).reshape(3, 3)
+    edge_index, shifts, slots = neighbor_arrays(pos, cel, pbc, cutoff)
+    num = np.asarray(numbers.cpu() if torch.is_tensor(numbers) else numbers, dtype=np.int64)
+    if num.shape != (pos.shape[0],):
+        raise ValueError(f"numbers must have shape ({pos.shape[0]},), got {num.shape}")
+    fl = dict(device=device, dtype=dtype)
+    return SystemInputs(torch.as_tensor(pos, **fl), torch.as_tensor(cel, **fl),
+                        torch.as_tensor(num, device=device), torch.as_tensor(edge_index, device=device),
+                        torch.as_tensor(shifts, **fl), torch.as_tensor(slots, device=device))
+
+
+def atoms_inputs(atoms, cutoff: float, *, device=None, dtype=torch.float32) -> SystemInputs:
+    """``system_inputs`` of an ``ase.Atoms``."""
+    return system_inputs(atoms.get_positions(), atoms.get_cell().array, atoms.get_pbc(),
+                         atoms.get_atomic_numbers(), cutoff, device=device, dtype=dtype)
