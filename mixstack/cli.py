@@ -269,15 +269,11 @@ def _bench(args, argv) -> int:
           f"variants {', '.join(runner.VARIANTS[k] for k in keys) or 'none'}; "
           f"passes {', '.join(runner.PASS_LABELS[p] for p in cfg.passes)}; "
           f"{cfg.rounds} rounds after {cfg.warmup} warm-up")
-    for line in _skip_notice(skipped) + list(cfg.notes):
-        print(f"  note: {line}")
-    if not keys:
-        print("mixstack bench: nothing to run", file=sys.stderr)
+    command = _announce("mixstack bench", keys, skipped, cfg.notes, argv)
+    if command is None:
         return 2
     if tty and not use_rich:
         print("  (install mixstack[bench] for a progress bar)")
-    argv = sys.argv[1:] if argv is None else argv
-    command = "mixstack " + " ".join(shlex.quote(a) for a in argv)
     bar, step = _progress(runner.total_steps(cfg), tty and use_rich)
     with bar:
         record = runner.run_bench(cfg, on_step=step, command=command)
@@ -285,16 +281,34 @@ def _bench(args, argv) -> int:
     print("\n".join(report.header_lines(record)))
     _print_table(report.summary_rows(record), tty, use_rich)
     out = args.out or report.default_dir(record)
-    try:
-        paths = report.write(record, out, with_plot=not args.no_plot)
-    except ImportError as exc:
-        paths = report.write(record, out, with_plot=False)
-        print(f"  note: no plot: {exc}")
-    print("results: " + ", ".join(str(p) for p in paths.values()))
     failed = [f"{v['variant']} on {s['name']}: {v['failed']}" for s in record["shapes"]
               for v in s["variants"] if v["failed"]]
     failed += [f"timing {p} on {s['name']}: {why}" for s in record["shapes"]
                for p, why in s["failed_passes"].items()]
+    return _write_results(report.write, record, out, args.no_plot, failed)
+
+
+def _announce(name: str, keys, skipped, notes, argv) -> str | None:
+    """Print a bench's skip notices and notes; return its command line, or ``None``
+    (after saying so) when no variant can run."""
+    for line in _skip_notice(skipped) + list(notes):
+        print(f"  note: {line}")
+    if not keys:
+        print(f"{name}: nothing to run", file=sys.stderr)
+        return None
+    argv = sys.argv[1:] if argv is None else argv
+    return "mixstack " + " ".join(shlex.quote(a) for a in argv)
+
+
+def _write_results(write, record: dict, out, no_plot: bool, failed: list[str]) -> int:
+    """Write a bench's result files (without the plot if matplotlib is missing), say
+    where, list the failures; the exit status: 1 if anything failed."""
+    try:
+        paths = write(record, out, with_plot=not no_plot)
+    except ImportError as exc:
+        paths = write(record, out, with_plot=False)
+        print(f"  note: no plot: {exc}")
+    print("results: " + ", ".join(str(p) for p in paths.values()))
     for line in failed:
         print(f"FAILED {line}", file=sys.stderr)
     return 1 if failed else 0
@@ -356,13 +370,9 @@ def _bench_model(args, argv) -> int:
     print(f"mixstack bench model on {device}: cells {', '.join(cfg.cells)} at ~{', '.join(map(str, cfg.atoms))} "
           f"atoms; variants {', '.join(VARIANTS[k] for k in keys) or 'none'}; "
           f"{cfg.rounds} rounds after {cfg.warmup} warm-up")
-    for line in _skip_notice(skipped) + list(cfg.notes):
-        print(f"  note: {line}")
-    if not keys:
-        print("mixstack bench model: nothing to run", file=sys.stderr)
+    command = _announce("mixstack bench model", keys, skipped, cfg.notes, argv)
+    if command is None:
         return 2
-    argv = sys.argv[1:] if argv is None else argv
-    command = "mixstack " + " ".join(shlex.quote(a) for a in argv)
     record = model_bench.run_model_bench(cfg, command=command)
     from .bench import report
     print("\n".join(report.header_lines(record)))
@@ -370,17 +380,9 @@ def _bench_model(args, argv) -> int:
     print(report.markdown_table(rows), end="")
     stamp = report.default_dir(record).name.replace("bench-", "bench-model-", 1)
     out = args.out or Path("results") / stamp
-    try:
-        paths = model_bench.write(record, out, with_plot=not args.no_plot)
-    except ImportError as exc:
-        paths = model_bench.write(record, out, with_plot=False)
-        print(f"  note: no plot: {exc}")
-    print("results: " + ", ".join(str(p) for p in paths.values()))
     failed = [f"{v['variant']} on {c['label']}: {v['failed']}" for c in record["cells"]
               for v in c["variants"] if v["failed"]]
-    for line in failed:
-        print(f"FAILED {line}", file=sys.stderr)
-    return 1 if failed else 0
+    return _write_results(model_bench.write, record, out, args.no_plot, failed)
 
 
 # -------------------------------------------------------------------- freeze

@@ -231,15 +231,7 @@ def _run_cell(cfg, model, name, target, keys, device, clock, step) -> dict:
 
 def plan(cfg: ModelBenchConfig) -> tuple[list[str], list[dict]]:
     """The variants that run on the config's device, and the skipped ones with why."""
-    device = env.resolve_device(cfg.device)
-    run, skipped = [], []
-    for key in cfg.variants:
-        why = skip_reason(key, device)
-        if why is None:
-            run.append(key)
-        else:
-            skipped.append({"variant": VARIANTS[key], "reason": why})
-    return run, skipped
+    return runner.plan(cfg, variants=VARIANTS, skip=skip_reason)
 
 
 def run_model_bench(cfg: ModelBenchConfig, *, on_step: Callable[[str], None] | None = None,
@@ -333,12 +325,7 @@ def plot(record: dict, path) -> Path:
 
 def write(record: dict, out_dir, *, with_plot: bool = True) -> dict[str, Path]:
     """``bench_model.json``, ``bench_model.md`` and (optionally) ``bench_model.png`` in ``out_dir``."""
-    import json
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / JSON_NAME, "markdown": out / MARKDOWN_NAME}
-    paths["json"].write_text(json.dumps(record, indent=1) + "\n")
-    paths["markdown"].write_text(markdown(record))
-    if with_plot:
-        paths["plot"] = plot(record, out / PLOT_NAME)
-    return paths
+    from . import report
+    return report.write(record, out_dir, with_plot=with_plot,
+                        names=(JSON_NAME, MARKDOWN_NAME, PLOT_NAME), render_markdown=markdown,
+                        render_plot=plot)

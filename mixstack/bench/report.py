@@ -192,17 +192,23 @@ def plot(record: dict, path: str | os.PathLike) -> Path:
     return path
 
 
-def write(record: dict, out_dir: str | os.PathLike, *, with_plot: bool = True) -> dict[str, Path]:
+def write(record: dict, out_dir: str | os.PathLike, *, with_plot: bool = True,
+          names: tuple[str, str, str] | None = None, render_markdown=None,
+          render_plot=None) -> dict[str, Path]:
     """Write ``bench.json``, ``bench.md`` and (optionally) ``bench.png`` into ``out_dir``.
 
     The JSON and Markdown are written first, so a missing matplotlib (the
-    ImportError from ``plot``) never loses the measurements.
+    ImportError from ``plot``) never loses the measurements.  ``names``,
+    ``render_markdown`` and ``render_plot``: another bench's file names and renderers.
     """
+    json_name, md_name, plot_name = names or (JSON_NAME, MARKDOWN_NAME, PLOT_NAME)
+    to_markdown = render_markdown or markdown
+    to_plot = render_plot or plot
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / JSON_NAME, "markdown": out / MARKDOWN_NAME}
+    paths = {"json": out / json_name, "markdown": out / md_name}
     paths["json"].write_text(json.dumps(record, indent=1) + "\n")
-    paths["markdown"].write_text(markdown(record))
+    paths["markdown"].write_text(to_markdown(record))
     if with_plot:
-        paths["plot"] = plot(record, out / PLOT_NAME)
+        paths["plot"] = to_plot(record, out / plot_name)
     return paths

@@ -259,16 +259,21 @@ def _timing_row(shape, name, pass_, samples, roof) -> dict:
     return row
 
 
-def plan(config: BenchConfig) -> tuple[list[str], list[dict]]:
-    """The variants that run on the config's device, and the skipped ones with why."""
+def plan(config, *, variants: dict | None = None, skip=None) -> tuple[list[str], list[dict]]:
+    """The variants that run on the config's device, and the skipped ones with why.
+
+    ``config``: anything with ``device`` and ``variants`` (the model bench passes
+    its own variant names and ``skip`` rule)."""
+    variants = VARIANTS if variants is None else variants
+    skip = skip_reason if skip is None else skip
     device = env.resolve_device(config.device)
     run, skipped = [], []
     for key in config.variants:
-        why = skip_reason(key, device)
+        why = skip(key, device)
         if why is None:
             run.append(key)
         else:
-            skipped.append({"variant": VARIANTS[key], "reason": why})
+            skipped.append({"variant": variants[key], "reason": why})
     return run, skipped
 
 
