@@ -5,10 +5,12 @@ eagerly and inside a ``triton_op`` body being traced (kernels go through
 ``wrap_triton``; configs become constants of the traced graph).
 
 Surfaces (all float32): the forward writes ``z (n_gated, F, E, ROW)``, the
-edge-major result and, with alpha, the unscaled result ``y``, using two ping-pong ``(F, E, ROW)`` activation buffers and a
-``(F, E, G)`` gate-sigmoid surface.  The relay backward keeps one running
-gradient ``h (F, E, ROW)`` updated in place, one ``gz (F, E, ROW)`` and one
-sigmoid surface, each reused by every layer.
+edge-major result and, with alpha, the unscaled result ``y``, using two
+ping-pong ``(F, E, ROW)`` activation buffers and a ``(F, E, G)`` gate-sigmoid
+surface.  The relay backward keeps one running gradient ``h (F, E, ROW)``
+updated in place, one ``gz (F, E, ROW)`` and one sigmoid surface, each reused
+by every layer; the fused backward keeps only ``h`` and a per-program scratch
+whose size does not depend on E.
 """
 
 from __future__ import annotations
