@@ -113,3 +113,13 @@ def test_bench_exits_nonzero_when_a_variant_fails(capsys, tmp_path, monkeypatch)
     assert main(["bench", *TINY_ARGS, "--levels", "0", "--out", str(tmp_path)]) == 1
     assert "FAILED L0-eager on custom: RuntimeError: kernel refused" in capsys.readouterr().err
     assert (tmp_path / "bench.json").exists()
+
+
+def test_python_dash_m_runs_the_cli():
+    """``scripts/gpu_check.sh`` runs ``python -m mixstack.cli``: the module must call main."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "mixstack.cli", "info", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "device: cpu" in done.stdout
