@@ -100,7 +100,7 @@ def validate_inputs(u0, alpha, w0, w1, gw, *, lmax, focus_dim) -> StackShape:
 
     _check_tensor("u0", u0, 3, "(F, E, ROW)")
     n_focus, n_edges = u0.shape[0], u0.shape[1]
-    _check_size("u0", u0, (None, None, lay.row), f"(F, E, ROW=(3*lmax+1)*focus_dim)")
+    _check_size("u0", u0, (None, None, lay.row), "(F, E, ROW=(3*lmax+1)*focus_dim)")
     _check_tensor("alpha", alpha, 2, "(E, F)")
     _check_size("alpha", alpha, (n_edges, n_focus), "(E, F) matching u0")
     _check_tensor("w0", w0, 4, "(n_layers, F, m0, m0)")

@@ -27,6 +27,7 @@ import mixstack  # noqa: E402
 from mixstack import levels  # noqa: E402
 
 import helpers  # noqa: E402
+from tuning_fakes import tuning_env  # noqa: E402,F401  (the tuning tests' private tables)
 
 
 @pytest.fixture(autouse=True)

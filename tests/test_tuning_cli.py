@@ -8,15 +8,14 @@ from mixstack import tuning
 from mixstack.cli import main
 from mixstack.tuning import driver, probes
 from mixstack.tuning.sweep import TuneError
-from tuning_fakes import DEVICE, FakeProbe, tuning_env  # noqa: F401
+from tuning_fakes import DEVICE, FakeProbe
 
 KEY = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)
 KEY64 = tuning.shape_key(focus_dim=64, lmax=3, n_focus=1, apply_alpha=True)
 
 
-@pytest.fixture(autouse=True)
-def _env(tuning_env):
-    return tuning_env
+# Every test runs on empty, private tables (the ``tuning_env`` fixture, tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("tuning_env")
 
 
 def _probes(errors=None, made=None):

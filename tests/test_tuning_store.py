@@ -11,7 +11,7 @@ import pytest
 
 from mixstack import tuning
 from mixstack.tuning import registry, store, validity
-from tuning_fakes import DEVICE, entry_for, tuning_env, write_table  # noqa: F401
+from tuning_fakes import DEVICE, entry_for, write_table
 
 KEY = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)
 KEY2 = tuning.shape_key(focus_dim=64, lmax=3, n_focus=1, apply_alpha=True)
@@ -20,9 +20,8 @@ GEMM = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}
 FUSED = "stack_bwd_fused"
 
 
-@pytest.fixture(autouse=True)
-def _env(tuning_env):
-    return tuning_env
+# Every test runs on empty, private tables (the ``tuning_env`` fixture, tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("tuning_env")
 
 
 def _lookup(key=KEY, family=FUSED):

@@ -13,16 +13,15 @@ from mixstack.bench.timing import rotation
 from mixstack.tuning import families
 from mixstack.tuning.families import label
 from mixstack.tuning.sweep import NotEngagedError, TuneError, tune_key
-from tuning_fakes import DEVICE, FakeClock, FakeProbe, base_outputs, flip_last_bit, tuning_env  # noqa: F401
+from tuning_fakes import DEVICE, FakeClock, FakeProbe, base_outputs, flip_last_bit
 
 KEY = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)
 FUSED = "stack_bwd_fused"
 CANDS = [label(c) for c in tuning.candidates(FUSED, KEY)]
 
 
-@pytest.fixture(autouse=True)
-def _env(tuning_env):
-    return tuning_env
+# Every test runs on empty, private tables (the ``tuning_env`` fixture, tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("tuning_env")
 
 
 def _sweep(probe, times=None, family=FUSED, rounds=6, warmup=1, **kw):

@@ -6,7 +6,7 @@ import torch
 from mixstack import launch, tuning
 from mixstack.tuning import registry, store
 from mixstack.tuning.keys import ShapeKey
-from tuning_fakes import DEVICE, entry_for, tuning_env, write_table  # noqa: F401
+from tuning_fakes import DEVICE, entry_for, write_table
 
 KEY = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)
 CFG_A = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
@@ -15,9 +15,8 @@ CFG_C = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 FUSED = "stack_bwd_fused"
 
 
-@pytest.fixture(autouse=True)
-def _env(tuning_env):
-    return tuning_env
+# Every test runs on empty, private tables (the ``tuning_env`` fixture, tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("tuning_env")
 
 
 # ------------------------------------------------------------------ keys
