@@ -182,15 +182,24 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
         if fused_cfg is not None:
             _fused_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, fused_cfg, scratch)
             continue
-        _gate(z, gw, k, sg, n_edges, n_focus, layout)
+        _relay_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, gemm_cfg, sg, gz)
+    return h, grad_alpha
+
+
+def _relay_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, sg, gz, steps=(0, 1, 2)):
+    """One gated layer of the relay: recompute the sigmoids into ``sg``, write ``gz``,
+    ``h += gz @ W^T``.  ``steps`` (profiling only) launches a subset of the three."""
+    if 0 in steps:
+        _gate(z, gw, layer, sg, n_edges, n_focus, layout)
+    if 1 in steps:
         cfg = gate_config(layout, backward=True)
         wrap_triton(gate_backward_kernel)[((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)](
-            h, z, sg, gw, gz, k, n_edges, n_focus,
+            h, z, sg, gw, gz, layer, n_edges, n_focus,
             LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
             BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
-        _gemm(gz, w0t, w1t, k, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=h, out=h)
-    return h, grad_alpha
+    if 2 in steps:
+        _gemm(gz, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=h, out=h)
 
 
 # Persistent programs of the fused backward per SM: each owns a scratch of
@@ -206,16 +215,18 @@ def _fused_programs(t, n_tiles: int) -> int:
     return max(1, min(n_tiles, _INTERPRETER_PROGRAMS))
 
 
-def _fused_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, cfg, scratch):
+def _fused_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, cfg, scratch,
+                 segments=(0, 1), phases=3):
     """One gated layer of the fused backward: the m = 0 pass, then the |m| = 1 pass
-    (the m = 0 pass reads the |m| = 1 columns of ``h`` before they change)."""
+    (the m = 0 pass reads the |m| = 1 columns of ``h`` before they change).
+    ``segments`` and ``phases`` (profiling only) run a part of the work."""
     bm = cfg["BLOCK_M"]
     n_tiles = (n_edges + bm - 1) // bm * n_focus
     programs = scratch.shape[0]
-    for segment in (0, 1):
+    for segment in segments:
         wrap_triton(fused_backward_kernel)[(programs,)](
             h, z, gw, w0t, w1t, scratch, layer, n_edges, n_focus, n_tiles,
             LMAX=layout.lmax, CF=layout.focus_dim, SEGMENT=segment,
-            BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k(layout),
+            BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k(layout), PHASES=phases,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )

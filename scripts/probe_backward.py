@@ -1,0 +1,138 @@
+"""Where the backward's time goes, one gated layer at a time (a GPU probe, not a test).
+
+For each shape key: the relay's three launches alone and together, and the
+fused kernel per config with its gate phase alone, its GEMM phase alone and
+each segment alone; then the compiled kernels' registers, spills and shared
+memory.  Times come from the one timing loop (``bench.timing``), interleaved
+in rotating order; ``h`` is restored from a pristine copy before every sample
+(untimed).  Writes JSON to ``--out``, prints a table.
+
+    PYTHONPATH=. python scripts/probe_backward.py --out probe.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from mixstack import launch
+from mixstack.bench import timing
+from mixstack.bench.shapes import BenchShape, make_inputs
+from mixstack.kernels.fused import fused_backward_kernel
+from mixstack.kernels.gate import gate_backward_kernel, gate_kernel
+from mixstack.kernels.gemm import block_gemm_kernel
+from mixstack.layout import StackLayout
+
+KEYS = {  # name: (edges, F, Cf, lmax)
+    "cf32_l3_f2": (2 ** 18, 2, 32, 3),
+    "cf32_l6_f2": (2 ** 17 + 2 ** 16, 2, 32, 6),
+    "cf64_l3_f1": (2 ** 18, 1, 64, 3),
+}
+FUSED = {"cf32_l3_f2": [(32, 128, 4, 2), (32, 64, 4, 2), (64, 64, 4, 2), (64, 128, 8, 2)],
+         "cf32_l6_f2": [(32, 128, 4, 2), (64, 64, 4, 2)],
+         "cf64_l3_f1": [(32, 128, 4, 2), (64, 64, 4, 2)]}
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def kernel_resources():
+    out = []
+    for fn in (fused_backward_kernel, gate_kernel, gate_backward_kernel, block_gemm_kernel):
+        for caches in getattr(fn, "device_caches", {}).values():
+            for key, k in caches[0].items():
+                md = k.metadata
+                out.append({"kernel": fn.__name__, "regs": k.n_regs, "spills": k.n_spills,
+                            "shared": getattr(md, "shared", None), "warps": getattr(md, "num_warps", None),
+                            "stages": getattr(md, "num_stages", None), "key": str(key)[-300:]})
+    return out
+
+
+def probe_key(name, edges, n_focus, cf, lmax, rounds):
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")   # cpu: TRITON_INTERPRET=1
+    shape = BenchShape(name, edges, n_focus, cf, lmax, 4, True)
+    inp = make_inputs(shape, dev, seed=0)
+    layout = StackLayout(lmax=lmax, focus_dim=cf)
+    _, z, _ = launch.stack_forward(inp.u0, inp.alpha, inp.w0, inp.w1, inp.gw, layout, True)
+    h0 = torch.randn(n_focus, edges, layout.row, device=dev)
+    h = torch.empty_like(h0)
+    w0t = inp.w0.transpose(-1, -2).contiguous()
+    w1t = inp.w1.transpose(-1, -2).contiguous()
+    sg = h.new_empty((n_focus, edges, layout.gate_width))
+    gz = torch.empty_like(h)
+    layer = z.shape[0] - 1
+
+    def restore():
+        h.copy_(h0)
+
+    def relay(steps):
+        return lambda _=None: launch._relay_layer(h, z, inp.gw, w0t, w1t, layer, edges, n_focus, layout,
+                                                  None, sg, gz, steps=steps)
+
+    variants = {"relay": relay((0, 1, 2)), "relay.gate": relay((0,)), "relay.pointwise": relay((1,)),
+                "relay.gemm": relay((2,))}
+    scratches = {}
+    for bm, bn, w, s in FUSED[name]:
+        cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
+        tag = f"fused M{bm} N{bn} w{w} s{s}"
+        programs = launch._fused_programs(h, (edges + bm - 1) // bm * n_focus)
+        scratch = scratches.setdefault(bm, h.new_empty((programs, bm, max(layout.m0, layout.m1))))
+
+        def fused(segments=(0, 1), phases=3, cfg=cfg, scratch=scratch):
+            return lambda _=None: launch._fused_layer(h, z, inp.gw, w0t, w1t, layer, edges, n_focus, layout,
+                                                      cfg, scratch, segments=segments, phases=phases)
+        variants[tag] = fused()
+        variants[tag + " .gate"] = fused(phases=1)
+        variants[tag + " .gemm"] = fused(phases=2)
+        variants[tag + " .seg0"] = fused(segments=(0,))
+        variants[tag + " .seg1"] = fused(segments=(1,))
+
+    # bitwise check of the full fused layer against the relay
+    restore(); variants["relay"](); sync(); ref = h.clone()
+    equal = {}
+    for tag in variants:
+        if tag.startswith("fused") and "." not in tag.split()[-1]:
+            restore(); variants[tag](); sync()
+            equal[tag] = bool(torch.equal(h, ref))
+    tasks = {tag: timing.Task(run=fn, setup=restore) for tag, fn in variants.items()}
+    res = timing.time_interleaved(tasks, rounds=rounds, warmup=2, clock=timing.clock_for(dev))
+    rows = {tag: {"median_ms": s.median * 1e3, "p20_ms": s.p20 * 1e3, "p80_ms": s.p80 * 1e3}
+            for tag, s in res.items()}
+    del inp, z, h0, h, sg, gz, scratches
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return {"edges": edges, "F": n_focus, "Cf": cf, "lmax": lmax, "times": rows, "bitwise": equal}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--key", action="append", choices=sorted(KEYS))
+    ap.add_argument("--edges", type=int, help="override the edge count (a smoke run under the interpreter)")
+    args = ap.parse_args(argv)
+    results = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "keys": {}}
+    for name in args.key or list(KEYS):
+        edges, n_focus, cf, lmax = KEYS[name]
+        results["keys"][name] = probe_key(name, args.edges or edges, n_focus, cf, lmax, rounds=args.rounds)
+        print(f"== {name}", flush=True)
+        for tag, r in results["keys"][name]["times"].items():
+            eq = results["keys"][name]["bitwise"].get(tag, "")
+            print(f"  {tag:32s} {r['median_ms']:8.3f} ms  [{r['p20_ms']:.3f}, {r['p80_ms']:.3f}] {eq}")
+    results["resources"] = kernel_resources()
+    with open(args.out, "w") as fh:
+        json.dump(results, fh, indent=1)
+    print("== resources")
+    for r in results["resources"]:
+        print(f"  {r['kernel']:24s} regs {r['regs']:4d} spills {r['spills']:5d} smem {r['shared']} "
+              f"w{r['warps']} s{r['stages']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
