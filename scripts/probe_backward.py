@@ -103,7 +103,6 @@ def probe_key(name, edges, n_focus, cf, lmax, rounds):
     res = timing.time_interleaved(tasks, rounds=rounds, warmup=2, clock=timing.clock_for(dev))
     rows = {tag: {"median_ms": s.median * 1e3, "p20_ms": s.p20 * 1e3, "p80_ms": s.p80 * 1e3}
             for tag, s in res.items()}
-    del inp, z, h0, h, sg, gz, scratches
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return {"edges": edges, "F": n_focus, "Cf": cf, "lmax": lmax, "times": rows, "bitwise": equal}
