@@ -133,7 +133,10 @@ def trace(module: torch.nn.Module, example) -> "torch.export.ExportedProgram":
     n_atoms, n_edges = torch.export.Dim("n_atoms", min=1), torch.export.Dim("n_edges", min=1)
     k = torch.export.Dim("max_neighbors", min=1)
     dynamic = ({0: n_atoms}, None, {0: n_atoms}, {1: n_edges}, {0: n_edges}, {0: n_atoms, 1: k})
-    return torch.export.export(graph, example, dynamic_shapes=dynamic, strict=False)
+    # Guards the solver cannot prove for every size (e.g. min(5E, 15E) == 5E, which holds
+    # for all E >= 0) become runtime asserts in the program instead of export errors.
+    return torch.export.export(graph, example, dynamic_shapes=dynamic, strict=False,
+                               prefer_deferred_runtime_asserts_over_guards=True)
 
 
 def freeze(module: torch.nn.Module, example, path, *, tune: bool = True,

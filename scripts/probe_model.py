@@ -1,0 +1,58 @@
+"""Force accuracy of the potential on the GPU against a float64 copy (a probe, not a test).
+
+For one bench cell: level 0 eager (twice), level 0 under torch.compile
+(twice), levels 1 and 2 eager, each against the float64 level-0 forces of
+the same weights; prints the max and relative force deviation of each.
+
+    PYTHONPATH=. python scripts/probe_model.py cu-bcc 500
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import torch
+
+from mixstack import use_level
+from mixstack.bench.model_bench import DEFAULT_MODEL, build_cell
+from mixstack.potential import SO2Potential, atoms_inputs
+
+
+def forces(model, inp, level, compiled=False):
+    energy = torch.compile(model.energy, dynamic=False) if compiled else model.energy
+    with use_level(level), torch.enable_grad():
+        pos = inp.positions.detach().requires_grad_(True)
+        e, _ = energy(pos, *inp[1:])
+        (g,) = torch.autograd.grad(e, pos)
+    return e.detach().double(), -g.double()
+
+
+def main(cell="cu-bcc", atoms_n=500):
+    dev = torch.device("cuda")
+    atoms = build_cell(cell, int(atoms_n), seed=0)
+    model = SO2Potential(**DEFAULT_MODEL, seed=0, device=dev).eval()
+    model64 = copy.deepcopy(model).double()
+    inp = atoms_inputs(atoms, model.cutoff, device=dev, dtype=torch.float32)
+    inp64 = atoms_inputs(atoms, model.cutoff, device=dev, dtype=torch.float64)
+    e64, f64 = forces(model64, inp64, 0)
+    print(f"{cell}-{len(atoms)}: E64 {e64.item():.6f}  |F| rms {f64.pow(2).mean().sqrt().item():.3e} "
+          f"max {f64.abs().max().item():.3e}")
+    runs = [("L0 eager", 0, False), ("L0 eager again", 0, False), ("L1 eager", 1, False),
+            ("L2 eager", 2, False), ("L0 compile", 0, True)]
+    for name, level, compiled in runs:
+        e, f = forces(model, inp, level, compiled)
+        df = f - f64
+        print(f"  {name:16s} dE/atom {abs(e - e64).item() / len(atoms):.2e}  dF max {df.abs().max().item():.2e}"
+              f"  rel {(df.norm() / f64.norm()).item():.2e}")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    e, f = forces(model, inp, 0)
+    df = f - f64
+    print(f"  {'L0 deterministic':16s} dE/atom {abs(e - e64).item() / len(atoms):.2e}  dF max "
+          f"{df.abs().max().item():.2e}  rel {(df.norm() / f64.norm()).item():.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))
