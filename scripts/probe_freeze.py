@@ -8,6 +8,7 @@ import torch
 from ase.build import bulk
 
 import mixstack
+from mixstack import deploy
 from mixstack.potential import SO2Potential, atoms_inputs
 
 faulthandler.enable()
@@ -17,11 +18,13 @@ model = SO2Potential(lmax=2, focus_dim=16, n_focus=2, cutoff=4.0, seed=3, energy
 atoms = bulk("Cu", "bcc", a=2.87, cubic=True).repeat((2, 2, 2))
 atoms.rattle(0.05, seed=1)
 example = atoms_inputs(atoms, model.cutoff, device="cuda")
-other = atoms_inputs(bulk("Cu", "bcc", a=2.87, cubic=True).repeat((3, 3, 2)), model.cutoff, device="cuda")
+big = bulk("Cu", "bcc", a=2.87, cubic=True).repeat((3, 3, 2))
+big.rattle(0.05, seed=2)
+other = atoms_inputs(big, model.cutoff, device="cuda")
 path = tempfile.mkdtemp() + "/cu.pt2"
 with mixstack.use_level(level):
     print("tracing", flush=True)
-    mixstack.deploy.trace(model, example)
+    deploy.trace(model, example)
     print("freezing", flush=True)
     mixstack.freeze(model, example, path, tune=False)
     print("live", flush=True)
