@@ -6,7 +6,8 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,stack,model (default: all three) picks what runs.
+#   PARTS=tests,stack,model (default: all three) picks what runs; MODEL_ARGS replaces
+#   the model bench's default arguments (--levels 0c,0,1c,2c).
 #   Wheels under .whl/ (ase, vesin for a machine without them) are installed
 #   into /tmp/site first.
 set -uo pipefail
@@ -37,7 +38,7 @@ if [[ ",$PARTS," == *",stack,"* ]]; then
 fi
 if [[ ",$PARTS," == *",model,"* ]]; then
   mkdir -p "$OUT/model"
-  python3 -m mixstack.cli bench model --levels 0c,1,2 --out "$OUT/model" 2>&1 | tee "$OUT/model.log" | tail -n 20
+  python3 -m mixstack.cli bench model ${MODEL_ARGS:---levels 0c,0,1c,2c} --out "$OUT/model" 2>&1 | tee "$OUT/model.log" | tail -n 20
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench model rc=$r")
 fi
 printf '%s\n' "${summary[@]}"

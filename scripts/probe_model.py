@@ -35,7 +35,7 @@ def report(name, got, e64, f64, n):
           f"  rel {(df.norm() / f64.norm()).item():.2e}", flush=True)
 
 
-def main(cell="cu-bcc", atoms_n=500):
+def main(cell="cu-bcc", atoms_n=500, *_flags):
     dev = torch.device("cuda")
     atoms = build_cell(cell, int(atoms_n), seed=0)
     model = SO2Potential(**DEFAULT_MODEL, seed=0, device=dev).eval()
@@ -45,6 +45,12 @@ def main(cell="cu-bcc", atoms_n=500):
     e64, f64 = forces(model64, inp64, 0)
     print(f"{cell}-{len(atoms)}: E64 {e64.item():.6f}  |F| rms {f64.pow(2).mean().sqrt().item():.3e} "
           f"max {f64.abs().max().item():.3e}")
+    if "--precision" in sys.argv:     # does the compiled baseline's error come from TF32 dots?
+        report("L0 compile", forces(copy.deepcopy(model), inp, 0, True), e64, f64, len(atoms))
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch._dynamo.reset()
+        report("L0 compile, ieee set", forces(copy.deepcopy(model), inp, 0, True), e64, f64, len(atoms))
+        return 0
     runs = [("L0 eager", 0, False), ("L1 eager", 1, False), ("L0 compile", 0, True)]
     for name, level, compiled in runs:
         report(name, forces(model, inp, level, compiled), e64, f64, len(atoms))

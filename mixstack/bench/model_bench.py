@@ -31,6 +31,7 @@ Library code: nothing here prints; progress goes to ``on_step``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import logging
 import math
@@ -72,6 +73,7 @@ class ModelBenchConfig:
     warmup: int = 2
     device: str | None = None
     seed: int = 0
+    float64_reference: bool = True
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
@@ -186,10 +188,22 @@ def _band(devs: list[dict]) -> dict | None:
     return {k: max(d[k] for d in devs) for k in devs[0]} if devs else None
 
 
-def _run_cell(cfg, model, name, target, keys, device, clock, step) -> dict:
+def _float64_frame(model64, atoms, device):
+    """Energy and forces of the float64 copy of the model at level 0, eagerly: the truth
+    every variant (the baseline too) is also measured against."""
+    from ..potential.neighbors import atoms_inputs
+    inp = atoms_inputs(atoms, model64.cutoff, device=device, dtype=torch.float64)
+    return _frame_fn("0", model64)(inp)
+
+
+def _run_cell(cfg, model, name, target, keys, device, clock, step, model64=None) -> dict:
     from ..potential.neighbors import atoms_inputs
     atoms = build_cell(name, target, seed=cfg.seed)
     inp = atoms_inputs(atoms, model.cutoff, device=device, dtype=torch.float32)
+    ref64 = None
+    if model64 is not None:
+        step(f"{name}-{len(atoms)}: float64 reference")
+        ref64 = _float64_frame(model64, atoms, device)
     n, label = len(atoms), f"{name}-{len(atoms)}"
     frames, results, variants = {}, {}, []
     torch.compiler.reset()                            # the previous cell's graphs
@@ -217,6 +231,8 @@ def _run_cell(cfg, model, name, target, keys, device, clock, step) -> dict:
         for rec, key in zip(variants, keys):
             if key in results:
                 rec["deviation"] = _deviation(results[key], results[base], n)
+                if ref64 is not None:
+                    rec["deviation_f64"] = _deviation(results[key], ref64, n)
     timing = {}
     if frames:
         tasks = {VARIANTS[k]: Task(run=lambda f=f: f(inp)) for k, f in frames.items()}
@@ -243,12 +259,13 @@ def run_model_bench(cfg: ModelBenchConfig, *, on_step: Callable[[str], None] | N
     step = on_step or (lambda _desc: None)
     keys, skipped = plan(cfg)
     model = SO2Potential(**cfg.model, seed=cfg.seed, device=device).eval()
+    model64 = copy.deepcopy(model).double() if cfg.float64_reference else None
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     record = {"schema": SCHEMA, "command": command, "env": env.collect(device), "config": cfg.to_dict(),
               "notes": list(cfg.notes), "skipped": skipped, "cells": []}
     with on_device, exact_fp32():
         for name, target in itertools.product(cfg.cells, cfg.atoms):
-            record["cells"].append(_run_cell(cfg, model, name, target, keys, device, clock, step))
+            record["cells"].append(_run_cell(cfg, model, name, target, keys, device, clock, step, model64))
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return record
@@ -273,6 +290,7 @@ def summary_rows(record: dict) -> list[dict]:
                 "peak MiB": _fmt(v.get("peak_mib"), ".0f"),
                 "dE eV/atom": _fmt(d.get("energy_per_atom")), "dF max eV/Å": _fmt(d.get("force_max")),
                 "dF rel": _fmt(d.get("force_rel")),
+                "dF rel vs f64": _fmt((v.get("deviation_f64") or {}).get("force_rel")),
                 "band dE / dF max": f"{_fmt(band.get('energy_per_atom'))} / {_fmt(band.get('force_max'))}",
                 "paths": ", ".join(f"{k}×{n}" for k, n in v["dispatch"].items()) or "—",
                 "note": v["failed"] or ("baseline" if v["variant"] == cell["baseline"] else ""),
@@ -286,7 +304,9 @@ def markdown(record: dict) -> str:
              f"Model: SO2Potential {', '.join(f'{k}={v}' for k, v in m.items())}, float32. A frame is the "
              "energy and forces (autograd); times are median [p20–p80] ms over interleaved rounds. "
              "Deviations are from the baseline (L0-compile when it runs); the band is the baseline's "
-             "deviation from a second run of itself and from L0-eager.\n",
+             "deviation from a second run of itself and from L0-eager. \"vs f64\": the relative force "
+             "deviation from a float64 copy of the model at level 0 (eager), the truth all variants "
+             "share.\n",
              markdown_table(summary_rows(record))]
     extra = [f"{s['variant']} skipped: {s['reason']}" for s in record["skipped"]] + record["notes"]
     if extra:

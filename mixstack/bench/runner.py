@@ -125,13 +125,21 @@ def skip_reason(key: str, device) -> str | None:
 
 @contextlib.contextmanager
 def exact_fp32():
-    """No TF32 anywhere inside: ``torch.float32_matmul_precision = "highest"``."""
+    """No TF32 anywhere inside: ``torch.float32_matmul_precision = "highest"``, and the
+    newer per-backend switch ``torch.backends.cuda.matmul.fp32_precision = "ieee"``
+    (its default ``"none"`` is not a promise that generated code avoids TF32)."""
     previous = torch.get_float32_matmul_precision()
+    matmul = torch.backends.cuda.matmul
+    previous_backend = getattr(matmul, "fp32_precision", None)
     torch.set_float32_matmul_precision("highest")
+    if previous_backend is not None:
+        matmul.fp32_precision = "ieee"
     try:
         yield
     finally:
         torch.set_float32_matmul_precision(previous)
+        if previous_backend is not None:
+            matmul.fp32_precision = previous_backend
 
 
 def measure_roofs(device, clock: Clock, *, n: int, copy_mib: int, rounds: int = 5,
