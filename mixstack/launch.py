@@ -215,11 +215,10 @@ def _fused_programs(t, n_tiles: int) -> int:
     return max(1, min(n_tiles, _INTERPRETER_PROGRAMS))
 
 
-def _fused_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, cfg, scratch,
-                 segments=(0, 1), phases=3):
+def _fused_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, cfg, scratch, segments=(0, 1)):
     """One gated layer of the fused backward: the m = 0 pass, then the |m| = 1 pass
     (the m = 0 pass reads the |m| = 1 columns of ``h`` before they change).
-    ``segments`` and ``phases`` (profiling only) run a part of the work."""
+    ``segments`` (profiling only) runs one pass alone."""
     bm = cfg["BLOCK_M"]
     n_tiles = (n_edges + bm - 1) // bm * n_focus
     programs = scratch.shape[0]
@@ -227,6 +226,6 @@ def _fused_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, cfg, scrat
         wrap_triton(fused_backward_kernel)[(programs,)](
             h, z, gw, w0t, w1t, scratch, layer, n_edges, n_focus, n_tiles,
             LMAX=layout.lmax, CF=layout.focus_dim, SEGMENT=segment,
-            BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k(layout), PHASES=phases,
+            BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k(layout),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )

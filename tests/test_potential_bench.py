@@ -34,6 +34,7 @@ def test_bench_model_writes_results_and_says_the_gpu_levels_were_skipped(capsys,
         assert cell["baseline"] == "L0-eager" and v["deviation"]["energy_per_atom"] == 0.0
         assert len(v["timing"]["samples_ms"]) == 2 and v["dispatch"]["fwd:reference"] >= 1
         assert cell["band"]["force_max"] < 1e-6 and cell["edges"] > 0
+        assert v["deviation_f64"]["force_rel"] < 1e-4          # float32 rounding against the float64 copy
     assert (out / model_bench.MARKDOWN_NAME).read_text().startswith("# mixstack bench model")
     assert (out / model_bench.PLOT_NAME).read_bytes()[:4] == b"\x89PNG"
 
@@ -57,6 +58,9 @@ def test_deviation_from_the_baseline_catches_a_wrong_variant(monkeypatch):
     assert base["deviation"]["force_rel"] == 0.0
     assert other["deviation"]["force_rel"] == pytest.approx(1e-3, rel=1e-3)
     assert other["deviation"]["force_max"] > 100 * cell["band"]["force_max"]
+    # the float64 reference sees it too, and sees the baseline right
+    assert base["deviation_f64"]["force_rel"] < 1e-4
+    assert other["deviation_f64"]["force_rel"] == pytest.approx(1e-3, rel=0.1)
 
 
 def test_a_failing_variant_is_recorded_and_exits_nonzero(monkeypatch, capsys, tmp_path):

@@ -39,10 +39,7 @@ def fused_backward_kernel(
     layer, E, F, n_tiles,
     LMAX: tl.constexpr, CF: tl.constexpr, SEGMENT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PHASES: tl.constexpr = 3,
 ):
-    """``PHASES`` (profiling only; results are wrong unless 3): 1 runs the gate
-    phase alone, 2 the GEMM phase alone, so each can be timed on its own."""
     M0: tl.constexpr = (LMAX + 1) * CF
     M1: tl.constexpr = 2 * LMAX * CF
     ROW: tl.constexpr = M0 + M1
@@ -73,48 +70,46 @@ def fused_backward_kernel(
         gw_base = gw_ptr + (layer * F + f) * (CF * G)
 
         # Phase 1: the segment's gz subtiles, into the scratch (natural column order).
-        if PHASES % 2 == 1:
-            s = tl.load(z_ptr + z_r2 + c[None, :], mask=mask, other=0.0)
+        s = tl.load(z_ptr + z_r2 + c[None, :], mask=mask, other=0.0)
+        if SEGMENT == 0:
+            contraction = tl.zeros((BLOCK_M, CF), dtype=tl.float32)
+        for j in tl.range(0, LMAX):
+            gw_j = tl.load(gw_base + c[:, None] * G + (j * CF + c)[None, :])
+            sg = sigmoid(tl.dot(s, gw_j, input_precision="ieee"))
+            col_neg = (M0 + j * CF + c)[None, :]
+            col_pos = (M0 + G + j * CF + c)[None, :]
+            h_neg = tl.load(h_ptr + r2 + col_neg, mask=mask, other=0.0)
+            h_pos = tl.load(h_ptr + r2 + col_pos, mask=mask, other=0.0)
             if SEGMENT == 0:
-                contraction = tl.zeros((BLOCK_M, CF), dtype=tl.float32)
-            for j in tl.range(0, LMAX):
-                gw_j = tl.load(gw_base + c[:, None] * G + (j * CF + c)[None, :])
-                sg = sigmoid(tl.dot(s, gw_j, input_precision="ieee"))
-                col_neg = (M0 + j * CF + c)[None, :]
-                col_pos = (M0 + G + j * CF + c)[None, :]
-                h_neg = tl.load(h_ptr + r2 + col_neg, mask=mask, other=0.0)
-                h_pos = tl.load(h_ptr + r2 + col_pos, mask=mask, other=0.0)
-                if SEGMENT == 0:
-                    col_m0 = ((j + 1) * CF + c)[None, :]
-                    h_m0 = tl.load(h_ptr + r2 + col_m0, mask=mask, other=0.0)
-                    z_m0 = tl.load(z_ptr + z_r2 + col_m0, mask=mask, other=0.0)
-                    z_neg = tl.load(z_ptr + z_r2 + col_neg, mask=mask, other=0.0)
-                    z_pos = tl.load(z_ptr + z_r2 + col_pos, mask=mask, other=0.0)
-                    gl = gate_logit_grad(gate_grad(h_m0, z_m0, h_neg, z_neg, h_pos, z_pos), sg)
-                    gw_t = tl.load(gw_base + c[None, :] * G + (j * CF + c)[:, None])
-                    contraction = tl.dot(gl, gw_t, contraction, input_precision="ieee")
-                    tl.store(scratch_ptr + s2 + col_m0, h_m0 * sg)
-                else:
-                    tl.store(scratch_ptr + s2 + (j * CF + c)[None, :], h_neg * sg)
-                    tl.store(scratch_ptr + s2 + (G + j * CF + c)[None, :], h_pos * sg)
-            if SEGMENT == 0:
-                h_s = tl.load(h_ptr + r2 + c[None, :], mask=mask, other=0.0)
-                tl.store(scratch_ptr + s2 + c[None, :], silu_grad(h_s, s) + contraction)
+                col_m0 = ((j + 1) * CF + c)[None, :]
+                h_m0 = tl.load(h_ptr + r2 + col_m0, mask=mask, other=0.0)
+                z_m0 = tl.load(z_ptr + z_r2 + col_m0, mask=mask, other=0.0)
+                z_neg = tl.load(z_ptr + z_r2 + col_neg, mask=mask, other=0.0)
+                z_pos = tl.load(z_ptr + z_r2 + col_pos, mask=mask, other=0.0)
+                gl = gate_logit_grad(gate_grad(h_m0, z_m0, h_neg, z_neg, h_pos, z_pos), sg)
+                gw_t = tl.load(gw_base + c[None, :] * G + (j * CF + c)[:, None])
+                contraction = tl.dot(gl, gw_t, contraction, input_precision="ieee")
+                tl.store(scratch_ptr + s2 + col_m0, h_m0 * sg)
+            else:
+                tl.store(scratch_ptr + s2 + (j * CF + c)[None, :], h_neg * sg)
+                tl.store(scratch_ptr + s2 + (G + j * CF + c)[None, :], h_pos * sg)
+        if SEGMENT == 0:
+            h_s = tl.load(h_ptr + r2 + c[None, :], mask=mask, other=0.0)
+            tl.store(scratch_ptr + s2 + c[None, :], silu_grad(h_s, s) + contraction)
         tl.debug_barrier()      # the scratch is written by some threads and read by others
 
         # Phase 2: h[rows, segment] += gz @ W^T, the relay's K loop over the scratch.
-        if PHASES >= 2:
-            if SEGMENT == 0:
-                wt_ptr = w0t_ptr + (layer * F + f) * (M0 * M0)
-            else:
-                wt_ptr = w1t_ptr + (layer * F + f) * (M1 * M1)
-            for n0 in tl.range(0, SEG, BLOCK_N, num_stages=1):
-                n = n0 + tl.arange(0, BLOCK_N)
-                n_mask = n < SEG
-                acc = degree_order_dot(scratch_ptr, s_rows, 0, e_mask, wt_ptr, SEG, n, n_mask, second,
-                                       e_mask, LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, False)
-                ptrs = h_ptr + r2 + (COL0 + n)[None, :]
-                out_mask = mask & n_mask[None, :]
-                res = tl.load(ptrs, mask=out_mask, other=0.0)
-                tl.store(ptrs, res + acc, mask=out_mask)
+        if SEGMENT == 0:
+            wt_ptr = w0t_ptr + (layer * F + f) * (M0 * M0)
+        else:
+            wt_ptr = w1t_ptr + (layer * F + f) * (M1 * M1)
+        for n0 in tl.range(0, SEG, BLOCK_N, num_stages=1):
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_mask = n < SEG
+            acc = degree_order_dot(scratch_ptr, s_rows, 0, e_mask, wt_ptr, SEG, n, n_mask, second,
+                                   e_mask, LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, False)
+            ptrs = h_ptr + r2 + (COL0 + n)[None, :]
+            out_mask = mask & n_mask[None, :]
+            res = tl.load(ptrs, mask=out_mask, other=0.0)
+            tl.store(ptrs, res + acc, mask=out_mask)
         tl.debug_barrier()      # the next tile overwrites the scratch
