@@ -218,12 +218,11 @@ def _run_cell(cfg, model, name, target, keys, device, clock, step, model64=None)
         rec = {"variant": VARIANTS[key], "level": LEVEL_OF[key], "failed": None, "dispatch": {}}
         try:
             fn = _frame_fn(key, model)
-            with dispatch_log() as traced:
-                fn(inp)                                      # compile / first call
+            fn(inp)                                          # compile / first call
             with dispatch_log() as paths:
                 results[key], peak = _peak_above(device, lambda f=fn: f(inp))
-            # a compiled frame records its paths once, while it is traced
-            rec.update(dispatch=dict(sorted((paths or traced).items())),
+            # compiled frames log nothing: paths are decided (and not logged) while tracing
+            rec.update(dispatch=dict(sorted(paths.items())),
                        peak_mib=None if peak is None else peak / 2 ** 20)
             frames[key] = fn
         except Exception as exc:                             # recorded; the rest still runs
