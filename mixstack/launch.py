@@ -19,6 +19,7 @@ import torch
 import triton
 from torch.library import wrap_triton
 
+from .kernels.compensated import split_weights_kernel
 from .kernels.fused import fused_backward_kernel
 from .kernels.gate import gate_backward_kernel, gate_kernel
 from .kernels.gemm import block_gemm_kernel
@@ -75,10 +76,33 @@ def _is_empty(n) -> bool:
     return isinstance(n, int) and n == 0
 
 
+SPLIT_BLOCK = 1024
+
+
+def split_weights(w0, w1):
+    """Level 3: the fp16 heads and tails of ``w0`` and ``w1`` and their power-of-two scales,
+    ``(w0_hi, w0_lo, w1_hi, w1_lo, up (n, F, 2))`` (``kernels.compensated``)."""
+    parts, ups = [], []
+    for w in (w0, w1):
+        hi = torch.empty(w.shape, dtype=torch.float16, device=w.device)
+        lo = torch.empty_like(hi)
+        up = w.new_empty(w.shape[:2])
+        wrap_triton(split_weights_kernel)[(w.shape[0] * w.shape[1],)](
+            w, hi, lo, up, SIZE=w.shape[-1] * w.shape[-2], BLOCK=SPLIT_BLOCK)
+        parts += [hi, lo]
+        ups.append(up)
+    return (*parts, torch.stack(ups, -1))
+
+
 def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, res=None, out=None, z=None,
           y=None, sg=None, alpha=None, a_edge_major=False, alpha_on_a=False,
-          gate=False, alpha_on_out=False, out_edge_major=False):
-    """Launch ``block_gemm_kernel`` over ``blocks`` (``(0,)``, ``(1,)`` or ``(0, 1)``)."""
+          gate=False, alpha_on_out=False, out_edge_major=False, split=None):
+    """Launch ``block_gemm_kernel`` over ``blocks`` (``(0,)``, ``(1,)`` or ``(0, 1)``);
+    ``split`` (level 3): ``split_weights(w0, w1)``, run the compensated products."""
+    if split is not None:
+        w0, w0lo, w1, w1lo, wup = split
+    else:
+        w0lo = w1lo = wup = a
     cfg = gemm_cfg or default_gemm_config(layout)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg.get("BLOCK_K", block_k(layout))
     widths = {0: layout.m0, 1: layout.m1}
@@ -87,13 +111,14 @@ def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, res=N
     wrap_triton(block_gemm_kernel)[grid](
         a, w0, w1, a if res is None else res, a if out is None else out, a if z is None else z,
         a if y is None else y, a if sg is None else sg, a if alpha is None else alpha,
+        w0lo, w1lo, wup,
         layer, n_edges, n_focus,
         LMAX=layout.lmax, CF=layout.focus_dim,
         FIRST_BLOCK=blocks[0], BOTH_BLOCKS=len(blocks) == 2,
         A_EDGE_MAJOR=a_edge_major, ALPHA_ON_A=alpha_on_a,
         STORE_Z=z is not None, GATE=gate, RESIDUAL=res is not None,
         ALPHA_ON_OUT=alpha_on_out, OUT_EDGE_MAJOR=out_edge_major, STORE_OUT=out is not None,
-        STORE_Y=y is not None,
+        STORE_Y=y is not None, COMPENSATED=split is not None,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
@@ -111,12 +136,14 @@ def _gate(z, gw, layer, sg, n_edges, n_focus, layout, u=None, u_next=None):
     )
 
 
-def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool, gemm_cfg=None):
+def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool, gemm_cfg=None,
+                  compensated: bool = False):
     """Level-1 forward: ``(result, z, y)``; inputs contiguous fp32.
 
     ``result (E, F, ROW)``, ``z (n_gated, F, E, ROW)``, and with alpha the
     unscaled result ``y (E, F, ROW)`` for the alpha gradient (else empty).
     ``gemm_cfg``: a tuned GEMM launch config (``None``: the level-1 default).
+    ``compensated`` (level 3): the GEMMs run split fp16 products.
     """
     n_focus, n_edges, row = u0.shape
     n_gated = w0.shape[0] - 1
@@ -126,24 +153,25 @@ def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
     if _is_empty(n_edges):
         return out, z, y
     u = u0
+    split = split_weights(w0, w1) if compensated else None
     if n_gated:
         sg = u0.new_empty((n_focus, n_edges, layout.gate_width))
         buffers = [torch.empty_like(u0), torch.empty_like(u0) if n_gated > 1 else None]
     for k in range(n_gated):
         u_next = buffers[k % 2]
-        _gemm(u, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(0,), z=z)
+        _gemm(u, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(0,), z=z, split=split)
         _gate(z, gw, k, sg, n_edges, n_focus, layout, u=u, u_next=u_next)
         _gemm(u, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(1,), z=z, sg=sg, gate=True,
-              res=u, out=u_next)
+              res=u, out=u_next, split=split)
         u = u_next
     _gemm(u, w0, w1, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=u, out=out,
           y=y if apply_alpha else None, alpha=alpha if apply_alpha else None,
-          alpha_on_out=apply_alpha, out_edge_major=True)
+          alpha_on_out=apply_alpha, out_edge_major=True, split=split)
     return out, z, y
 
 
 def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
-                   gemm_cfg=None, fused_cfg=None):
+                   gemm_cfg=None, fused_cfg=None, compensated: bool = False):
     """Level-1/2 backward: ``(grad_u0 (F, E, ROW), grad_alpha (E, F) or empty)``.
 
     The identity layer (with the alpha fold) and ``grad_alpha`` first; then per
@@ -151,8 +179,11 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
     pointwise, ``h += gz @ W^T`` over both blocks) or, with ``fused_cfg``, the
     fused kernel's two passes, which allocate no sigmoid or ``gz`` surface.
     ``W^T`` is materialised once per call; ``grad_out`` and ``y`` are
-    edge-major and contiguous; ``h`` is updated in place.
+    edge-major and contiguous; ``h`` is updated in place.  ``compensated``
+    (level 3): the relay's GEMMs run split fp16 products (not with ``fused_cfg``).
     """
+    if compensated and fused_cfg is not None:
+        raise ValueError("the fused backward has no compensated form; run the relay")
     n_edges, n_focus, row = grad_out.shape
     n_gated = w0.shape[0] - 1
     h = grad_out.new_empty((n_focus, n_edges, row))
@@ -168,9 +199,10 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
         )
     w0t = w0.transpose(-1, -2).contiguous()
     w1t = w1.transpose(-1, -2).contiguous()
+    split = split_weights(w0t, w1t) if compensated else None
     _gemm(grad_out, w0t, w1t, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1),
           res=grad_out, out=h, alpha=alpha if apply_alpha else None, a_edge_major=True,
-          alpha_on_a=apply_alpha)
+          alpha_on_a=apply_alpha, split=split)
     if n_gated and fused_cfg is None:
         sg = grad_out.new_empty((n_focus, n_edges, layout.gate_width))
         gz = torch.empty_like(h)
@@ -182,13 +214,14 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
         if fused_cfg is not None:
             _fused_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, fused_cfg, scratch)
             continue
-        _relay_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, gemm_cfg, sg, gz)
+        _relay_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, gemm_cfg, sg, gz, split=split)
     return h, grad_alpha
 
 
-def _relay_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, sg, gz, steps=(0, 1, 2)):
+def _relay_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, sg, gz, steps=(0, 1, 2),
+                 split=None):
     """One gated layer of the relay: recompute the sigmoids into ``sg``, write ``gz``,
-    ``h += gz @ W^T``.  ``steps`` (profiling only) launches a subset of the three."""
+    ``h += gz @ W^T`` (``split``: compensated).  ``steps`` (profiling only) launches a subset."""
     if 0 in steps:
         _gate(z, gw, layer, sg, n_edges, n_focus, layout)
     if 1 in steps:
@@ -199,7 +232,8 @@ def _relay_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, 
             BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
     if 2 in steps:
-        _gemm(gz, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=h, out=h)
+        _gemm(gz, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=h, out=h,
+              split=split)
 
 
 # Persistent programs of the fused backward per SM: each owns a scratch of

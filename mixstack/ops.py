@@ -9,8 +9,10 @@ trace and run on CPU too.
 
 At level >= 2 the bodies take launch configs from the tuning tables
 (``stack_fwd``, ``stack_bwd_relay``) and run the fused backward where the
-``stack_bwd_fused`` entry names a config and the shape is in its regime;
-each body records the path it ran in ``dispatch_log``.
+``stack_bwd_fused`` entry names a config and the shape is in its regime; at
+level 3 they run the compensated GEMMs where a validated
+``stack_compensated`` entry exists for the key (else level 2); each body
+records the path it ran in ``dispatch_log``.
 
 Autograd: the forward saves its inputs, ``z`` and ``y`` (the unscaled result
 the alpha gradient reads; empty without alpha).  Both are marked
@@ -46,8 +48,14 @@ def stack_forward(u0: Tensor, alpha: Tensor, w0: Tensor, w1: Tensor, gw: Tensor,
     """
     layout = StackLayout(lmax, focus_dim)
     if _kernels_for(u0, layout):
+        n_focus = u0.shape[0]
+        comp_cfg = _tuned("stack_compensated", u0, n_focus, layout, apply_alpha, level, log=False)
+        if comp_cfg is not None:
+            record("fwd:compensated")
+            return launch.stack_forward(u0, alpha, w0, w1, gw, layout, apply_alpha, comp_cfg,
+                                        compensated=True)
         record("fwd:triton")
-        gemm_cfg = _tuned("stack_fwd", u0, layout, apply_alpha, level)
+        gemm_cfg = _tuned("stack_fwd", u0, n_focus, layout, apply_alpha, level)
         return launch.stack_forward(u0, alpha, w0, w1, gw, layout, apply_alpha, gemm_cfg)
     record("fwd:reference")
     out, z, y = reference.forward_state(u0, alpha, w0, w1, gw, lmax=lmax, focus_dim=focus_dim,
@@ -63,10 +71,16 @@ def stack_backward(grad_out: Tensor, y: Tensor, z: Tensor, alpha: Tensor, w0: Te
     """Gradients of ``u0`` (focus-major) and ``alpha`` (empty without alpha) from the saved state."""
     layout = StackLayout(lmax, focus_dim)
     if _kernels_for(grad_out, layout):
-        gemm_cfg = _tuned("stack_bwd_relay", grad_out, layout, apply_alpha, level)
+        n_focus = grad_out.shape[1]
+        comp_cfg = _tuned("stack_compensated", grad_out, n_focus, layout, apply_alpha, level, log=False)
+        if comp_cfg is not None:
+            record("bwd:compensated")
+            return launch.stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha,
+                                         comp_cfg, compensated=True)
+        gemm_cfg = _tuned("stack_bwd_relay", grad_out, n_focus, layout, apply_alpha, level)
         fused_cfg = None
         if launch.fused_supported(layout):
-            fused_cfg = _tuned("stack_bwd_fused", grad_out, layout, apply_alpha, level, log=False)
+            fused_cfg = _tuned("stack_bwd_fused", grad_out, n_focus, layout, apply_alpha, level, log=False)
         record("bwd:relay" if fused_cfg is None else "bwd:fused")
         return launch.stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha,
                                      gemm_cfg, fused_cfg)
@@ -76,15 +90,16 @@ def stack_backward(grad_out: Tensor, y: Tensor, z: Tensor, alpha: Tensor, w0: Te
     return g.contiguous(), ga.contiguous() if apply_alpha else grad_out.new_empty((0,))
 
 
-def _tuned(family: str, t: Tensor, layout: StackLayout, apply_alpha: bool, level: int,
+def _tuned(family: str, t: Tensor, n_focus: int, layout: StackLayout, apply_alpha: bool, level: int,
            log: bool = True) -> dict | None:
-    """The tuned launch config of ``family`` for this call (level >= 2), or ``None``:
-    the level-1 config (or, for the fused family, the relay).  Read at trace time
-    under a compiler, so the config becomes a constant of the graph."""
-    if level < 2:
+    """The tuned launch config of ``family`` for this call, or ``None``: the level-1
+    config (for the fused family the relay, for the compensated family the exact
+    fp32 stack).  Level >= 2 reads the tables; the compensated family needs
+    level 3 and a validated entry.  Read at trace time under a compiler, so the
+    config becomes a constant of the graph."""
+    if level < (3 if family == "stack_compensated" else 2):
         return None
-    cfg = tuning.tuned_config(family, focus_dim=layout.focus_dim, lmax=layout.lmax,
-                              n_focus=int(t.shape[0] if family == "stack_fwd" else t.shape[1]),
+    cfg = tuning.tuned_config(family, focus_dim=layout.focus_dim, lmax=layout.lmax, n_focus=int(n_focus),
                               apply_alpha=apply_alpha, device=t.device)
     if cfg is not None and log:
         record(f"cfg:{family}")

@@ -46,7 +46,8 @@ def test_tune_sweeps_each_family_in_order_and_skips_covered_keys(tuning_env):
     made = []
     res = _tune([KEY, KEY64], make_probe=_probes(made=made))
     assert [(r.family, r.key, r.status) for r in res] == [
-        (f, k, "tuned") for k in (KEY, KEY64) for f in ("stack_fwd", "stack_bwd_relay", "stack_bwd_fused")]
+        (f, k, "tuned") for k in (KEY, KEY64)
+        for f in ("stack_fwd", "stack_bwd_relay", "stack_bwd_fused", "stack_compensated")]
     assert made == [(r.family, r.key) for r in res]
     made.clear()
     again = tuning.tune_missing([KEY, KEY64], make_probe=_probes(made=made), rounds=2, warmup=0)
@@ -101,10 +102,10 @@ def test_cli_tune_prints_a_summary_and_records_then_skips(capsys, fake_gpu, tuni
     out = capsys.readouterr().out
     assert "fake-gpu" in out and str(tuning_env.user_file) in out
     assert "| stack_bwd_fused | Cf32 l3 F2 alpha | tuned |" in out
-    assert len(fake_gpu) == 3                               # S1 and S3 share one key
+    assert len(fake_gpu) == 4                               # S1 and S3 share one key; four families
     assert main(["tune", "--focus-dim", "32", "--lmax", "3", "--family", "stack_bwd_fused"]) == 0
     assert "| stack_bwd_fused | Cf32 l3 F2 alpha | covered |" in capsys.readouterr().out
-    assert len(fake_gpu) == 3
+    assert len(fake_gpu) == 4
 
 
 def test_cli_tune_reports_a_failure_and_exits_1(capsys, fake_gpu, monkeypatch):

@@ -185,10 +185,50 @@ def test_persist_false_registers_for_this_process_only(tuning_env):
 
 
 def test_a_family_without_candidates_records_nothing(tuning_env):
-    probe = FakeProbe("stack_compensated")
-    res = tune_key("stack_compensated", KEY, probe=probe, clock=FakeClock(probe), rounds=2)
+    wide = tuning.shape_key(focus_dim=48, lmax=2, n_focus=1, apply_alpha=True)   # outside the fused regime
+    probe = FakeProbe(FUSED)
+    res = tune_key(FUSED, wide, probe=probe, clock=FakeClock(probe), rounds=2)
     assert res.status == "no-candidates" and probe.runs == []
-    _assert_uncovered(tuning_env, "stack_compensated")
+    assert tuning.lookup(FUSED, wide, device_name=DEVICE) is tuning.MISSING
+
+
+# ------------------------------------------- level 3: the float64 contract, not bits
+
+COMP = "stack_compensated"
+COMP_CANDS = [label(c) for c in tuning.candidates(COMP, KEY)]
+
+
+def _off_by(rel: float):
+    """The baseline's outputs, each moved by ``rel`` of its norm (a uniform relative error)."""
+    return tuple(t + rel * t.norm() / t.numel() ** 0.5 for t in base_outputs())
+
+
+def test_compensated_candidates_are_judged_against_float64_at_level_3(tuning_env):
+    within, over = COMP_CANDS[0], COMP_CANDS[1]
+    probe = FakeProbe(COMP, outputs={within: _off_by(1e-6), over: _off_by(5e-6)})
+    res = _sweep(probe, {"baseline": [1.0], within: [0.5]}, family=COMP)
+    # different bits from the baseline but inside the contract: accepted, timed, and it wins
+    assert res.config == tuning.candidates(COMP, KEY)[0]
+    assert over in res.rejected and "above the contract 2e-06" in res.rejected[over]
+    assert within not in res.rejected
+    levels = dict(zip(probe.runs, probe.levels))
+    assert levels["baseline"] == 2 and levels[within] == 3 and levels[over] == 3
+
+
+def test_a_compensated_candidate_with_one_nonfinite_value_is_rejected(tuning_env):
+    bad = list(base_outputs())
+    bad[1] = bad[1].clone()
+    bad[1][3] = float("nan")
+    probe = FakeProbe(COMP, outputs={COMP_CANDS[0]: tuple(bad)})
+    res = _sweep(probe, family=COMP)
+    assert "not finite" in res.rejected[COMP_CANDS[0]]
+
+
+def test_the_contract_is_measured_against_the_reference_not_the_baseline(tuning_env):
+    # A baseline 3e-6 away from float64: a candidate equal to the baseline's bits breaks the contract.
+    probe = FakeProbe(COMP, reference=_off_by(-3e-6))
+    res = _sweep(probe, family=COMP)
+    assert res.config is None and set(res.rejected) == set(COMP_CANDS)
 
 
 # ----------------------------------------------------- rule 5: resources vs failures

@@ -80,7 +80,15 @@ def test_fused_candidates_cover_rows_columns_warps_and_stages_inside_the_fused_r
     for cf in (48, 128):
         assert tuning.candidates(FUSED, tuning.shape_key(focus_dim=cf, lmax=2, n_focus=1,
                                                          apply_alpha=True)) == []
-    assert tuning.candidates("stack_compensated", KEY) == []
+
+
+def test_compensated_candidates_always_include_one_stage_and_fit_the_block():
+    cands = tuning.candidates("stack_compensated", KEY)
+    assert cands and {c["num_stages"] for c in cands} >= {1}
+    for bm, bn in {(c["BLOCK_M"], c["BLOCK_N"]) for c in cands if c["num_stages"] > 1}:
+        assert {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4 if bm <= 64 else 8, "num_stages": 1} in cands
+    narrow = tuning.shape_key(focus_dim=16, lmax=1, n_focus=1, apply_alpha=True)   # blocks 32 wide
+    assert max(c["BLOCK_N"] for c in tuning.candidates("stack_compensated", narrow)) == 64
 
 
 def test_candidates_are_fresh_dicts():

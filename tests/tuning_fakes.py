@@ -54,7 +54,8 @@ class FakeProbe:
     device_name = DEVICE
 
     def __init__(self, family, key=None, *, outputs=None, errors=None, off_path=(),
-                 off_path_timed=(), baseline_paths=None, flaky_baseline=False, device=None):
+                 off_path_timed=(), baseline_paths=None, flaky_baseline=False, device=None,
+                 reference=None):
         self.fam = families.family(family)
         self.key = key
         self.outputs = outputs or {}
@@ -62,6 +63,7 @@ class FakeProbe:
         self.off_path, self.off_path_timed = set(off_path), set(off_path_timed)
         self.baseline_paths = baseline_paths
         self.flaky_baseline = flaky_baseline
+        self.reference = reference       # float64 outputs for the contract (default: the baseline's)
         self.runs: list[str] = []        # labels run() was called with
         self.order: list[str] = []       # labels of timed task runs, in call order
         self.levels: list[int] = []      # mixstack.get_level() seen in every run
@@ -83,6 +85,10 @@ class FakeProbe:
         if cfg is None and self.flaky_baseline and self.runs.count(lab) > 1:
             outs = (flip_last_bit(outs[0]),) + tuple(outs[1:])
         return tuple(t.clone() for t in outs), Counter({p: 1 for p in self._paths(cfg, lab, False)})
+
+    def reference64(self):
+        ref = self.reference if self.reference is not None else base_outputs()
+        return tuple(t.double() for t in ref)
 
     def task(self, cfg):
         lab = label(cfg)

@@ -19,18 +19,19 @@ in-kernel transposed load of W ran the S1 backward at 22.7 ms against 7.8 ms
 for the forward's GEMMs (H200, 2026-11-30).
 
 The K loop accumulates ``acc = tl.dot(a, w, acc)`` in exact IEEE fp32
-(never TF32) in a fixed K order; launch configs change the schedule only.
-K runs over ``Cf``-wide subtiles in *degree order* (``BLOCK_K`` divides
-``Cf``): block 0 takes degrees 1..lmax and then the scalar subtile; block 1
-takes m = -1 and m = +1 of degree 1, then of degree 2, and so on.  That is the order in which a
-fused backward can produce each ``gz`` subtile with one gate sigmoid per
-degree, so the relay and the fused kernels sum in the same order and agree
-bit for bit.
+(never TF32) in a fixed K order, the degree order of ``korder``; launch
+configs change the schedule only.  ``COMPENSATED`` (level 3) runs the
+split fp16 tensor-core products of ``compensated.compensated_dot`` instead,
+with ``w0_ptr``/``w1_ptr`` the fp16 heads of the split weights, ``w0lo_ptr``/
+``w1lo_ptr`` their tails and ``wup_ptr`` their power-of-two scales.
 Row offsets are int64: ``F * E * ROW`` may exceed 2**31.
 """
 
 import triton
 import triton.language as tl
+
+from .compensated import compensated_dot
+from .korder import degree_order_k
 
 
 @triton.jit
@@ -45,11 +46,8 @@ def degree_order_dot(a_ptr, a_rows, col0, e_mask, w_ptr, kdim, n, n_mask, second
     """
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    R: tl.constexpr = CF // BLOCK_K          # K tiles per Cf-wide subtile
     for t in tl.range(0, kdim // BLOCK_K):
-        q = t // R                            # subtile, taken in degree order (module doc)
-        sub = tl.where(second, (q % 2) * LMAX + q // 2, (q + 1) % (LMAX + 1))
-        k = sub * CF + (t % R) * BLOCK_K
+        k = degree_order_k(t, second, LMAX, CF, BLOCK_K)
         a = tl.load(a_ptr + a_rows[:, None] + (col0 + k + rk)[None, :], mask=e_mask[:, None], other=0.0)
         if ALPHA_ON_A:
             a = a * alpha[:, None]
@@ -61,13 +59,14 @@ def degree_order_dot(a_ptr, a_rows, col0, e_mask, w_ptr, kdim, n, n_mask, second
 @triton.jit(do_not_specialize=["layer"])
 def block_gemm_kernel(
     a_ptr, w0_ptr, w1_ptr, res_ptr, out_ptr, z_ptr, y_ptr, sg_ptr, alpha_ptr,
+    w0lo_ptr, w1lo_ptr, wup_ptr,
     layer, E, F,
     LMAX: tl.constexpr, CF: tl.constexpr,
     FIRST_BLOCK: tl.constexpr, BOTH_BLOCKS: tl.constexpr,
     A_EDGE_MAJOR: tl.constexpr, ALPHA_ON_A: tl.constexpr,
     STORE_Z: tl.constexpr, GATE: tl.constexpr, RESIDUAL: tl.constexpr,
     ALPHA_ON_OUT: tl.constexpr, OUT_EDGE_MAJOR: tl.constexpr, STORE_OUT: tl.constexpr,
-    STORE_Y: tl.constexpr,
+    STORE_Y: tl.constexpr, COMPENSATED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     M0: tl.constexpr = (LMAX + 1) * CF
@@ -98,10 +97,12 @@ def block_gemm_kernel(
         col0 = M0
         kdim = M1
         w_ptr = w1_ptr + (layer * F + f) * (M1 * M1)
+        wlo_ptr = w1lo_ptr + (layer * F + f) * (M1 * M1)
     else:
         col0 = 0
         kdim = M0
         w_ptr = w0_ptr + (layer * F + f) * (M0 * M0)
+        wlo_ptr = w0lo_ptr + (layer * F + f) * (M0 * M0)
 
     e = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     e_mask = e < E
@@ -116,8 +117,13 @@ def block_gemm_kernel(
         alpha = e_mask     # unused
     n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < kdim
-    acc = degree_order_dot(a_ptr, a_rows, col0, e_mask, w_ptr, kdim, n, n_mask, second, alpha,
-                           LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, ALPHA_ON_A)
+    if COMPENSATED:
+        w_up = tl.load(wup_ptr + (layer * F + f) * 2 + second.to(tl.int64))
+        acc = compensated_dot(a_ptr, a_rows, col0, e_mask, w_ptr, wlo_ptr, w_up, kdim, n, n_mask, second,
+                              alpha, LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, ALPHA_ON_A)
+    else:
+        acc = degree_order_dot(a_ptr, a_rows, col0, e_mask, w_ptr, kdim, n, n_mask, second, alpha,
+                               LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, ALPHA_ON_A)
 
     col = col0 + n
     mask = e_mask[:, None] & n_mask[None, :]

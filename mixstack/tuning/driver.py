@@ -21,7 +21,7 @@ from .sweep import DEFAULT_ROUNDS, DEFAULT_WARMUP, TuneError, TuneResult, tune_k
 log = logging.getLogger(__name__)
 
 # A family measured against another one's tuned result: not swept when that one failed.
-_DEPENDS_ON = {"stack_bwd_fused": "stack_bwd_relay"}
+_DEPENDS_ON = {"stack_bwd_fused": "stack_bwd_relay", "stack_compensated": "stack_bwd_fused"}
 
 
 def default_keys() -> list[ShapeKey]:
@@ -48,7 +48,8 @@ def tune(keys=None, *, families: Iterable[str] | None = None, force: bool = Fals
          persist: bool = True, device=None, progress: Callable | None = None,
          clock: Callable | None = None, make_probe: Callable | None = None,
          device_name: str | None = None, stop_on_error: bool = True) -> list[TuneResult]:
-    """Sweep ``families`` (default: ``stack_fwd``, ``stack_bwd_relay``, ``stack_bwd_fused``)
+    """Sweep ``families`` (default: ``stack_fwd``, ``stack_bwd_relay``, ``stack_bwd_fused``,
+    ``stack_compensated``)
     for ``keys`` (``tuning.shape_key(...)`` values; default: S1-S4 of SPEC §7) on the
     local GPU, and record each result in the user's table (``persist``; else for
     this process only).  Covered keys are skipped unless ``force``.

@@ -5,11 +5,15 @@
 | ``stack_fwd`` | ``BLOCK_M, BLOCK_N, num_warps, num_stages`` of the forward GEMMs | the level-1 config |
 | ``stack_bwd_relay`` | the same, for the relay backward's GEMMs | the level-1 config |
 | ``stack_bwd_fused`` | ``BLOCK_M, BLOCK_N, num_warps, num_stages`` of the fused backward | the relay |
-| ``stack_compensated`` | (placeholder for level 3; no candidates yet) | the fp32 stack |
+| ``stack_compensated`` | ``BLOCK_M, BLOCK_N, num_warps, num_stages`` of the level-3 split-fp16 GEMMs (forward and relay backward) | the exact fp32 stack (level 2) |
 
 Each family names the dispatch-log paths (``mixstack.dispatch_log``) that a
 candidate run and a baseline run must show, and the ones they must not: the
 sweep refuses to time a run that did not take the path it claims (SPEC §5.1).
+It also names how a candidate is accepted: bit for bit against the baseline
+(levels 1-2), or, for the compensated family, by the accuracy contract
+against float64 (SPEC §3: relative error of the result and every gradient at
+most ``CONTRACT`` on several edge counts, every element finite).
 """
 
 from __future__ import annotations
@@ -40,6 +44,16 @@ _GEMM = (
 # are BLOCK_M x Cf).
 _FUSED = tuple((bm, bn, w, s) for bm in (32, 64) for bn in (64, 128) for w in (4, 8) for s in (2, 3))
 SMEM_BUDGET = 160 * 1024   # bytes of operand tiles in flight; above it the pipeliner is refused or slow
+# Level 3: tensor-core tiles around the fp16x3 winners of the H200 GEMM sweep
+# ((64,128,32,4,4) at K = 128, (64,64,32,4,4) at K = 192; h200-measurements.md),
+# and always one-stage variants: the Triton pipeliner has turned some
+# warps/stages combinations of fp16x3 kernels into silent NaN rows
+# (upstream-lessons.md §3), which the float64 check must be able to fall back from.
+_COMPENSATED = (
+    (64, 128, 4, 1), (64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 1), (64, 64, 4, 3), (64, 64, 4, 4),
+    (128, 64, 8, 1), (128, 64, 8, 3), (128, 128, 8, 1), (128, 128, 8, 2), (32, 64, 4, 1), (32, 64, 4, 3),
+)
+CONTRACT = 2e-6            # relative error of the result and of every gradient against float64
 
 
 def block_k(key: ShapeKey) -> int:
@@ -77,6 +91,17 @@ def _gemm_candidates(key: ShapeKey) -> list[dict]:
     return out
 
 
+def _compensated_candidates(key: ShapeKey) -> list[dict]:
+    bk = block_k(key)
+    widest = max(key.layout.m0, key.layout.m1)
+    out = []
+    for bm, bn, w, s in _COMPENSATED:
+        smem = max(s, 1) * (bm * bk * 4 + 2 * bk * bn * 2)      # fp32 A tile, fp16 W head and tail
+        if smem <= SMEM_BUDGET and bn <= max(64, triton.next_power_of_2(widest)):
+            out.append(dict(zip(GEMM_FIELDS, (bm, bn, w, s))))
+    return out
+
+
 def _fused_candidates(key: ShapeKey) -> list[dict]:
     from ..launch import fused_supported
     if not fused_supported(key.layout):              # outside the fused regime: the relay always runs
@@ -91,7 +116,11 @@ class Family:
     ``candidate_paths`` / ``baseline_paths``: dispatch-log paths the run must
     show; ``candidate_forbidden`` / ``baseline_forbidden``: paths it must not.
     ``disable``: families registered ``None`` while probing this one (tuning
-    the relay must not let a fused entry take its place).
+    the relay must not let a fused entry take its place).  ``candidate_level``:
+    the level candidates run at (the baseline runs at level 2).  ``accept``:
+    ``"bitwise"`` (equal bits to the baseline) or ``"float64"`` (the accuracy
+    contract against a float64 reference).  ``timed``: ``"fwd"``, ``"bwd"``
+    or ``"both"`` (forward and backward together).
     """
 
     name: str
@@ -104,6 +133,8 @@ class Family:
     baseline_forbidden: tuple[str, ...] = ()
     disable: tuple[str, ...] = ()
     baseline_name: str = "baseline"
+    candidate_level: int = 2
+    accept: str = "bitwise"
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -119,12 +150,16 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            candidate_paths=("bwd:fused",), candidate_forbidden=("bwd:relay",),
            baseline_paths=("bwd:relay",), baseline_forbidden=("bwd:fused",),
            baseline_name="relay"),
-    Family("stack_compensated", GEMM_FIELDS, "bwd", lambda key: []),
+    Family("stack_compensated", GEMM_FIELDS, "both", _compensated_candidates,
+           candidate_paths=("fwd:compensated", "bwd:compensated"),
+           candidate_forbidden=("fwd:triton", "bwd:relay", "bwd:fused"),
+           baseline_paths=("fwd:triton",), baseline_forbidden=("fwd:compensated", "bwd:compensated"),
+           baseline_name="level 2", candidate_level=3, accept="float64"),
 )}
 
 # The order a full sweep runs in: the fused backward is measured against the
 # relay as tuned, so the relay's GEMMs are tuned first.
-SWEEP_ORDER = ("stack_fwd", "stack_bwd_relay", "stack_bwd_fused")
+SWEEP_ORDER = ("stack_fwd", "stack_bwd_relay", "stack_bwd_fused", "stack_compensated")
 
 
 def family(name: str) -> Family:

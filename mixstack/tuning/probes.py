@@ -7,9 +7,13 @@ power-of-two block size divides, so every kernel's last tile is masked.  Inputs
 are seeded, random and non-zero, with weights drawn by ``MixingStack``'s
 initialisation (``bench.shapes.make_inputs``: one definition of the data).
 
-``run(cfg)`` (forward and backward on both sets; the sweep's bitwise check) and
-``task(cfg)`` (the timed pass: the forward for ``stack_fwd``; for the backward
-families the backward alone, with the forward in the untimed ``setup``) run
+``run(cfg)`` (forward and backward on both sets, and on single-row and
+129-edge sets for the compensated family; the sweep's acceptance check),
+``reference64()`` (the same outputs from the reference formulas in float64,
+for the compensated family's contract) and ``task(cfg)`` (the timed pass:
+the forward for ``stack_fwd``; forward and backward for
+``stack_compensated``; for the backward families the backward alone, with
+the forward in the untimed ``setup``) run
 with ``cfg`` registered for the family under test (``None``: the baseline) and
 ``None`` registered for the families it must not meet (tuning the relay must not
 run the fused backward), and restore the registrations afterwards, also on
@@ -23,7 +27,7 @@ import contextlib
 
 import torch
 
-from .. import config
+from .. import config, reference
 from ..api import mixing_stack
 from ..bench import timing
 from ..bench.shapes import BenchShape, make_inputs
@@ -42,6 +46,7 @@ _S1_WIDTH = 640
 _EXTRA_SURFACES = 16
 # Under TRITON_INTERPRET (CPU), only the plumbing is exercised: small sets.
 INTERPRETER_EDGES = (257, 129)
+CONTRACT_EDGES = (1, 129)     # more edge counts for the float64 contract (compensated family)
 
 
 def tuning_device(device=None) -> torch.device:
@@ -92,6 +97,11 @@ class StackProbe:
         self.partial_edges = partial_edges or (PARTIAL_EDGES if on_gpu else INTERPRETER_EDGES[1])
         self._timing = self._inputs(self.edges, n_layers, seed)
         self._partial = self._inputs(self.partial_edges, n_layers, seed + 1)
+        # The float64 contract is checked on more edge counts: single rows and a
+        # second partial tile, where a pipelining bug or a masked tail shows.
+        self._extra = ([self._inputs(e, n_layers, seed + 2 + i) for i, e in enumerate(CONTRACT_EDGES)]
+                       if self.family.accept == "float64" else [])
+        self._reference64 = None
 
     def _inputs(self, edges, n_layers, seed):
         k = self.key
@@ -129,16 +139,40 @@ class StackProbe:
         grad_u0, grad_alpha = self._backward(out, u0, alpha, inp.grad_out)
         return out.detach(), grad_u0, grad_alpha
 
+    def _sets(self):
+        return [self._partial, *self._extra, self._timing]
+
     def run(self, cfg):
-        """``((result, grad_u0, grad_alpha) on the partial-tile set + the same on the timing set,
-        dispatch Counter)`` with ``cfg`` in force."""
+        """``((result, grad_u0, grad_alpha) on the partial-tile set [+ the contract's extra
+        sets] + the same on the timing set, dispatch Counter)`` with ``cfg`` in force."""
         with self.configured(cfg), dispatch_log() as counts:
-            outputs = self._fwd_bwd(self._partial) + self._fwd_bwd(self._timing)
+            outputs = sum((self._fwd_bwd(inp) for inp in self._sets()), ())
         return outputs, counts
+
+    def reference64(self):
+        """What ``run`` returns, computed by ``mixstack.reference`` in float64 (computed once)."""
+        if self._reference64 is None:
+            outs = ()
+            for inp in self._sets():
+                u0 = inp.u0.double().requires_grad_(True)
+                alpha = inp.alpha.double().requires_grad_(self.key.apply_alpha)
+                k = self.key
+                out = reference.mixing_stack(u0, alpha, inp.w0.double(), inp.w1.double(), inp.gw.double(),
+                                             lmax=k.lmax, focus_dim=k.focus_dim, apply_alpha=k.apply_alpha)
+                grad_u0, grad_alpha = self._backward(out, u0, alpha, inp.grad_out.double())
+                outs += (out.detach(), grad_u0, grad_alpha)
+            self._reference64 = outs
+        return self._reference64
 
     def task(self, cfg) -> timing.Task:
         """The timed pass on the timing set with ``cfg`` in force."""
         inp = self._timing
+        if self.family.timed == "both":
+            def run_both():
+                with self.configured(cfg):
+                    u0, alpha = self._leaves(inp)
+                    return self._backward(self._forward(inp, u0, alpha), u0, alpha, inp.grad_out)
+            return timing.Task(run=run_both)
         if self.family.timed == "fwd":
             def run_forward():
                 with self.configured(cfg), torch.no_grad():

@@ -2,13 +2,18 @@
 
 ``tune_key`` measures one family for one shape key, by the six rules of SPEC §5:
 
-1. It sets level 2 itself around every run (``mixstack.use_level(2)``), and
-   checks each run's dispatch log: a candidate or baseline run that did not
-   take the path it claims raises ``NotEngagedError`` (never a timing).
+1. It sets the level itself around every run (``mixstack.use_level``: 2 for
+   the baseline, the family's ``candidate_level`` for candidates, 3 for the
+   compensated family), and checks each run's dispatch log: a candidate or
+   baseline run that did not take the path it claims raises
+   ``NotEngagedError`` (never a timing).
 2. A candidate is accepted only if its outputs are bitwise equal (same bits,
    not ``==``) to the baseline's, on the probe's inputs, which include an edge
-   count that no block size divides.  The baseline must itself repeat bit for
-   bit and be finite, or the comparison would mean nothing.
+   count that no block size divides; for the compensated family, only if
+   every output is finite and within the accuracy contract of the probe's
+   float64 reference (``probe.reference64()``), on several edge counts.  The
+   baseline must itself repeat bit for bit and be finite, or the comparison
+   would mean nothing.
 3. Baseline and accepted candidates are timed together by
    ``mixstack.bench.timing.time_interleaved`` (rotating order, several
    rounds, medians); a candidate wins only if ``timing.beats`` it (margin, 2%
@@ -133,6 +138,34 @@ def bitwise_difference(base, got) -> str | None:
     return None
 
 
+def contract_difference(reference, got, bound: float = families.CONTRACT) -> str | None:
+    """Why ``got`` breaks the accuracy contract against the float64 ``reference`` (tuples
+    of tensors): a non-finite element, or a relative Frobenius error above ``bound``."""
+    if len(reference) != len(got):
+        return f"{len(got)} outputs, the reference has {len(reference)}"
+    for i, (ref, b) in enumerate(zip(reference, got)):
+        if ref.shape != b.shape:
+            return f"output {i}: shape {tuple(b.shape)}, the reference's is {tuple(ref.shape)}"
+        if not bool(torch.isfinite(b).all()):
+            return f"output {i}: {int((~torch.isfinite(b)).sum())} of {b.numel()} values are not finite"
+        ref = ref.double()
+        den = ref.norm().item()
+        err = (b.double() - ref).norm().item() / den if den > 0 else b.double().norm().item()
+        if not err <= bound:
+            return f"output {i}: relative error {err:.3g} against float64, above the contract {bound:g}"
+    return None
+
+
+def _acceptance(fam, probe, base, out) -> str | None:
+    if fam.accept == "float64":
+        return contract_difference(probe.reference64(), out)
+    return bitwise_difference(base, out)
+
+
+def _level(fam, cfg) -> int:
+    return TUNE_LEVEL if cfg is None else fam.candidate_level
+
+
 def _check_paths(fam: families.Family, key: ShapeKey, cfg, counts) -> None:
     need, forbid = ((fam.candidate_paths, fam.candidate_forbidden) if cfg is not None
                     else (fam.baseline_paths, fam.baseline_forbidden))
@@ -147,7 +180,7 @@ def _check_paths(fam: families.Family, key: ShapeKey, cfg, counts) -> None:
 
 
 def _run(probe, fam, key, cfg):
-    with levels.use_level(TUNE_LEVEL):
+    with levels.use_level(_level(fam, cfg)):
         outputs, counts = probe.run(cfg)
     _check_paths(fam, key, cfg, counts)
     return tuple(outputs)
@@ -156,7 +189,7 @@ def _run(probe, fam, key, cfg):
 def _engaged(task: timing.Task, fam, key, cfg) -> timing.Task:
     """``task`` at the tuning level, its timed part checked against the dispatch log every sample."""
     def checked(call):
-        with levels.use_level(TUNE_LEVEL), dispatch_log() as counts:
+        with levels.use_level(_level(fam, cfg)), dispatch_log() as counts:
             call()
         _check_paths(fam, key, cfg, counts)
 
@@ -164,7 +197,7 @@ def _engaged(task: timing.Task, fam, key, cfg) -> timing.Task:
         return timing.Task(run=lambda: checked(task.run))
 
     def setup():
-        with levels.use_level(TUNE_LEVEL):
+        with levels.use_level(_level(fam, cfg)):
             return task.setup()
     return timing.Task(run=lambda state: checked(lambda: task.run(state)), setup=setup)
 
@@ -236,7 +269,7 @@ def tune_key(family: str, key, *, probe, clock: Callable | None = None, rounds: 
                 log.info("tuning %s %s: skipping %s: %s", family, key, lab, reason)
                 skipped[lab] = reason
                 continue
-            why = bitwise_difference(base, out)
+            why = _acceptance(fam, probe, base, out)
             del out
             if why is not None:
                 log.warning("tuning %s %s: rejecting %s: %s", family, key, lab, why)
@@ -267,8 +300,10 @@ def tune_key(family: str, key, *, probe, clock: Callable | None = None, rounds: 
             if wins:
                 winner = accepted[min(wins)[1]][1]
         if rejected and not accepted:
-            log.warning("tuning %s %s: every candidate that ran differs from the baseline; "
-                        "a kernel bug? recording the baseline", family, key)
+            log.warning("tuning %s %s: every candidate that ran was rejected (%s); "
+                        "a kernel bug? recording the baseline", family, key,
+                        "outside the float64 contract" if fam.accept == "float64" else
+                        "differs from the baseline")
 
     entry = {"config": winner, **validity.stamp(device), "baseline": fam.baseline_name,
              "winner": families.label(winner), "medians_ms": medians, "rel_spread": spreads,

@@ -1,0 +1,114 @@
+"""Level 3: the stack GEMMs as compensated fp16 tensor-core products.
+
+Each fp32 operand ``x`` is split into a head and a tail of fp16,
+``x_hi = fp16(x)`` and ``x_lo = fp16((x - x_hi) * 2^11)``, and
+
+    a @ w  ~=  a_hi @ w_hi  +  2^-11 * (a_hi @ w_lo + a_lo @ w_hi)
+
+with fp32 accumulation; the tail-tail product (2^-22 relative) is dropped.
+The head product and the two tail products keep separate accumulators: one
+shared accumulator doubles the error (upstream-lessons.md §3, §9).
+
+Why fp16 with scaling and not bf16x3 or 3xTF32: two bf16 halves hold 16
+mantissa bits, which measured 4.4e-6 relative error on this GEMM, outside
+the 2e-6 contract; Triton's ``tf32x3`` ran 34 TFLOP/s against 51-52 for the
+fp16 split at the same 1.4-2.0e-7 error, and fp16 with the weights split once
+outside reached 95-98 (h200-measurements.md).  fp16's price is its range
+(2^-14 .. 65504), which the scaling below takes care of.
+
+Range: every split operand is first brought into [1, 2) by an exact power of
+two, undone on the result (exact again):
+
+- the weights per ``(layer, focus)`` matrix, once per call
+  (``split_weights_kernel``: the split runs in Triton so that no compiler
+  can fold ``x - fp16(x)`` to zero, as Inductor does to the same math in
+  ATen ops);
+- the activations per row of the GEMM, in the kernel: a first pass over the
+  row's K tiles finds its largest magnitude.  A row of 1e-6 or 1e4 values
+  therefore loses nothing; values far below their row's largest fall into
+  fp16's subnormals, where their error stays below 2^-35 of that largest
+  value.  NaN and Inf propagate (an Inf row becomes NaN).
+"""
+
+import triton
+import triton.language as tl
+
+from .korder import degree_order_k
+
+TAIL_SCALE = tl.constexpr(2048.0)     # 2^11: one fp16 mantissa beyond the head
+
+
+@triton.jit
+def pow2_scales(amax):
+    """``(2^-e, 2^e)`` with ``e = floor(log2(amax))`` clamped to [-126, 126]: multiplying by
+    the first brings ``amax`` into [1, 2); both are exact powers of two."""
+    bits = amax.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127
+    e = tl.minimum(tl.maximum(e, -126), 126)
+    down = ((127 - e) << 23).to(tl.float32, bitcast=True)
+    up = ((127 + e) << 23).to(tl.float32, bitcast=True)
+    return down, up
+
+
+@triton.jit
+def split_fp16(x):
+    """Head and 2^11-scaled tail of ``x`` (|x| < 2) in fp16."""
+    hi = x.to(tl.float16)
+    lo = ((x - hi.to(tl.float32)) * TAIL_SCALE).to(tl.float16)
+    return hi, lo
+
+
+@triton.jit
+def compensated_dot(a_ptr, a_rows, col0, e_mask, whi_ptr, wlo_ptr, w_up, kdim, n, n_mask, second, alpha,
+                    LMAX: tl.constexpr, CF: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALPHA_ON_A: tl.constexpr):
+    """``A[rows, col0 : col0 + kdim] @ W[:, n]`` for one block from split operands.
+
+    ``whi_ptr`` / ``wlo_ptr``: the block's fp16 weight head and tail (row-major,
+    ``kdim x kdim``, scaled by ``1 / w_up``).  K in the degree order of ``korder``.
+    """
+    rk = tl.arange(0, BLOCK_K)
+    n_k = kdim // BLOCK_K
+    amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for t in tl.range(0, n_k):
+        k = degree_order_k(t, second, LMAX, CF, BLOCK_K)
+        a = tl.load(a_ptr + a_rows[:, None] + (col0 + k + rk)[None, :], mask=e_mask[:, None], other=0.0)
+        if ALPHA_ON_A:
+            a = a * alpha[:, None]
+        amax = tl.maximum(amax, tl.max(tl.abs(a), axis=1))
+    down, up = pow2_scales(amax)
+    head = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    tail = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for t in tl.range(0, n_k):
+        k = degree_order_k(t, second, LMAX, CF, BLOCK_K)
+        a = tl.load(a_ptr + a_rows[:, None] + (col0 + k + rk)[None, :], mask=e_mask[:, None], other=0.0)
+        if ALPHA_ON_A:
+            a = a * alpha[:, None]
+        a_hi, a_lo = split_fp16(a * down[:, None])
+        w_offs = (k + rk)[:, None] * kdim + n[None, :]
+        w_hi = tl.load(whi_ptr + w_offs, mask=n_mask[None, :], other=0.0)
+        w_lo = tl.load(wlo_ptr + w_offs, mask=n_mask[None, :], other=0.0)
+        head = tl.dot(a_hi, w_hi, head)
+        tail = tl.dot(a_hi, w_lo, tail)
+        tail = tl.dot(a_lo, w_hi, tail)
+    return (head + tail * (1.0 / TAIL_SCALE)) * (up * w_up)[:, None]
+
+
+@triton.jit
+def split_weights_kernel(w_ptr, hi_ptr, lo_ptr, up_ptr, SIZE: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per ``SIZE``-element matrix: its scale ``2^e`` into ``up_ptr`` and the
+    fp16 head and tail of ``W * 2^-e``."""
+    pid = tl.program_id(0).to(tl.int64)
+    base = pid * SIZE
+    offs = tl.arange(0, BLOCK)
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in tl.range(0, SIZE, BLOCK):
+        m = start + offs < SIZE
+        amax = tl.maximum(amax, tl.abs(tl.load(w_ptr + base + start + offs, mask=m, other=0.0)))
+    down, up = pow2_scales(tl.max(amax, axis=0))
+    tl.store(up_ptr + pid, up)
+    for start in tl.range(0, SIZE, BLOCK):
+        m = start + offs < SIZE
+        hi, lo = split_fp16(tl.load(w_ptr + base + start + offs, mask=m, other=0.0) * down)
+        tl.store(hi_ptr + base + start + offs, hi, mask=m)
+        tl.store(lo_ptr + base + start + offs, lo, mask=m)

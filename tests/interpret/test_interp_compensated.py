@@ -1,0 +1,125 @@
+"""Level 3 through the interpreter: the compensated split-fp16 GEMMs meet the float64
+contract (2e-6) on partial tiles and extreme scales, engage only with a validated
+table entry, and the sweep's real probe validates them against float64.
+
+The interpreter multiplies fp16 operands exactly in fp32 (``np.matmul`` with an
+fp32 result), as tensor cores do, so errors measured here are the split's own.
+"""
+
+import pytest
+import torch
+
+import helpers
+import mixstack
+from helpers import Case
+from mixstack import launch, tuning
+from mixstack.layout import StackLayout
+from mixstack.tuning.families import CONTRACT
+from mixstack.tuning.probes import StackProbe
+from mixstack.tuning.sweep import contract_difference
+
+COMP = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+
+
+def _key(case: Case):
+    return tuning.shape_key(focus_dim=case.Cf, lmax=case.lmax, n_focus=case.F,
+                            apply_alpha=case.apply_alpha)
+
+
+def _run(case, level, inputs, grad_out, cfg=COMP):
+    with tuning.registration("stack_compensated", _key(case), cfg):
+        return helpers.run_stack(case, level, inputs, grad_out)
+
+
+CASES = [
+    Case(F=2, E=129, Cf=32, lmax=3, n_layers=3),
+    Case(F=1, E=1, Cf=16, lmax=1, n_layers=2),
+    Case(F=1, E=70, Cf=64, lmax=2, n_layers=2, apply_alpha=False),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=helpers.case_id)
+def test_level3_with_a_validated_entry_runs_compensated_within_the_contract(case):
+    inputs, grad_out = helpers.make_inputs(case, 0), helpers.make_grad_out(case, 1)
+    got = _run(case, 3, inputs, grad_out)
+    assert got["log"] == {"fwd:compensated": 1, "bwd:compensated": 1}
+    out64, grads64 = helpers.reference64(case, inputs, grad_out)
+    assert helpers.rel_err(got["out"], out64) <= CONTRACT
+    for name, want in grads64.items():
+        assert helpers.rel_err(got[f"grad_{name}"], want) <= CONTRACT, name
+
+
+def test_level3_without_an_entry_runs_level2_and_says_so():
+    case = CASES[0]
+    inputs, grad_out = helpers.make_inputs(case, 0), helpers.make_grad_out(case, 1)
+    level2 = _run(case, 2, inputs, grad_out)                     # an entry does nothing below level 3
+    level3 = _run(case, 3, inputs, grad_out, cfg=None)           # measured: level 2 wins
+    assert level2["log"] == level3["log"] == {"fwd:triton": 1, "bwd:relay": 1}
+    assert all(torch.equal(level2[k], level3[k]) for k in level2 if k != "log")
+
+
+def _block_gemm(a, w0, w1, layout, split):
+    """``a @ blockdiag(w0[0], w1[0])`` through the stack's GEMM kernel, one focus stream."""
+    out = torch.empty_like(a)
+    launch._gemm(a, w0, w1, 0, a.shape[1], 1, layout, {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4,
+                                                         "num_stages": 1},
+                 blocks=(0, 1), out=out, split=split)
+    return out
+
+
+def _block_gemm64(a, w0, w1, layout):
+    m0 = layout.m0
+    a = a.double()
+    return torch.cat((a[..., :m0] @ w0[0].double(), a[..., m0:] @ w1[0].double()), -1)
+
+
+@pytest.mark.parametrize("a_scale, w_scale", [(1e-6, 1.0), (1e4, 1.0), (1.0, 1e-6), (1.0, 1e4), (1e-6, 1e4)])
+def test_the_compensated_gemm_keeps_the_contract_at_extreme_scales(a_scale, w_scale):
+    layout = StackLayout(2, 16)
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(1, 37, layout.row, generator=g) * a_scale
+    a[0, 5] *= 1e3                                              # rows of different sizes
+    a[0, 6] *= 1e-3
+    w0 = torch.randn(1, 1, layout.m0, layout.m0, generator=g) * w_scale
+    w1 = torch.randn(1, 1, layout.m1, layout.m1, generator=g) * w_scale
+    got = _block_gemm(a, w0, w1, layout, launch.split_weights(w0, w1))
+    want = _block_gemm64(a, w0, w1, layout)
+    row_err = ((got.double() - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
+    assert row_err <= CONTRACT, row_err
+    assert helpers.rel_err(got, want) <= CONTRACT
+
+
+def test_the_split_weights_are_a_scaled_head_and_tail():
+    w = torch.tensor([[3.0e-7, -1.0e-7], [2.5e-7, 1.2345678e-7]]).view(1, 1, 2, 2)
+    hi, lo, _, _, up = launch.split_weights(w, w)
+    assert hi.dtype == lo.dtype == torch.float16
+    assert up[0, 0, 0].item() == 2.0 ** -22                     # 3e-7 lies in [2^-22, 2^-21)
+    back = (hi.double() + lo.double() / 2048) * up[0, 0, 0].double()
+    assert ((back - w.double()).abs() / w.double().abs()).max().item() < 2.0 ** -21
+    assert lo.abs().max().item() > 0                            # the tail is kept
+
+
+def test_nan_in_one_edge_stays_in_that_edge_at_level3():
+    case = Case(F=1, E=40, Cf=16, lmax=1, n_layers=2)
+    inputs, grad_out = helpers.make_inputs(case, 0), helpers.make_grad_out(case, 1)
+    inputs = list(inputs)
+    inputs[0] = inputs[0].clone()
+    inputs[0][0, 7, 3] = float("nan")
+    got = _run(case, 3, inputs, grad_out)
+    bad = torch.isnan(got["out"]).any(dim=(1, 2))
+    assert bad[7] and int(bad.sum()) == 1
+
+
+def test_the_probe_validates_compensated_candidates_against_float64():
+    key = tuning.shape_key(focus_dim=16, lmax=1, n_focus=1, apply_alpha=True)
+    probe = StackProbe("stack_compensated", key)
+    ref = probe.reference64()
+    assert all(t.dtype == torch.float64 for t in ref)
+    assert len(ref) == 3 * 4                                    # partial, 1 edge, 129 edges, timing set
+    with tuning.saved_registrations(), mixstack.use_level(3):
+        cand, counts = probe.run(COMP)
+    assert counts["fwd:compensated"] == 4 and counts["bwd:compensated"] == 4
+    assert contract_difference(ref, cand) is None
+    broken = list(cand)
+    broken[1] = broken[1] * (1 + 1e-5)
+    assert "above the contract" in contract_difference(ref, tuple(broken))
