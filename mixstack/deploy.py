@@ -6,7 +6,8 @@
    ``stack_shape_key()`` method, and every ``mixstack.MixingStack``);
 2. tunes the keys without a table entry (``tuning.tune_missing``) when the
    module lives on CUDA and the active level is >= 2 — the only case where
-   a tuned config changes what runs; otherwise it logs why tuning was skipped;
+   a tuned config changes what runs (the compensated family at level 3
+   only); otherwise it logs why tuning was skipped;
 3. traces ``module(positions, cell, numbers, edge_index, shifts, slots) ->
    (energy, forces, stress, energies)`` into one graph of ATen operators with
    ``make_fx`` (symbolic shapes), then ``torch.export``s that graph with dynamic
@@ -75,7 +76,9 @@ def tune_for_freeze(keys, device: torch.device, level: int) -> str:
     elif level < 2:
         why = f"level {level} does not read the tuning tables (level 2 and up do)"
     else:
-        results = tuning.tune_missing(keys)
+        # the compensated family changes what runs at level 3 only
+        names = [f for f in tuning.SWEEP_ORDER if level >= 3 or f != "stack_compensated"]
+        results = tuning.tune_missing(keys, families=names)
         done = ", ".join(f"{r.family} {r.key.short()}: {r.status}" for r in results)
         log.info("freeze: tuned %d key(s): %s", len(keys), done)
         return f"tuned: {done}"

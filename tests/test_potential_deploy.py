@@ -131,7 +131,8 @@ def test_stack_keys_collect_every_distinct_stack():
 
 def test_tuning_runs_only_on_cuda_at_level_two_and_up(monkeypatch, caplog):
     calls = []
-    monkeypatch.setattr(tuning, "tune_missing", lambda keys, **kw: calls.append(list(keys)) or [])
+    monkeypatch.setattr(tuning, "tune_missing",
+                        lambda keys, families=None, **kw: calls.append((list(keys), families)) or [])
     keys = [tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)]
     with caplog.at_level(logging.INFO, logger="mixstack.deploy"):
         assert deploy.tune_for_freeze(keys, torch.device("cpu"), 2).startswith("skipped: the module is on cpu")
@@ -139,7 +140,9 @@ def test_tuning_runs_only_on_cuda_at_level_two_and_up(monkeypatch, caplog):
         assert deploy.tune_for_freeze([], torch.device("cuda"), 2) == "skipped: the module holds no mixing stack"
         assert calls == []
         assert deploy.tune_for_freeze(keys, torch.device("cuda"), 2).startswith("tuned")
-    assert calls == [keys]
+        assert deploy.tune_for_freeze(keys, torch.device("cuda"), 3).startswith("tuned")
+    exact = ["stack_fwd", "stack_bwd_relay", "stack_bwd_fused"]
+    assert calls == [(keys, exact), (keys, exact + ["stack_compensated"])]   # level 3 validates level 3
     assert "tuning skipped: the module is on cpu" in caplog.text
 
 

@@ -18,15 +18,12 @@ pytestmark = [
 pytest.importorskip("ase")
 
 from ase.build import bulk  # noqa: E402
+from helpers import rel_err  # noqa: E402
 
 import mixstack  # noqa: E402
 from mixstack import deploy, tuning  # noqa: E402
 from mixstack.potential import SO2Potential, atoms_inputs  # noqa: E402
 
-
-def _rel(got, want):
-    got, want = got.double(), want.double()
-    return ((got - want).norm() / want.norm().clamp_min(1e-12)).item()
 
 
 def _cu(repeat, seed):
@@ -58,4 +55,4 @@ def test_frozen_potential_on_cuda_holds_the_operators_and_matches_the_live_modul
         assert frozen.metadata["tuning"].startswith("tuned:") and "covered" in frozen.metadata["tuning"]
     got = frozen(*other)
     for name, g, w in zip(("energy", "forces", "stress"), got[:3], want[:3]):
-        assert _rel(g, w) <= 1e-5, (name, _rel(g, w))
+        assert rel_err(g, w) <= 1e-5, (name, rel_err(g, w))

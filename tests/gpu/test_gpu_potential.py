@@ -14,14 +14,11 @@ pytestmark = [
 pytest.importorskip("ase")
 
 from ase.build import bulk  # noqa: E402
+from helpers import rel_err  # noqa: E402
 
 import mixstack  # noqa: E402
 from mixstack.potential import SO2Potential, atoms_inputs  # noqa: E402
 
-
-def _rel(got, want):
-    got, want = got.double(), want.double()
-    return ((got - want).norm() / want.norm().clamp_min(1e-12)).item()
 
 
 @pytest.mark.parametrize("level", [1, 2])
@@ -39,4 +36,4 @@ def test_potential_on_cuda_runs_the_kernels_and_matches_level0(level):
     for name, g, w in zip(("energy", "forces", "stress"), got[:3], want[:3]):
         # float32 kernels against float32 cuBLAS (TF32 off): the bound the interpreter
         # test of the same check holds (tests/interpret/test_interp_potential.py).
-        assert _rel(g, w) <= 1e-5, (name, _rel(g, w))
+        assert rel_err(g, w) <= 1e-5, (name, rel_err(g, w))
