@@ -40,8 +40,9 @@ def degree_order_dot(a_ptr, a_rows, col0, e_mask, w_ptr, kdim, n, n_mask, second
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALPHA_ON_A: tl.constexpr):
     """``A[rows, col0 : col0 + kdim] @ W[:, n]`` for one block, K in degree order.
 
-    The one K loop of the stack: the relay's GEMMs and the fused backward's
-    GEMM phase both run it, so they sum in the same order.  ``second``: the
+    The one exact K loop of the stack: the relay's GEMMs and the fused
+    backward's GEMM phase both run it, so they sum in the same order (level
+    3's ``compensated_dot`` walks the same ``korder``).  ``second``: the
     |m| = 1 block.  ``w_ptr``: the block's (kdim x kdim) weight, row-major.
     """
     rk = tl.arange(0, BLOCK_K)
