@@ -6,14 +6,17 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,stack,model (default: all three) picks what runs; MODEL_ARGS replaces
-#   the model bench's default arguments (--levels 0c,0,1c,2c).
+#   PARTS=tests,tune,stack,model (default: tests,stack,model) picks what runs;
+#   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
+#   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it).
+#   MODEL_ARGS replaces the model bench's default arguments (--levels 0c,0,1c,2c).
 #   Wheels under .whl/ (ase, vesin for a machine without them) are installed
 #   into /tmp/site first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu-check}
 PARTS=${PARTS:-tests,stack,model}
+export MIXSTACK_CACHE_DIR=${MIXSTACK_CACHE_DIR:-$OUT/cache}
 mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -30,9 +33,13 @@ if [[ ",$PARTS," == *",tests,"* ]]; then
   python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider -rs 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 15
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("gpu tests rc=$r: $(tail -n 1 "$OUT/gpu_tests.log")")
 fi
+if [[ ",$PARTS," == *",tune,"* ]]; then
+  python3 -m mixstack.cli tune ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.log" | tail -n 30
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("tune rc=$r")
+fi
 if [[ ",$PARTS," == *",stack,"* ]]; then
   mkdir -p "$OUT/bench"
-  if [ "$#" -eq 0 ]; then set -- --shape S1 --shape S2 --shape S3 --shape S4 --levels 0,0c,1,2; fi
+  if [ "$#" -eq 0 ]; then set -- --shape S1 --shape S2 --shape S3 --shape S4 --levels 0,0c,1,2,3; fi
   python3 -m mixstack.cli bench "$@" --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -n 40
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench stack rc=$r")
 fi
