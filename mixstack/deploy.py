@@ -76,8 +76,8 @@ def tune_for_freeze(keys, device: torch.device, level: int) -> str:
     elif level < 2:
         why = f"level {level} does not read the tuning tables (level 2 and up do)"
     else:
-        # the compensated family changes what runs at level 3 only
-        names = [f for f in tuning.SWEEP_ORDER if level >= 3 or f != "stack_compensated"]
+        # a family matters only at the level its candidates run at (compensated: 3)
+        names = [f for f in tuning.SWEEP_ORDER if tuning.families.family(f).candidate_level <= level]
         results = tuning.tune_missing(keys, families=names)
         done = ", ".join(f"{r.family} {r.key.short()}: {r.status}" for r in results)
         log.info("freeze: tuned %d key(s): %s", len(keys), done)

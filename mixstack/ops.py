@@ -97,7 +97,7 @@ def _tuned(family: str, t: Tensor, n_focus: int, layout: StackLayout, apply_alph
     fp32 stack).  Level >= 2 reads the tables; the compensated family needs
     level 3 and a validated entry.  Read at trace time under a compiler, so the
     config becomes a constant of the graph."""
-    if level < (3 if family == "stack_compensated" else 2):
+    if level < tuning.families.family(family).candidate_level:
         return None
     cfg = tuning.tuned_config(family, focus_dim=layout.focus_dim, lmax=layout.lmax, n_focus=int(n_focus),
                               apply_alpha=apply_alpha, device=t.device)

@@ -96,7 +96,7 @@ def _compensated_candidates(key: ShapeKey) -> list[dict]:
     widest = max(key.layout.m0, key.layout.m1)
     out = []
     for bm, bn, w, s in _COMPENSATED:
-        smem = max(s, 1) * (bm * bk * 4 + 2 * bk * bn * 2)      # fp32 A tile, fp16 W head and tail
+        smem = s * (bm * bk * 4 + 2 * bk * bn * 2)      # fp32 A tile, fp16 W head and tail
         if smem <= SMEM_BUDGET and bn <= max(64, triton.next_power_of_2(widest)):
             out.append(dict(zip(GEMM_FIELDS, (bm, bn, w, s))))
     return out
