@@ -8,7 +8,8 @@ from . import dispatch, ops, reference  # noqa: F401  (ops registers the operato
 from .layout import validate_inputs
 
 
-def mixing_stack(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alpha: bool = True):
+def mixing_stack(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alpha: bool = True,
+                 keep_input: bool = True):
     """The gated SO(2) mixing stack (SPEC §1) at the active level.
 
     ``u0 (F, E, ROW)`` focus-major activations, ``alpha (E, F)`` per-edge focus
@@ -17,6 +18,11 @@ def mixing_stack(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alph
     edge-major ``(E, F, ROW)`` result.  Differentiable in every input, to any
     order.  Level 0 (or a shape/dtype/device the kernels do not take) runs
     ``mixstack.reference``; levels 1-3 run the Triton operator.
+
+    ``keep_input=False`` (inference: energies and forces) lets levels 1-3 drop
+    ``u0`` from what the backward keeps when no weight requires grad, which
+    saves one ``(F, E, ROW)`` surface per call for the whole frame; first-order
+    gradients are unchanged, a double backward then raises.
     """
     shape = validate_inputs(u0, alpha, w0, w1, gw, lmax=lmax, focus_dim=focus_dim)
     level = dispatch.forward_level(u0, shape.layout)
@@ -29,7 +35,7 @@ def mixing_stack(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alph
         return out
     out, _, _ = torch.ops.mixstack.stack_forward(
         u0.contiguous(), alpha.contiguous(), w0.contiguous(), w1.contiguous(), gw.contiguous(),
-        lmax, focus_dim, apply_alpha, level)
+        lmax, focus_dim, apply_alpha, level, keep_input)
     return out
 
 

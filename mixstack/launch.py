@@ -98,7 +98,8 @@ def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, res=N
           y=None, sg=None, alpha=None, a_edge_major=False, alpha_on_a=False,
           gate=False, alpha_on_out=False, out_edge_major=False, split=None):
     """Launch ``block_gemm_kernel`` over ``blocks`` (``(0,)``, ``(1,)`` or ``(0, 1)``);
-    ``split`` (level 3): ``split_weights(w0, w1)``, run the compensated products."""
+    ``split`` (level 3): ``split_weights(w0, w1)``, run the compensated products.
+    An edge-major ``a`` (``a_edge_major``) is read through its E and F strides."""
     if split is not None:
         w0, w0lo, w1, w1lo, wup = split
     else:
@@ -112,7 +113,7 @@ def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, res=N
         a, w0, w1, a if res is None else res, a if out is None else out, a if z is None else z,
         a if y is None else y, a if sg is None else sg, a if alpha is None else alpha,
         w0lo, w1lo, wup,
-        layer, n_edges, n_focus,
+        layer, n_edges, n_focus, a.stride(0) if a_edge_major else 0, a.stride(1) if a_edge_major else 0,
         LMAX=layout.lmax, CF=layout.focus_dim,
         FIRST_BLOCK=blocks[0], BOTH_BLOCKS=len(blocks) == 2,
         A_EDGE_MAJOR=a_edge_major, ALPHA_ON_A=alpha_on_a,
@@ -178,8 +179,10 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
     gated layer either the relay (recompute the gate sigmoids, write ``gz``
     pointwise, ``h += gz @ W^T`` over both blocks) or, with ``fused_cfg``, the
     fused kernel's two passes, which allocate no sigmoid or ``gz`` surface.
-    ``W^T`` is materialised once per call; ``grad_out`` and ``y`` are
-    edge-major and contiguous; ``h`` is updated in place.  ``compensated``
+    ``W^T`` is materialised once per call; ``grad_out`` is edge-major with
+    unit column stride (its F stride may be 0: the gradient of a sum over the
+    focus streams is read as it is, not copied); ``y`` is contiguous; ``h`` is
+    updated in place.  ``compensated``
     (level 3): the relay's GEMMs run split fp16 products (not with ``fused_cfg``).
     """
     if compensated and fused_cfg is not None:
@@ -194,7 +197,7 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
         cfg = ALPHA_GRAD_CONFIG
         n_rows = n_edges * n_focus
         wrap_triton(alpha_grad_kernel)[((n_rows + cfg["BLOCK_R"] - 1) // cfg["BLOCK_R"],)](
-            grad_out, y, grad_alpha, n_rows,
+            grad_out, y, grad_alpha, n_rows, n_focus, grad_out.stride(0), grad_out.stride(1),
             ROW=row, BLOCK_R=cfg["BLOCK_R"], BLOCK_C=cfg["BLOCK_C"], num_warps=cfg["num_warps"],
         )
     w0t = w0.transpose(-1, -2).contiguous()

@@ -14,7 +14,9 @@ level 3 they run the compensated GEMMs where a validated
 ``stack_compensated`` entry exists for the key (else level 2); each body
 records the path it ran in ``dispatch_log``.
 
-Autograd: the forward saves its inputs, ``z`` and ``y`` (the unscaled result
+Autograd: the forward saves its inputs (``u0`` only where it can be needed:
+weight gradients or a double backward; ``keep_input=False`` drops it for
+inference), ``z`` and ``y`` (the unscaled result
 the alpha gradient reads; empty without alpha).  Both are marked
 non-differentiable and never materialised as zero gradients.  The backward
 runs the kernel relay for the gradients of ``u0`` and ``alpha``.  When weight
@@ -41,10 +43,11 @@ def _kernels_for(t: Tensor, layout: StackLayout) -> bool:
 @triton_op("mixstack::stack_forward", mutates_args=())
 def stack_forward(u0: Tensor, alpha: Tensor, w0: Tensor, w1: Tensor, gw: Tensor,
                   lmax: int, focus_dim: int, apply_alpha: bool,
-                  level: int) -> tuple[Tensor, Tensor, Tensor]:
+                  level: int, keep_input: bool = True) -> tuple[Tensor, Tensor, Tensor]:
     """The stack forward: ``(result (E, F, ROW), z (n_layers - 1, F, E, ROW), y)``.
 
     ``y`` is the result before alpha, ``(E, F, ROW)`` with alpha and empty without.
+    ``keep_input`` only tells autograd whether to save ``u0`` (see ``_setup_context``).
     """
     layout = StackLayout(lmax, focus_dim)
     if _kernels_for(u0, layout):
@@ -107,8 +110,15 @@ def _tuned(family: str, t: Tensor, n_focus: int, layout: StackLayout, apply_alph
 
 
 def _setup_context(ctx, inputs, output):
-    u0, alpha, w0, w1, gw, lmax, focus_dim, apply_alpha, level = inputs
+    """Save what the backward reads.  ``u0`` is read only for weight gradients and a
+    double backward; with ``keep_input=False`` and no weight requiring grad it is
+    not saved, so an inference frame does not hold every stack's input (an
+    ``(F, E, ROW)`` surface each) from the forward until its backward."""
+    u0, alpha, w0, w1, gw, lmax, focus_dim, apply_alpha, level, *rest = inputs
+    keep_input = rest[0] if rest else True
     _, z, y = output
+    if not (keep_input or any(w.requires_grad for w in (w0, w1, gw))):
+        u0 = None
     ctx.save_for_backward(u0, alpha, w0, w1, gw, y, z)
     ctx.params = dict(lmax=lmax, focus_dim=focus_dim, apply_alpha=apply_alpha)
     ctx.level = level
@@ -117,12 +127,17 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_out, _grad_z, _grad_y):
-    none = (None,) * 9
+    none = (None,) * 10
     if grad_out is None:
         return none
     u0, alpha, w0, w1, gw, y, z = ctx.saved_tensors
     p = ctx.params
     weights = any(ctx.needs_input_grad[2:5])
+    if (weights or torch.is_grad_enabled()) and u0 is None:
+        raise RuntimeError(
+            "mixing_stack ran with keep_input=False (inference; a mixstack potential in eval mode), "
+            "so its input u0 was not saved, and a double backward (create_graph=True) needs it: "
+            "call mixing_stack with keep_input=True, or put the module in train mode")
     if weights or torch.is_grad_enabled():
         record("bwd:reference")
         if torch.is_grad_enabled():            # double backward: z and y must carry their graph
@@ -130,7 +145,9 @@ def _backward(ctx, grad_out, _grad_z, _grad_y):
         g, ga, dw0, dw1, dgw = reference.backward(grad_out, y, z, u0, alpha, w0, w1, gw,
                                                   weights=weights, **p)
         return (g, ga, dw0, dw1, dgw) + none[5:]
-    g, ga = torch.ops.mixstack.stack_backward(grad_out.contiguous(), y, z, alpha, w0, w1, gw,
+    if grad_out.stride(-1) != 1:       # a broadcast over F (stride 0) is read in place
+        grad_out = grad_out.contiguous()
+    g, ga = torch.ops.mixstack.stack_backward(grad_out, y, z, alpha, w0, w1, gw,
                                               p["lmax"], p["focus_dim"], p["apply_alpha"], ctx.level)
     return (g, ga if p["apply_alpha"] else None) + none[2:]
 

@@ -6,18 +6,25 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,tune,stack,model (default: tests,stack,model) picks what runs;
+#   PARTS=tests,tune,stack,model,probes (default: tests,stack,model) picks what runs;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it).
 #   MODEL_ARGS replaces the model bench's default arguments (--levels 0c,0,1c,2c).
 #   Wheels under .whl/ (ase, vesin for a machine without them) are installed
-#   into /tmp/site first.
+#   into /tmp/site first.  "probes": the freeze-crash matrix, the memory at the
+#   peak of a model frame, and the compiled baseline's force-error bisect.
+#   BUDGET (seconds, default 540) bounds the whole script: each part gets what
+#   is left, so the packing at the end always runs.  Everything under $OUT is
+#   packed into $OUT/gpu_check.tgz (a device call returns at most 8 files);
+#   summary.txt stays beside it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu-check}
 PARTS=${PARTS:-tests,stack,model}
 export MIXSTACK_CACHE_DIR=${MIXSTACK_CACHE_DIR:-$OUT/cache}
 mkdir -p "$OUT"
+DEADLINE=$(( $(date +%s) + ${BUDGET:-540} ))
+left() { local s=$(( DEADLINE - $(date +%s) )); echo $(( s > 5 ? s : 5 )); }
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -30,23 +37,41 @@ fi
 rc=0
 summary=()
 if [[ ",$PARTS," == *",tests,"* ]]; then
-  python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider -rs 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 15
+  # the freeze tests in their own process: a crash inside AOTInductor's loader must not
+  # take the other GPU tests with it
+  timeout "$(left)" python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider -rs \
+    --deselect tests/gpu/test_gpu_freeze.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 15
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("gpu tests rc=$r: $(tail -n 1 "$OUT/gpu_tests.log")")
+  timeout "$(left)" python3 -m pytest tests/gpu/test_gpu_freeze.py -m gpu -q -p no:cacheprovider -rs \
+    2>&1 | tee "$OUT/gpu_freeze_tests.log" | tail -n 5
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("gpu freeze tests rc=$r: $(tail -n 1 "$OUT/gpu_freeze_tests.log")")
 fi
 if [[ ",$PARTS," == *",tune,"* ]]; then
-  python3 -m mixstack.cli tune ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.log" | tail -n 30
+  timeout "$(left)" python3 -m mixstack.cli tune ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.log" | tail -n 30
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("tune rc=$r")
 fi
 if [[ ",$PARTS," == *",stack,"* ]]; then
   mkdir -p "$OUT/bench"
   if [ "$#" -eq 0 ]; then set -- --shape S1 --shape S2 --shape S3 --shape S4 --levels 0,0c,1,2,3; fi
-  python3 -m mixstack.cli bench "$@" --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -n 40
+  timeout "$(left)" python3 -m mixstack.cli bench "$@" --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -n 40
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench stack rc=$r")
 fi
 if [[ ",$PARTS," == *",model,"* ]]; then
   mkdir -p "$OUT/model"
-  python3 -m mixstack.cli bench model ${MODEL_ARGS:---levels 0c,0,1c,2c} --out "$OUT/model" 2>&1 | tee "$OUT/model.log" | tail -n 20
+  timeout "$(left)" python3 -m mixstack.cli bench model ${MODEL_ARGS:---levels 0c,0,1c,2c} --out "$OUT/model" 2>&1 | tee "$OUT/model.log" | tail -n 20
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench model rc=$r")
 fi
-printf '%s\n' "${summary[@]}"
+if [[ ",$PARTS," == *",probes,"* ]]; then
+  for probe in "probe_freeze.py --matrix" "probe_memory.py ${MEMORY_CELL:-cu-bcc 4400}" \
+               "probe_inductor.py ${INDUCTOR_CELL:-cu-bcc 500}"; do
+    name=${probe%%.py*}
+    echo "== $probe" | tee -a "$OUT/probes.log"
+    timeout "$(left)" python3 scripts/$probe 2>&1 | grep -v "Warning\|warnings.warn\|^$" | tee "$OUT/$name.log" \
+      | tail -n 25 | tee -a "$OUT/probes.log"
+    r=${PIPESTATUS[0]}; summary+=("$name rc=$r")
+  done
+fi
+printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
+(cd "$OUT" && tar czf /tmp/gpu_check.tgz --exclude='*.lock' . && find . -mindepth 1 -not -name summary.txt -delete \
+  && mv /tmp/gpu_check.tgz .)
 exit $rc

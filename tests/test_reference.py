@@ -162,3 +162,43 @@ def test_custom_op_cpu_double_backward_passes_gradgradcheck(case):
 def test_custom_op_cpu_force_double_backward_with_constant_weights_passes_gradgradcheck():
     case = CHECK_CASES[0]
     assert torch.autograd.gradgradcheck(_op(case), _leaves(case, names=("u0", "alpha")))
+
+
+def _saved_sizes(fn):
+    """Shapes of the tensors autograd saves while ``fn`` runs."""
+    sizes = []
+
+    def pack(t):
+        sizes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return sizes, out
+
+
+@pytest.mark.parametrize("weights_grad", [False, True], ids=["inference", "weight-grads"])
+def test_keep_input_false_saves_u0_only_when_a_weight_gradient_needs_it(weights_grad):
+    case = CHECK_CASES[0]
+    x = _leaves(case, names=helpers.INPUT_NAMES if weights_grad else ("u0", "alpha"))
+    grads = {}
+    for keep in (True, False):
+        sizes, out = _saved_sizes(
+            lambda: torch.ops.mixstack.stack_forward(*x, *case.op_args, 1, keep)[0])
+        u0_saved = sizes.count(tuple(x[0].shape))
+        assert u0_saved == (1 if keep or weights_grad else 0), (keep, sizes)
+        wanted = [t for t in x if t.requires_grad]
+        grads[keep] = torch.autograd.grad(out, wanted, torch.ones_like(out))
+    for a, b in zip(grads[True], grads[False]):
+        assert torch.equal(a, b)
+
+
+def test_keep_input_false_refuses_a_double_backward_with_a_clear_error():
+    case = CHECK_CASES[0]
+    x = _leaves(case, names=("u0", "alpha"))
+    out = torch.ops.mixstack.stack_forward(*x, *case.op_args, 1, False)[0]
+    with pytest.raises(RuntimeError, match="keep_input=False.*double backward"):
+        torch.autograd.grad(out, x[0], torch.ones_like(out), create_graph=True)
+    out = mixstack.mixing_stack(*x, **case.kw, keep_input=True)
+    (g,) = torch.autograd.grad(out, x[0], torch.ones_like(out), create_graph=True)
+    assert g.requires_grad

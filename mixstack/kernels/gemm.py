@@ -11,7 +11,9 @@ Uses, by constexpr flags:
   forward m1 of a gated layer  STORE_Z, GATE, RESIDUAL       -> u_next
   forward identity layer       RESIDUAL, ALPHA_ON_OUT, OUT_EDGE_MAJOR, STORE_Y (the
                                unscaled result ``y`` the alpha gradient reads)
-  backward identity layer      A_EDGE_MAJOR, ALPHA_ON_A, RESIDUAL
+  backward identity layer      A_EDGE_MAJOR, ALPHA_ON_A, RESIDUAL (``a_se``, ``a_sf``: the
+                               strides of the edge-major gradient along E and F; F's may
+                               be 0, the gradient of a sum over the focus streams)
   backward gated layer         RESIDUAL (from ``res_ptr``, in place)
 
 The backward passes the transposed weights, materialised once per call: an
@@ -61,7 +63,7 @@ def degree_order_dot(a_ptr, a_rows, col0, e_mask, w_ptr, kdim, n, n_mask, second
 def block_gemm_kernel(
     a_ptr, w0_ptr, w1_ptr, res_ptr, out_ptr, z_ptr, y_ptr, sg_ptr, alpha_ptr,
     w0lo_ptr, w1lo_ptr, wup_ptr,
-    layer, E, F,
+    layer, E, F, a_se, a_sf,
     LMAX: tl.constexpr, CF: tl.constexpr,
     FIRST_BLOCK: tl.constexpr, BOTH_BLOCKS: tl.constexpr,
     A_EDGE_MAJOR: tl.constexpr, ALPHA_ON_A: tl.constexpr,
@@ -108,7 +110,7 @@ def block_gemm_kernel(
     e = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     e_mask = e < E
     if A_EDGE_MAJOR:
-        a_rows = (e * F + f) * ROW
+        a_rows = e * a_se + f * a_sf
     else:
         a_rows = (f * E + e) * ROW
     if ALPHA_ON_A or ALPHA_ON_OUT:

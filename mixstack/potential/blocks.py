@@ -73,13 +73,15 @@ class EquivariantMixingStack(nn.Module):
         never wants their gradients, and weights that require grad would send
         the stack's backward to the reference formulas instead of the Triton
         relay / fused backward (an autograd backward cannot tell which of its
-        inputs' gradients a given ``autograd.grad`` call asks for).
+        inputs' gradients a given ``autograd.grad`` call asks for).  Eval mode
+        also runs with ``keep_input=False``: no stack input is held for a
+        double backward that inference never takes (train mode keeps it).
         """
         w0, w1, gw = self.w0, self.w1(), self.gw
         if not self.training:
             w0, w1, gw = w0.detach(), w1.detach(), gw.detach()
         return mixing_stack(u0, alpha, w0, w1, gw, lmax=self.lmax, focus_dim=self.focus_dim,
-                            apply_alpha=self.apply_alpha)
+                            apply_alpha=self.apply_alpha, keep_input=self.training)
 
     def stack_shape_key(self) -> tuning.ShapeKey:
         """The tuning key of this stack (``mixstack.freeze`` collects these)."""
@@ -143,7 +145,8 @@ class InteractionBlock(nn.Module):
             parts.append(torch.matmul(rows[l].transpose(-1, -2), kept))
         return torch.cat(parts, 1)
 
-    def forward(self, x, src, dst, rows, rbf, env, slots):
+    def edge_inputs(self, x, src, dst, rows, rbf, env):
+        """The stack's inputs on every edge: ``u0 (F, E, ROW)`` (a focus-major view) and ``alpha (E, F)``."""
         lmax, c, f = self.lmax, self.c, self.n_focus
         n_edges = src.shape[0]
         xs = x[src]
@@ -155,12 +158,24 @@ class InteractionBlock(nn.Module):
         u0 = torch.cat((a0 * m0[:, None] + b0 * h[:, None, None], a1 * mneg[:, None], a1 * mpos[:, None]), 2)
         u0 = u0.reshape(n_edges, f, (3 * lmax + 1) * c).transpose(0, 1)     # (F, E, ROW)
         alpha = torch.softmax(self.alpha_logits(torch.cat((scal, rbf), -1)), dim=-1)
-        out = self.stack(u0, alpha).sum(1).view(n_edges, 3 * lmax + 1, c)  # alpha-weighted streams
-        msg = self.from_edge_frame(out, rows) * env[:, None, None]
+        return u0, alpha
+
+    def aggregate(self, msg, slots):
+        """Sum each atom's incoming messages in a fixed order (gather by ``slots``, no atomics)."""
         padded = torch.cat((msg, msg.new_zeros((1,) + msg.shape[1:])), 0)
-        agg = padded[slots].sum(1) / self.avg_neighbors                    # (N, (lmax+1)^2, C)
+        return padded[slots].sum(1) / self.avg_neighbors                   # (N, (lmax+1)^2, C)
+
+    def node_update(self, x, agg):
+        """Mix the aggregated messages into ``x`` per degree; update the scalars from the norms."""
         x = x + torch.einsum("nsc,scd->nsd", agg, self.mix[self.degrees])
         sq = (x[:, 1:] * x[:, 1:]).transpose(0, 1)                          # (S-1, N, C)
-        norms = [sq[l * l - 1:(l + 1) * (l + 1) - 1].sum(0) for l in range(1, lmax + 1)]
+        norms = [sq[l * l - 1:(l + 1) * (l + 1) - 1].sum(0) for l in range(1, self.lmax + 1)]
         upd = self.scalar_update(torch.cat([x[:, 0]] + norms, -1)) + self.mix_bias
         return torch.cat(((x[:, 0] + upd)[:, None], x[:, 1:]), 1)
+
+    def forward(self, x, src, dst, rows, rbf, env, slots):
+        u0, alpha = self.edge_inputs(x, src, dst, rows, rbf, env)
+        n_edges = src.shape[0]
+        out = self.stack(u0, alpha).sum(1).view(n_edges, 3 * self.lmax + 1, self.c)  # alpha-weighted streams
+        msg = self.from_edge_frame(out, rows) * env[:, None, None]
+        return self.node_update(x, self.aggregate(msg, slots))

@@ -119,3 +119,27 @@ def test_level1_grad_alpha_is_right_where_alpha_is_zero():
     assert torch.isfinite(got["grad_alpha"]).all(), got["grad_alpha"]
     helpers.assert_close_rel(got["grad_alpha"], want["alpha"], "grad_alpha")
     helpers.assert_close_rel(got["grad_u0"], want["u0"], "grad_u0")
+
+
+@pytest.mark.parametrize("case", [Case(F=2, E=129, Cf=16, lmax=2, n_layers=3, apply_alpha=True),
+                                  Case(F=3, E=1, Cf=32, lmax=1, n_layers=2, apply_alpha=False)],
+                         ids=helpers.case_id)
+def test_level1_sum_over_focus_gradient_is_read_in_place_with_the_same_bits(case):
+    """``out.sum(1)`` (how a potential adds the streams) hands the backward a stride-0
+    broadcast over F; the kernels read it through its strides instead of copying it,
+    with the same bits as the copied (contiguous) gradient."""
+    inputs = helpers.make_inputs(case)
+    g_atoms = torch.randn(case.E, case.row, generator=torch.Generator().manual_seed(5))
+    grads = []
+    for broadcast in (True, False):
+        x = [t.detach().clone().requires_grad_(i < 2) for i, t in enumerate(inputs)]
+        with mixstack.use_level(1), mixstack.dispatch_log() as log:
+            out = mixstack.mixing_stack(*x, **case.kw)
+            if broadcast:
+                loss_out, g = out.sum(1), g_atoms
+            else:
+                loss_out, g = out, g_atoms[:, None].expand_as(out).contiguous()
+            grads.append(torch.autograd.grad(loss_out, x[:2] if case.apply_alpha else x[:1], g))
+        assert log["bwd:relay"] == 1
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
