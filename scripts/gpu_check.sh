@@ -62,8 +62,8 @@ if [[ ",$PARTS," == *",model,"* ]]; then
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench model rc=$r")
 fi
 if [[ ",$PARTS," == *",probes,"* ]]; then
-  for probe in "probe_freeze.py --matrix" "probe_memory.py ${MEMORY_CELL:-cu-bcc 4400}" \
-               "probe_inductor.py ${INDUCTOR_CELL:-cu-bcc 500}"; do
+  for probe in "probe_freeze.py --matrix" "probe_inductor.py ${INDUCTOR_CELL:-cu-bcc 500}" \
+               "probe_memory.py ${MEMORY_CELL:-cu-bcc 4400}"; do
     name=${probe%%.py*}
     echo "== $probe" | tee -a "$OUT/probes.log"
     timeout "$(left)" python3 scripts/$probe 2>&1 | grep -v "Warning\|warnings.warn\|^$" | tee "$OUT/$name.log" \

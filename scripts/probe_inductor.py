@@ -26,8 +26,6 @@ from probe_model import forces, report  # noqa: E402
 PIECES = ("edge_inputs", "stack", "from_edge_frame", "aggregate", "node_update")
 OPTIONS = {
     "split_reductions=False": {"split_reductions": False},
-    "persistent_reductions=False": {"triton.persistent_reductions": False},
-    "no fusion": {"max_fusion_size": 1},
 }
 
 
