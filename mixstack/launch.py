@@ -102,16 +102,22 @@ def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, res=N
     An edge-major ``a`` (``a_edge_major``) is read through its E and F strides."""
     if split is not None:
         w0, w0lo, w1, w1lo, wup = split
-    else:
-        w0lo = w1lo = wup = a
+    # Pointers the constexpr flags leave unused get a weight tensor, never an
+    # activation surface: a surface passed again as a placeholder aliases
+    # arguments a compiler must reason about (Inductor copies aliased inputs it
+    # cannot prove untouched).
+    unused = w0
+    if split is None:
+        w0lo = w1lo = wup = unused
     cfg = gemm_cfg or default_gemm_config(layout)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg.get("BLOCK_K", block_k(layout))
     widths = {0: layout.m0, 1: layout.m1}
     n_tiles = sum(triton.cdiv(widths[b], bn) for b in blocks)
     grid = ((n_edges + bm - 1) // bm * n_tiles, n_focus)
     wrap_triton(block_gemm_kernel)[grid](
-        a, w0, w1, a if res is None else res, a if out is None else out, a if z is None else z,
-        a if y is None else y, a if sg is None else sg, a if alpha is None else alpha,
+        a, w0, w1, unused if res is None else res, unused if out is None else out,
+        unused if z is None else z, unused if y is None else y, unused if sg is None else sg,
+        unused if alpha is None else alpha,
         w0lo, w1lo, wup,
         layer, n_edges, n_focus, a.stride(0) if a_edge_major else 0, a.stride(1) if a_edge_major else 0,
         LMAX=layout.lmax, CF=layout.focus_dim,
@@ -129,7 +135,7 @@ def _gate(z, gw, layer, sg, n_edges, n_focus, layout, u=None, u_next=None):
     cfg = gate_config(layout)
     grid = ((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)
     wrap_triton(gate_kernel)[grid](
-        z, gw, z if u is None else u, z if u_next is None else u_next, sg,
+        z, gw, gw if u is None else u, gw if u_next is None else u_next, sg,      # gw: unused pointers
         layer, n_edges, n_focus,
         LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
         WRITE_U=u is not None, BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"],
