@@ -193,3 +193,26 @@ def test_tuned_config_is_none_for_missing_and_for_none_entries():
     assert tuning.tuned_config(FUSED, **kw) is None
     tuning.register(FUSED, KEY, CFG_B)
     assert tuning.tuned_config(FUSED, **kw) == CFG_B
+
+
+def test_every_shipped_entry_was_measured_on_the_current_kernel_sources():
+    """A kernel edit makes the shipped entries stale (they would be ignored at run time):
+    re-measure them, or withdraw them, in the same change."""
+    import glob
+    import json
+    import os
+
+    import mixstack
+    from mixstack.tuning import validity
+    current = validity.kernel_source_hash()
+    stale = []
+    shipped = glob.glob(os.path.join(os.path.dirname(mixstack.__file__), "tables", "*.json"))
+    assert shipped                      # the package's own tables, not a test's stand-in
+    for path in shipped:
+        with open(path) as fh:
+            doc = json.load(fh)
+        for family, entries in doc["entries"].items():
+            for key, entry in entries.items():
+                if entry.get("kernel_hash") != current:
+                    stale.append(f"{os.path.basename(path)} {family} {key}")
+    assert not stale, stale
