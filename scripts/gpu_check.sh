@@ -11,8 +11,9 @@
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it).
 #   MODEL_ARGS replaces the model bench's default arguments (--levels 0c,0,1c,2c).
 #   Wheels under .whl/ (ase, vesin for a machine without them) are installed
-#   into /tmp/site first.  "probes": the freeze-crash matrix, the memory at the
-#   peak of a model frame, and the compiled baseline's force-error bisect.
+#   into /tmp/site first.  "probes": PROBES, ';'-separated scripts/ commands
+#   (default: the compiled baseline's force-error bisect, then the memory at the
+#   peak of a model frame; "probe_freeze.py --matrix" is the AOTI-crash matrix).
 #   BUDGET (seconds, default 540) bounds the whole script: each part gets what
 #   is left, so the packing at the end always runs.  Everything under $OUT is
 #   packed into $OUT/gpu_check.tgz (a device call returns at most 8 files);
@@ -62,8 +63,8 @@ if [[ ",$PARTS," == *",model,"* ]]; then
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench model rc=$r")
 fi
 if [[ ",$PARTS," == *",probes,"* ]]; then
-  for probe in "probe_freeze.py --matrix" "probe_inductor.py ${INDUCTOR_CELL:-cu-bcc 500}" \
-               "probe_memory.py ${MEMORY_CELL:-cu-bcc 4400}"; do
+  IFS=';' read -r -a probes <<< "${PROBES:-probe_inductor.py cu-bcc 500;probe_memory.py cu-bcc 4400}"
+  for probe in "${probes[@]}"; do
     name=${probe%%.py*}
     echo "== $probe" | tee -a "$OUT/probes.log"
     timeout "$(left)" python3 scripts/$probe 2>&1 | grep -v "Warning\|warnings.warn\|^$" | tee "$OUT/$name.log" \
