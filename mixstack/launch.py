@@ -100,16 +100,16 @@ def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, res=N
     """Launch ``block_gemm_kernel`` over ``blocks`` (``(0,)``, ``(1,)`` or ``(0, 1)``);
     ``split`` (level 3): ``split_weights(w0, w1)``, run the compensated products.
     An edge-major ``a`` (``a_edge_major``) is read through its E and F strides."""
-    if split is not None:
-        w0, w0lo, w1, w1lo, wup = split
     # Pointers the constexpr flags leave unused get a weight tensor, never an
     # activation surface, so no surface reaches a compiler as several aliased
     # arguments for nothing.  (On the H200 the compiled level-2 model frame,
     # which passed the activation as these placeholders, held ~6 surfaces more
     # at its peak than level 3, which passed weights; not proven the cause.)
+    if split is not None:
+        w0, w0lo, w1, w1lo, wup = split
+    else:
+        w0lo = w1lo = wup = w0
     unused = w0
-    if split is None:
-        w0lo = w1lo = wup = unused
     cfg = gemm_cfg or default_gemm_config(layout)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg.get("BLOCK_K", block_k(layout))
     widths = {0: layout.m0, 1: layout.m1}

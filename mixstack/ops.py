@@ -114,8 +114,7 @@ def _setup_context(ctx, inputs, output):
     double backward; with ``keep_input=False`` and no weight requiring grad it is
     not saved, so an inference frame does not hold every stack's input (an
     ``(F, E, ROW)`` surface each) from the forward until its backward."""
-    u0, alpha, w0, w1, gw, lmax, focus_dim, apply_alpha, level, *rest = inputs
-    keep_input = rest[0] if rest else True
+    u0, alpha, w0, w1, gw, lmax, focus_dim, apply_alpha, level, keep_input = inputs
     _, z, y = output
     if not (keep_input or any(w.requires_grad for w in (w0, w1, gw))):
         u0 = None
@@ -133,12 +132,12 @@ def _backward(ctx, grad_out, _grad_z, _grad_y):
     u0, alpha, w0, w1, gw, y, z = ctx.saved_tensors
     p = ctx.params
     weights = any(ctx.needs_input_grad[2:5])
-    if (weights or torch.is_grad_enabled()) and u0 is None:
-        raise RuntimeError(
-            "mixing_stack ran with keep_input=False (inference; a mixstack potential in eval mode), "
-            "so its input u0 was not saved, and a double backward (create_graph=True) needs it: "
-            "call mixing_stack with keep_input=True, or put the module in train mode")
     if weights or torch.is_grad_enabled():
+        if u0 is None:
+            raise RuntimeError(
+                "mixing_stack ran with keep_input=False (inference; a mixstack potential in eval mode), "
+                "so its input u0 was not saved, and a double backward (create_graph=True) needs it: "
+                "call mixing_stack with keep_input=True, or put the module in train mode")
         record("bwd:reference")
         if torch.is_grad_enabled():            # double backward: z and y must carry their graph
             _, z, y = reference.forward_state(u0, alpha, w0, w1, gw, **p)
