@@ -2,10 +2,13 @@
 
 The compiled level-0 baseline's forces were wrong on the H200 (torch 2.11,
 Triton 3.6) while its energy was right; compiling whole interaction blocks
-reproduced it.  This compiles one piece of each block at a time (edge
-inputs, stack, rotation back, aggregation, node update), then the whole
-model under a few Inductor options, and prints each run's force error
-against the float64 model.
+reproduced it, compiling the stack alone did not.  This compiles
+consecutive spans of each block's five stages (edge inputs, stack, rotation
+back, aggregation, node update) as one graph each, then the whole model
+through backends that stop short of Inductor's code generation
+(``aot_eager``: AOTAutograd's joint graph and partition run eagerly) and
+under a few Inductor options, and prints each run's force error against
+the float64 model.
 
     PYTHONPATH=. python scripts/probe_inductor.py cu-bcc 500
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import types
 
 import torch
 
@@ -23,10 +27,42 @@ from mixstack.potential import SO2Potential, atoms_inputs
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from probe_model import forces, report  # noqa: E402
 
-PIECES = ("edge_inputs", "stack", "from_edge_frame", "aggregate", "node_update")
-OPTIONS = {
-    "split_reductions=False": {"split_reductions": False},
-}
+STAGES = ("edge_inputs", "stack", "from_edge_frame", "aggregate", "node_update")
+
+
+def _stage(block, name, st):
+    """One stage of ``InteractionBlock.forward`` on the state dict ``st`` (returns the new entries)."""
+    if name == "edge_inputs":
+        u0, alpha = block.edge_inputs(st["x"], st["src"], st["dst"], st["rows"], st["rbf"], st["env"])
+        return {"u0": u0, "alpha": alpha}
+    if name == "stack":
+        n_edges = st["src"].shape[0]
+        return {"out": block.stack(st["u0"], st["alpha"]).sum(1).view(n_edges, 3 * block.lmax + 1, block.c)}
+    if name == "from_edge_frame":
+        return {"msg": block.from_edge_frame(st["out"], st["rows"]) * st["env"][:, None, None]}
+    if name == "aggregate":
+        return {"agg": block.aggregate(st["msg"], st["slots"])}
+    return {"x_new": block.node_update(st["x"], st["agg"])}
+
+
+def compile_span(block, first: int, last: int, **compile_kw):
+    """Replace ``block.forward`` by the five stages with stages ``first..last`` as one compiled graph."""
+    def span(st):
+        new = {}
+        for name in STAGES[first:last + 1]:
+            new.update(_stage(block, name, {**st, **new}))
+        return new
+    compiled = torch.compile(span, dynamic=False, **compile_kw)
+
+    def forward(self, x, src, dst, rows, rbf, env, slots):
+        st = dict(x=x, src=src, dst=dst, rows=rows, rbf=rbf, env=env, slots=slots)
+        for i, name in enumerate(STAGES):
+            if i == first:
+                st.update(compiled(st))
+            elif not first <= i <= last:
+                st.update(_stage(self, name, st))
+        return st["x_new"]
+    block.forward = types.MethodType(forward, block)
 
 
 def main(cell="cu-bcc", atoms_n="500"):
@@ -39,25 +75,32 @@ def main(cell="cu-bcc", atoms_n="500"):
     n = len(atoms)
     print(f"{cell}-{n}, torch {torch.__version__}", flush=True)
     report("eager", forces(model, inp, 0), e64, f64, n)
-    report("compile all", forces(copy.deepcopy(model), inp, 0, True), e64, f64, n)
-    for piece in PIECES:
+    for backend in ("aot_eager", "aot_eager_decomp_partition"):
+        torch._dynamo.reset()
+        energy = torch.compile(copy.deepcopy(model).energy, dynamic=False, backend=backend)
+        report(f"all, {backend}", _grad(energy, inp), e64, f64, n)
+    report("all, inductor", forces(copy.deepcopy(model), inp, 0, True), e64, f64, n)
+    spans = [(i, i) for i in range(5)] + [(i, i + 1) for i in range(4)] + [(0, 2), (1, 3), (2, 4), (0, 4)]
+    for first, last in spans:
         torch._dynamo.reset()
         m = copy.deepcopy(model)
         for block in m.blocks:
-            target = block.stack if piece == "stack" else block
-            name = "forward" if piece == "stack" else piece
-            setattr(target, name, torch.compile(getattr(target, name), dynamic=False))
-        report(f"compile {piece}", forces(m, inp, 0), e64, f64, n)
-    for label, opts in OPTIONS.items():
+            compile_span(block, first, last)
+        report("+".join(STAGES[first:last + 1]), forces(m, inp, 0), e64, f64, n)
+    for label, opts in {"split_reductions=False": {"split_reductions": False},
+                        "no fusion across nodes": {"max_fusion_size": 1}}.items():
         torch._dynamo.reset()
-        m = copy.deepcopy(model)
-        energy = torch.compile(m.energy, dynamic=False, options=opts)
-        with torch.enable_grad():
-            pos = inp.positions.detach().requires_grad_(True)
-            e, _ = energy(pos, *inp[1:])
-            (g,) = torch.autograd.grad(e, pos)
-        report(f"all, {label}", (e.detach().double(), -g.double()), e64, f64, n)
+        energy = torch.compile(copy.deepcopy(model).energy, dynamic=False, options=opts)
+        report(f"all, {label}", _grad(energy, inp), e64, f64, n)
     return 0
+
+
+def _grad(energy, inp):
+    with torch.enable_grad():
+        pos = inp.positions.detach().requires_grad_(True)
+        e, _ = energy(pos, *inp[1:])
+        (g,) = torch.autograd.grad(e, pos)
+    return e.detach().double(), -g.double()
 
 
 if __name__ == "__main__":
