@@ -80,6 +80,9 @@ def main(cell="cu-bcc", atoms_n="500"):
         energy = torch.compile(copy.deepcopy(model).energy, dynamic=False, backend=backend)
         report(f"all, {backend}", _grad(energy, inp), e64, f64, n)
     report("all, inductor", forces(copy.deepcopy(model), inp, 0, True), e64, f64, n)
+    torch._dynamo.reset()
+    report("all, inductor, no parameter grads",
+           forces(copy.deepcopy(model).requires_grad_(False), inp, 0, True), e64, f64, n)
     spans = [(i, i) for i in range(5)] + [(i, i + 1) for i in range(4)] + [(0, 2), (1, 3), (2, 4), (0, 4)]
     for first, last in spans:
         torch._dynamo.reset()

@@ -265,7 +265,13 @@ def run_model_bench(cfg: ModelBenchConfig, *, on_step: Callable[[str], None] | N
     clock = clock or clock_for(device)
     step = on_step or (lambda _desc: None)
     keys, skipped = plan(cfg)
-    model = SO2Potential(**cfg.model, seed=cfg.seed, device=device).eval()
+    # A frame never needs the parameters' gradients.  With parameters that require
+    # grad, torch.compile's backward computes all of them (AOTAutograd cannot know
+    # that autograd.grad asks for the positions only): time in every compiled
+    # variant and, on the H200 with torch 2.11, the bias-gradient sums over the
+    # edges were split reductions that Inductor fused with the reference stack's
+    # backward and got the forces wrong (scripts/probe_inductor.py, BENCHMARKS.md).
+    model = SO2Potential(**cfg.model, seed=cfg.seed, device=device).eval().requires_grad_(False)
     model64 = copy.deepcopy(model).double() if cfg.float64_reference else None
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     record = {"schema": SCHEMA, "command": command, "env": env.collect(device), "config": cfg.to_dict(),
