@@ -5,13 +5,14 @@ Cells: diamond (``bulk("C", "diamond", cubic=True)``) and bcc Cu
 4400 atoms and rattled by 0.05 Å (a fixed seed) so that forces are not zero
 by symmetry.  The model is an ``SO2Potential`` (default: the S1 stack key,
 ``lmax 3, focus_dim 32, n_focus 2, n_layers 4``, two blocks, cutoff 5 Å) in
-float32, TF32 off.  A frame is ``E`` and ``F = -dE/dx`` by autograd; the
-neighbour list is built once per cell, outside the timing.
+float32, TF32 off, its parameters without gradients.  A frame is ``E`` and
+``F = -dE/dx`` by autograd; the neighbour list is built once per cell, outside
+the timing.
 
 Variants: ``L0-compile`` — level 0 under ``torch.compile`` — is the
 pure-PyTorch baseline; ``L1-compile`` and ``L2-compile`` (the default; ``3c`` on request) put
 the whole energy function under ``torch.compile`` at that level, the custom
-operators inside the graph; ``L0-eager``, ``L1``, ``L2``, ``L3`` (on request,
+operators inside the graph (every compiled variant with ``COMPILE_OPTIONS``); ``L0-eager``, ``L1``, ``L2``, ``L3`` (on request,
 ``--levels 0,1,2``) run the model eagerly at that level (the stack's Triton
 kernels are compiled already; the rest of the model is eager).  Each compiled variant
 compiles its own copy of the energy function (its own code object, hence its
@@ -158,13 +159,23 @@ def _own_copy(fn: Callable, tag: str) -> Callable:
     return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
 
 
+# Inductor options of every compiled variant.  With split reductions on, torch 2.11's
+# Inductor on the H200 got the level-0 frame's forces wrong while its energy was
+# right (4.6e-2 relative at 504 atoms, up to 1e11 at 4608), whenever the edge inputs
+# and the reference stack compiled into one graph; AOTAutograd's graphs run eagerly
+# (``aot_eager``) were right, and so was Inductor with split reductions off or without
+# fusion (scripts/probe_inductor.py; results/h200-2026-11-30-gate/).  Levels 1-3 were
+# right either way; all variants compile alike so that their times compare.
+COMPILE_OPTIONS = {"split_reductions": False}
+
+
 def _frame_fn(key: str, model) -> Callable:
     """``frame(inputs) -> (energy, forces)`` of variant ``key``."""
     energy = model.energy
     if key.endswith("c"):
         def energy_of(*args):
             return model.energy(*args)
-        energy = torch.compile(_own_copy(energy_of, key), dynamic=False)
+        energy = torch.compile(_own_copy(energy_of, key), dynamic=False, options=COMPILE_OPTIONS)
     level = LEVEL_OF[key]
 
     def frame(inp):
@@ -265,17 +276,15 @@ def run_model_bench(cfg: ModelBenchConfig, *, on_step: Callable[[str], None] | N
     clock = clock or clock_for(device)
     step = on_step or (lambda _desc: None)
     keys, skipped = plan(cfg)
-    # A frame never needs the parameters' gradients.  With parameters that require
+    # A frame never needs the parameters' gradients; with parameters that require
     # grad, torch.compile's backward computes all of them (AOTAutograd cannot know
-    # that autograd.grad asks for the positions only): time in every compiled
-    # variant and, on the H200 with torch 2.11, the bias-gradient sums over the
-    # edges were split reductions that Inductor fused with the reference stack's
-    # backward and got the forces wrong (scripts/probe_inductor.py, BENCHMARKS.md).
+    # that autograd.grad asks for the positions only), in every compiled variant.
     model = SO2Potential(**cfg.model, seed=cfg.seed, device=device).eval().requires_grad_(False)
     model64 = copy.deepcopy(model).double() if cfg.float64_reference else None
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     record = {"schema": SCHEMA, "command": command, "env": env.collect(device), "config": cfg.to_dict(),
-              "notes": list(cfg.notes), "skipped": skipped, "cells": []}
+              "compile_options": dict(COMPILE_OPTIONS), "notes": list(cfg.notes), "skipped": skipped,
+              "cells": []}
     with on_device, exact_fp32():
         for name, target in itertools.product(cfg.cells, cfg.atoms):
             record["cells"].append(_run_cell(cfg, model, name, target, keys, device, clock, step, model64))
@@ -315,7 +324,8 @@ def markdown(record: dict) -> str:
     m = record["config"]["model"]
     parts = ["# mixstack bench model\n", "\n".join(f"- {x}" for x in header_lines(record)) + "\n",
              f"Model: SO2Potential {', '.join(f'{k}={v}' for k, v in m.items())}, float32. A frame is the "
-             "energy and forces (autograd); times are median [p20–p80] ms over interleaved rounds. "
+             "energy and forces (autograd); compiled variants use Inductor options "
+             f"{record.get('compile_options', {})}; times are median [p20–p80] ms over interleaved rounds. "
              "Deviations are from the baseline (L0-compile when it runs); the band is the baseline's "
              "deviation from a second run of itself and from L0-eager. \"vs f64\": the relative force "
              "deviation from a float64 copy of the model at level 0 (eager), the truth all variants "
