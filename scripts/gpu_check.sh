@@ -6,7 +6,7 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,tune,stack,model,probes (default: tests,stack,model) picks what runs;
+#   PARTS=tests,tune,stack,model,probes (default: tests,stack,model) picks what runs, in that order;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it).
 #   MODEL_ARGS replaces the model bench's default arguments (--levels 0c,0,1c,2c).
@@ -37,7 +37,7 @@ fi
 
 rc=0
 summary=()
-if [[ ",$PARTS," == *",tests,"* ]]; then
+part_tests() {
   # the freeze tests in their own process: a crash inside AOTInductor's loader must not
   # take the other GPU tests with it
   timeout "$(left)" python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider -rs \
@@ -46,23 +46,25 @@ if [[ ",$PARTS," == *",tests,"* ]]; then
   timeout "$(left)" python3 -m pytest tests/gpu/test_gpu_freeze.py -m gpu -q -p no:cacheprovider -rs \
     2>&1 | tee "$OUT/gpu_freeze_tests.log" | tail -n 5
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("gpu freeze tests rc=$r: $(tail -n 1 "$OUT/gpu_freeze_tests.log")")
-fi
-if [[ ",$PARTS," == *",tune,"* ]]; then
+}
+part_tune() {
   timeout "$(left)" python3 -m mixstack.cli tune ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.log" | tail -n 30
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("tune rc=$r")
-fi
-if [[ ",$PARTS," == *",stack,"* ]]; then
+}
+part_stack() {
   mkdir -p "$OUT/bench"
-  if [ "$#" -eq 0 ]; then set -- --shape S1 --shape S2 --shape S3 --shape S4 --levels 0,0c,1,2,3; fi
-  timeout "$(left)" python3 -m mixstack.cli bench "$@" --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -n 40
+  local args=("$@")
+  if [ "${#args[@]}" -eq 0 ]; then args=(--shape S1 --shape S2 --shape S3 --shape S4 --levels 0,0c,1,2,3); fi
+  timeout "$(left)" python3 -m mixstack.cli bench "${args[@]}" --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -n 40
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench stack rc=$r")
-fi
-if [[ ",$PARTS," == *",model,"* ]]; then
+}
+part_model() {
   mkdir -p "$OUT/model"
   timeout "$(left)" python3 -m mixstack.cli bench model ${MODEL_ARGS:---levels 0c,0,1c,2c} --out "$OUT/model" 2>&1 | tee "$OUT/model.log" | tail -n 20
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench model rc=$r")
-fi
-if [[ ",$PARTS," == *",probes,"* ]]; then
+}
+part_probes() {
+  local probes probe name
   IFS=';' read -r -a probes <<< "${PROBES:-probe_inductor.py cu-bcc 500;probe_memory.py cu-bcc 4400}"
   for probe in "${probes[@]}"; do
     name=${probe%%.py*}
@@ -71,7 +73,15 @@ if [[ ",$PARTS," == *",probes,"* ]]; then
       | tail -n 25 | tee -a "$OUT/probes.log"
     r=${PIPESTATUS[0]}; summary+=("$name rc=$r")
   done
-fi
+}
+IFS=',' read -r -a parts <<< "$PARTS"
+for part in "${parts[@]}"; do              # in the order PARTS names them
+  case "$part" in
+    tests|tune|model|probes) "part_$part" ;;
+    stack) part_stack "$@" ;;
+    *) echo "unknown part '$part' (use tests, tune, stack, model, probes)"; rc=2 ;;
+  esac
+done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
 (cd "$OUT" && tar czf /tmp/gpu_check.tgz --exclude='*.lock' . && find . -mindepth 1 -not -name summary.txt -delete \
   && mv /tmp/gpu_check.tgz .)
