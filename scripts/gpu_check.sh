@@ -9,7 +9,7 @@
 #   PARTS=tests,tune,stack,model,probes (default: tests,stack,model) picks what runs, in that order;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it).
-#   MODEL_ARGS replaces the model bench's default arguments (--levels 0c,0,1c,2c).
+#   MODEL_ARGS replaces the model bench's default arguments (--levels 0c,0,1c,2c,3c).
 #   Wheels under .whl/ (ase, vesin for a machine without them) are installed
 #   into /tmp/site first.  "probes": PROBES, ';'-separated scripts/ commands
 #   (default: the compiled baseline's force-error bisect, then the memory at the
@@ -60,7 +60,7 @@ part_stack() {
 }
 part_model() {
   mkdir -p "$OUT/model"
-  timeout "$(left)" python3 -m mixstack.cli bench model ${MODEL_ARGS:---levels 0c,0,1c,2c} --out "$OUT/model" 2>&1 | tee "$OUT/model.log" | tail -n 20
+  timeout "$(left)" python3 -m mixstack.cli bench model ${MODEL_ARGS:---levels 0c,0,1c,2c,3c} --out "$OUT/model" 2>&1 | tee "$OUT/model.log" | tail -n 20
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench model rc=$r")
 }
 part_probes() {

@@ -10,9 +10,9 @@ float32, TF32 off, its parameters without gradients.  A frame is ``E`` and
 the timing.
 
 Variants: ``L0-compile`` — level 0 under ``torch.compile`` — is the
-pure-PyTorch baseline; ``L1-compile`` and ``L2-compile`` (the default; ``3c`` on request) put
+pure-PyTorch baseline; ``L1-compile``, ``L2-compile`` and ``L3-compile`` (the default) put
 the whole energy function under ``torch.compile`` at that level, the custom
-operators inside the graph (every compiled variant with ``COMPILE_OPTIONS``); ``L0-eager``, ``L1``, ``L2``, ``L3`` (on request,
+operators inside the graph; ``L0-eager``, ``L1``, ``L2``, ``L3`` (on request,
 ``--levels 0,1,2``) run the model eagerly at that level (the stack's Triton
 kernels are compiled already; the rest of the model is eager).  Each compiled variant
 compiles its own copy of the energy function (its own code object, hence its
@@ -70,7 +70,7 @@ class ModelBenchConfig:
     atoms: tuple[int, ...] = SIZES
     # Levels 1 and 2 under torch.compile, like the baseline: on the H200 the eager
     # rest of the model made L1/L2 up to 2x slower than L0-compile (2026-11-30).
-    variants: tuple[str, ...] = ("0c", "0", "1c", "2c")
+    variants: tuple[str, ...] = ("0c", "0", "1c", "2c", "3c")
     model: dict = field(default_factory=lambda: dict(DEFAULT_MODEL))
     rounds: int = 10
     warmup: int = 2
@@ -159,23 +159,13 @@ def _own_copy(fn: Callable, tag: str) -> Callable:
     return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
 
 
-# Inductor options of every compiled variant.  With split reductions on, torch 2.11's
-# Inductor on the H200 got the level-0 frame's forces wrong while its energy was
-# right (4.6e-2 relative at 504 atoms, up to 1e11 at 4608), whenever the edge inputs
-# and the reference stack compiled into one graph; AOTAutograd's graphs run eagerly
-# (``aot_eager``) were right, and so was Inductor with split reductions off or without
-# fusion (scripts/probe_inductor.py; results/h200-2026-11-30-gate/).  Levels 1-3 were
-# right either way; all variants compile alike so that their times compare.
-COMPILE_OPTIONS = {"split_reductions": False}
-
-
 def _frame_fn(key: str, model) -> Callable:
     """``frame(inputs) -> (energy, forces)`` of variant ``key``."""
     energy = model.energy
     if key.endswith("c"):
         def energy_of(*args):
             return model.energy(*args)
-        energy = torch.compile(_own_copy(energy_of, key), dynamic=False, options=COMPILE_OPTIONS)
+        energy = torch.compile(_own_copy(energy_of, key), dynamic=False)
     level = LEVEL_OF[key]
 
     def frame(inp):
@@ -283,8 +273,7 @@ def run_model_bench(cfg: ModelBenchConfig, *, on_step: Callable[[str], None] | N
     model64 = copy.deepcopy(model).double() if cfg.float64_reference else None
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     record = {"schema": SCHEMA, "command": command, "env": env.collect(device), "config": cfg.to_dict(),
-              "compile_options": dict(COMPILE_OPTIONS), "notes": list(cfg.notes), "skipped": skipped,
-              "cells": []}
+              "notes": list(cfg.notes), "skipped": skipped, "cells": []}
     with on_device, exact_fp32():
         for name, target in itertools.product(cfg.cells, cfg.atoms):
             record["cells"].append(_run_cell(cfg, model, name, target, keys, device, clock, step, model64))
@@ -324,8 +313,7 @@ def markdown(record: dict) -> str:
     m = record["config"]["model"]
     parts = ["# mixstack bench model\n", "\n".join(f"- {x}" for x in header_lines(record)) + "\n",
              f"Model: SO2Potential {', '.join(f'{k}={v}' for k, v in m.items())}, float32. A frame is the "
-             "energy and forces (autograd); compiled variants use Inductor options "
-             f"{record.get('compile_options', {})}; times are median [p20–p80] ms over interleaved rounds. "
+             "energy and forces (autograd); times are median [p20–p80] ms over interleaved rounds. "
              "Deviations are from the baseline (L0-compile when it runs); the band is the baseline's "
              "deviation from a second run of itself and from L0-eager. \"vs f64\": the relative force "
              "deviation from a float64 copy of the model at level 0 (eager), the truth all variants "
