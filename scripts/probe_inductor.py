@@ -10,7 +10,12 @@ through backends that stop short of Inductor's code generation
 under a few Inductor options, and prints each run's force error against
 the float64 model.
 
-    PYTHONPATH=. python scripts/probe_inductor.py cu-bcc 500
+    PYTHONPATH=. python scripts/probe_inductor.py cu-bcc 500 [--index-put]
+
+``--index-put``: only eager, the whole model under Inductor, and the whole
+model with ``aten.index_put`` (the gathers' backward, a scatter-add) left to
+ATen instead of Inductor's lowering; on the CPU that fallback removed both the
+wrong forces and the heap corruption of the ``max_fusion_size=1`` build.
 """
 
 from __future__ import annotations
@@ -65,7 +70,18 @@ def compile_span(block, first: int, last: int, **compile_kw):
     block.forward = types.MethodType(forward, block)
 
 
-def main(cell="cu-bcc", atoms_n="500"):
+def fall_back_to_aten(*names):
+    """Leave the ATen ops ``names`` (packets of ``torch.ops.aten``) to ATen in Inductor's
+    graphs from now on, in this process."""
+    from torch._inductor import lowering
+    for name in names:
+        packet = getattr(torch.ops.aten, name)
+        for op in [packet] + [getattr(packet, o) for o in packet.overloads()]:
+            lowering.lowerings.pop(op, None)
+        lowering.make_fallback(packet, warn=False)
+
+
+def main(cell="cu-bcc", atoms_n="500", *flags):
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     atoms = build_cell(cell, int(atoms_n), seed=0)
     model = SO2Potential(**DEFAULT_MODEL, seed=0, device=dev).eval()
@@ -75,6 +91,12 @@ def main(cell="cu-bcc", atoms_n="500"):
     n = len(atoms)
     print(f"{cell}-{n}, torch {torch.__version__}", flush=True)
     report("eager", forces(model, inp, 0), e64, f64, n)
+    if "--index-put" in flags:
+        report("all, inductor", forces(copy.deepcopy(model), inp, 0, True), e64, f64, n)
+        torch._dynamo.reset()
+        fall_back_to_aten("index_put", "_unsafe_index_put")
+        report("all, inductor, index_put in ATen", forces(copy.deepcopy(model), inp, 0, True), e64, f64, n)
+        return 0
     for backend in ("aot_eager", "aot_eager_decomp_partition"):
         torch._dynamo.reset()
         energy = torch.compile(copy.deepcopy(model).energy, dynamic=False, backend=backend)
