@@ -100,8 +100,7 @@ def main(cell="cu-bcc", atoms_n="500", *flags):
         return 0
     for backend in ("aot_eager", "aot_eager_decomp_partition"):
         torch._dynamo.reset()
-        energy = torch.compile(copy.deepcopy(model).energy, dynamic=False, backend=backend)
-        report(f"all, {backend}", _grad(energy, inp), e64, f64, n)
+        report(f"all, {backend}", forces(copy.deepcopy(model), inp, 0, True, backend=backend), e64, f64, n)
     report("all, inductor", forces(copy.deepcopy(model), inp, 0, True), e64, f64, n)
     torch._dynamo.reset()
     report("all, inductor, no parameter grads",
@@ -116,17 +115,8 @@ def main(cell="cu-bcc", atoms_n="500", *flags):
     for label, opts in {"split_reductions=False": {"split_reductions": False},
                         "no fusion across nodes": {"max_fusion_size": 1}}.items():
         torch._dynamo.reset()
-        energy = torch.compile(copy.deepcopy(model).energy, dynamic=False, options=opts)
-        report(f"all, {label}", _grad(energy, inp), e64, f64, n)
+        report(f"all, {label}", forces(copy.deepcopy(model), inp, 0, True, options=opts), e64, f64, n)
     return 0
-
-
-def _grad(energy, inp):
-    with torch.enable_grad():
-        pos = inp.positions.detach().requires_grad_(True)
-        e, _ = energy(pos, *inp[1:])
-        (g,) = torch.autograd.grad(e, pos)
-    return e.detach().double(), -g.double()
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ from mixstack.bench.model_bench import DEFAULT_MODEL, build_cell
 from mixstack.potential import SO2Potential, atoms_inputs
 
 
-def forces(model, inp, level, compiled=False):
-    energy = torch.compile(model.energy, dynamic=False) if compiled else model.energy
+def forces(model, inp, level, compiled=False, **compile_kw):
+    """``(energy, forces)`` of ``model`` at ``level``, its energy under ``torch.compile(**compile_kw)``
+    when ``compiled``."""
+    energy = torch.compile(model.energy, dynamic=False, **compile_kw) if compiled else model.energy
     with use_level(level), torch.enable_grad():
         pos = inp.positions.detach().requires_grad_(True)
         e, _ = energy(pos, *inp[1:])
