@@ -33,7 +33,7 @@ def test_info_counts_the_valid_entries_of_the_user_table(capsys, monkeypatch, tm
     from mixstack.tuning import validity
     monkeypatch.setenv("MIXSTACK_CACHE_DIR", str(tmp_path))
     key = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)
-    entry = dict(validity.current(), device="cpu", config=None, date="2026-11-30")
+    entry = dict(validity.current("stack_bwd_fused"), device="cpu", config=None, date="2026-11-30")
     tuning.record("stack_bwd_fused", key, entry, device_name="cpu")
     assert main(["info", "--device", "cpu"]) == 0
     out = capsys.readouterr().out

@@ -10,7 +10,7 @@ import warnings
 import pytest
 
 from mixstack import tuning
-from mixstack.tuning import registry, store, validity
+from mixstack.tuning import families, registry, store, validity
 from tuning_fakes import DEVICE, entry_for, write_table
 
 KEY = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)
@@ -42,9 +42,9 @@ def test_writes_merge_with_entries_written_meanwhile(tuning_env):
     registry.record(FUSED, KEY, entry_for(CFG), device_name=DEVICE)
     # another process adds an entry behind this one's back
     doc = json.loads(tuning_env.user_file.read_text())
-    doc["entries"]["stack_fwd"] = {str(KEY2): entry_for(GEMM)}
+    doc["entries"]["stack_fwd"] = {str(KEY2): entry_for(GEMM, family="stack_fwd")}
     tuning_env.user_file.write_text(json.dumps(doc))
-    registry.record("stack_bwd_relay", KEY, entry_for(None), device_name=DEVICE)
+    registry.record("stack_bwd_relay", KEY, entry_for(None, family="stack_bwd_relay"), device_name=DEVICE)
     assert _lookup() == CFG
     assert _lookup(KEY2, "stack_fwd") == GEMM
     assert _lookup(KEY, "stack_bwd_relay") is None
@@ -152,17 +152,37 @@ def test_editing_a_kernel_body_invalidates_the_entries(tuning_env, tmp_path, mon
     assert not tuning.covered(FUSED, KEY, device_name=DEVICE)     # the sweep measures it again
 
 
-def test_the_kernel_hash_covers_every_kernel_file(tmp_path):
+def _modules(fam, kernels_dir=None):
+    return set(validity.kernel_modules(families.family(fam).kernels, kernels_dir))
+
+
+def test_a_familys_kernel_hash_covers_its_kernels_and_what_they_import(tmp_path):
     kernels = tmp_path / "kernels"
     shutil.copytree(validity.KERNELS_DIR, kernels, ignore=shutil.ignore_patterns("__pycache__"))
-    h0 = validity.kernel_source_hash(str(kernels))
-    assert h0 == validity.kernel_source_hash(str(kernels)) == validity.kernel_source_hash()
     names = sorted(p.name for p in kernels.glob("*.py"))
-    assert {"gemm.py", "gate.py", "activations.py"} <= set(names)
+    assert {"gemm.py", "gate.py", "activations.py", "fused.py", "compensated.py"} <= set(names)
+    fams = list(families.FAMILIES)
+
+    def hashes(where=str(kernels)):
+        return {f: validity.kernel_source_hash(where, family=f) for f in fams} | {
+            None: validity.kernel_source_hash(where)}
+    h0 = hashes()
+    assert h0 == hashes() == hashes(None)
+    for f in fams:                 # every family runs the GEMM, which imports these
+        assert {"gemm.py", "compensated.py", "korder.py"} <= _modules(f, str(kernels))
     for name in names:
         path = kernels / name
         text = path.read_text()
         path.write_text(text + "\n# edited\n")
-        assert validity.kernel_source_hash(str(kernels)) != h0, name
+        changed = {f for f, h in hashes().items() if h != h0[f]}
         path.write_text(text)
-    assert validity.kernel_source_hash(str(kernels)) == h0
+        assert changed == {f for f in fams if name in _modules(f, str(kernels))} | {None}, name
+    assert hashes() == h0
+    # an edit to the fused backward leaves the GEMM families' entries standing
+    assert {f for f in fams if "fused.py" in _modules(f)} == {"stack_bwd_fused"}
+
+
+def test_an_unknown_kernel_module_is_an_error(tmp_path):
+    (tmp_path / "a.py").write_text("from .missing import x\n")
+    with pytest.raises(FileNotFoundError, match="missing"):
+        validity.kernel_modules(["a"], str(tmp_path))

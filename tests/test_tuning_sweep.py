@@ -161,7 +161,7 @@ def test_the_entry_carries_medians_device_versions_and_date(tuning_env):
     entry = doc["entries"][FUSED][str(KEY)]
     assert entry["config"] == res.config == tuning.candidates(FUSED, KEY)[0]
     assert entry["device"] == DEVICE and entry["triton"] and entry["torch"] == torch.__version__
-    assert entry["kernel_hash"] == tuning.kernel_source_hash() and entry["date"]
+    assert entry["kernel_hash"] == tuning.kernel_source_hash(family=FUSED) and entry["date"]
     assert entry["medians_ms"]["baseline"] == pytest.approx(1e3)
     assert entry["medians_ms"][CANDS[0]] == pytest.approx(500.0)
 

@@ -117,9 +117,9 @@ class FakeClock:
         return t
 
 
-def entry_for(cfg, device=DEVICE, **overrides) -> dict:
-    """A valid table entry for ``cfg`` measured now on ``device``."""
-    return {"config": cfg, **validity.stamp(device), "medians_ms": {}, **overrides}
+def entry_for(cfg, device=DEVICE, family="stack_bwd_fused", **overrides) -> dict:
+    """A valid ``family`` table entry for ``cfg`` measured now on ``device``."""
+    return {"config": cfg, **validity.stamp(device, family), "medians_ms": {}, **overrides}
 
 
 def write_table(path, entries, device=DEVICE) -> None:

@@ -120,7 +120,9 @@ class Family:
     the level candidates run at (the baseline runs at level 2).  ``accept``:
     ``"bitwise"`` (equal bits to the baseline) or ``"float64"`` (the accuracy
     contract against a float64 reference).  ``timed``: ``"fwd"``, ``"bwd"``
-    or ``"both"`` (forward and backward together).
+    or ``"both"`` (forward and backward together).  ``kernels``: the kernel modules
+    (``mixstack/kernels/<name>.py``) that candidate and baseline runs launch; the
+    entries' validity hash covers them and what they import (``validity``).
     """
 
     name: str
@@ -135,6 +137,7 @@ class Family:
     baseline_name: str = "baseline"
     candidate_level: int = 2
     accept: str = "bitwise"
+    kernels: tuple[str, ...] = ("gemm", "gate", "reduce")
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -149,12 +152,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("stack_bwd_fused", FUSED_FIELDS, "bwd", _fused_candidates,
            candidate_paths=("bwd:fused",), candidate_forbidden=("bwd:relay",),
            baseline_paths=("bwd:relay",), baseline_forbidden=("bwd:fused",),
-           baseline_name="relay"),
+           baseline_name="relay", kernels=("fused", "gemm", "gate", "reduce")),
     Family("stack_compensated", GEMM_FIELDS, "both", _compensated_candidates,
            candidate_paths=("fwd:compensated", "bwd:compensated"),
            candidate_forbidden=("fwd:triton", "bwd:relay", "bwd:fused"),
            baseline_paths=("fwd:triton",), baseline_forbidden=("fwd:compensated", "bwd:compensated"),
-           baseline_name="level 2", candidate_level=3, accept="float64"),
+           baseline_name="level 2", candidate_level=3, accept="float64",
+           kernels=("gemm", "gate", "reduce", "compensated")),
 )}
 
 # The order a full sweep runs in: the fused backward is measured against the

@@ -103,7 +103,7 @@ def load_table(path: str, device: str) -> dict[tuple[str, ShapeKey], dict]:
         if why:
             report(path, why)
         return {}
-    now = validity.current()
+    now = {fam: validity.current(fam) for fam in FAMILIES}
     out: dict[tuple[str, ShapeKey], dict] = {}
     stale: dict[str, int] = {}
     for fam, entries in doc["entries"].items():
@@ -119,7 +119,7 @@ def load_table(path: str, device: str) -> dict[tuple[str, ShapeKey], dict]:
             except (TypeError, ValueError) as exc:
                 report(path, f"malformed {fam} entry {key_text!r} ({exc})")
                 continue
-            reason = validity.stale_reason(entry, device, now)
+            reason = validity.stale_reason(entry, device, now[fam])
             if reason is not None:
                 stale[reason] = stale.get(reason, 0) + 1
                 continue

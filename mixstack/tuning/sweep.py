@@ -305,7 +305,7 @@ def tune_key(family: str, key, *, probe, clock: Callable | None = None, rounds: 
                         "outside the float64 contract" if fam.accept == "float64" else
                         "differs from the baseline")
 
-    entry = {"config": winner, **validity.stamp(device), "baseline": fam.baseline_name,
+    entry = {"config": winner, **validity.stamp(device, fam.name), "baseline": fam.baseline_name,
              "winner": families.label(winner), "medians_ms": medians, "rel_spread": spreads,
              "margin": margin, "rounds": rounds, "warmup": warmup,
              "skipped": skipped, "rejected": rejected}

@@ -3,10 +3,13 @@
 An entry measured on one GPU model, one Triton version or one version of the
 kernels says nothing about another (a tile on the wrong side of the spill point
 runs ~10x slower; upstream-lessons §5.2), so every entry carries all three and
-is ignored where any differs.  The kernel-source hash covers every
-``mixstack/kernels/*.py`` file: editing any kernel body invalidates every entry
-without anyone having to remember to bump a version (FlagGems keys its cache
-the same way).
+is ignored where any differs.  The kernel-source hash of a family's entry
+covers the kernel modules that family's runs launch (``Family.kernels``) and
+every kernel module those import, found by reading their ``from .x import``
+lines: editing a kernel body invalidates the entries that ran it, without
+anyone having to remember to bump a version (FlagGems keys its cache the same
+way), and leaves the other families' entries standing (an edit to the fused
+backward does not void a measured level-3 GEMM config).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import datetime as _dt
 import functools
 import hashlib
 import os
+import re
 
 import torch
 
@@ -24,13 +28,40 @@ KERNELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 INTERPRETER_DEVICE = "triton-interpreter"
 
 
-def kernel_source_hash(kernels_dir: str | None = None) -> str:
-    """sha256 over the names and bytes of every ``*.py`` in the kernels folder, in name order."""
+_RELATIVE_IMPORT = re.compile(rb"^\s*from\s+\.(\w+)\s+import\b", re.MULTILINE)
+
+
+def kernel_modules(roots, kernels_dir: str | None = None) -> list[str]:
+    """File names of the kernel modules ``roots`` (module names) and of every kernel
+    module they import, directly or not, in name order."""
     kernels_dir = kernels_dir or KERNELS_DIR
-    h = hashlib.sha256()
-    for name in sorted(os.listdir(kernels_dir)):
-        if not name.endswith(".py"):
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen:
             continue
+        path = os.path.join(kernels_dir, name + ".py")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"kernel module {name!r} not found in {kernels_dir}")
+        seen.add(name)
+        with open(path, "rb") as fh:
+            todo += [m.decode() for m in _RELATIVE_IMPORT.findall(fh.read())]
+    return sorted(n + ".py" for n in seen)
+
+
+def kernel_source_hash(kernels_dir: str | None = None, family: str | None = None) -> str:
+    """sha256 over the names and bytes of the kernel sources, in name order: those of
+    ``family`` (``kernel_modules`` of its ``Family.kernels``), or every ``*.py`` of the
+    kernels folder when ``family`` is ``None``."""
+    kernels_dir = kernels_dir or KERNELS_DIR
+    if family is None:
+        names = sorted(n for n in os.listdir(kernels_dir) if n.endswith(".py"))
+    else:
+        from .families import family as family_named
+        names = kernel_modules(family_named(family).kernels, kernels_dir)
+    h = hashlib.sha256()
+    for name in names:
         with open(os.path.join(kernels_dir, name), "rb") as fh:
             data = fh.read()
         h.update(name.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
@@ -65,26 +96,27 @@ def device_name(device=None) -> str:
     return device.type
 
 
-def current() -> dict:
-    """The validity fields of entries measured now (the device is added by the caller)."""
-    return {"triton": triton_version(), "kernel_hash": kernel_source_hash()}
+def current(family: str) -> dict:
+    """The validity fields of ``family``'s entries measured now (the device is added by the caller)."""
+    return {"triton": triton_version(), "kernel_hash": kernel_source_hash(family=family)}
 
 
-def stamp(device: str) -> dict:
-    """Validity and provenance fields of an entry measured now on ``device``."""
+def stamp(device: str, family: str) -> dict:
+    """Validity and provenance fields of a ``family`` entry measured now on ``device``."""
     from .. import __version__      # not at import: launch.py imports tuning while mixstack initialises
     return {
-        "device": device, **current(), "torch": torch.__version__, "mixstack": __version__,
+        "device": device, **current(family), "torch": torch.__version__, "mixstack": __version__,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
 
 
 def stale_reason(entry: dict, device: str, now: dict) -> str | None:
-    """Why ``entry`` is not valid for ``device`` and the ``now`` fields of ``current()``, or ``None``."""
+    """Why ``entry`` is not valid for ``device`` and the ``now`` fields of its family's
+    ``current()``, or ``None``."""
     if entry.get("device") != device:
         return f"measured on {entry.get('device')!r}, not {device!r}"
     if entry.get("triton") != now["triton"]:
         return f"measured with Triton {entry.get('triton')}, this is Triton {now['triton']}"
     if entry.get("kernel_hash") != now["kernel_hash"]:
-        return "measured on other kernel sources (mixstack/kernels/*.py changed since)"
+        return "measured on other kernel sources (a kernel module its runs launch changed since)"
     return None

@@ -64,3 +64,26 @@ def test_the_backward_task_times_the_backward_with_the_forward_in_setup(relay_pr
         assert log["bwd:relay"] == 1
         samples = time_interleaved({"baseline": task}, rounds=1, warmup=0)
     assert samples["baseline"].median > 0
+
+
+@pytest.mark.parametrize("family", ["stack_fwd", "stack_bwd_relay", "stack_bwd_fused", "stack_compensated"])
+def test_a_familys_validity_hash_covers_every_kernel_its_runs_launch(family, monkeypatch):
+    """An entry stays valid while the kernel modules its family names are unchanged, so a
+    module its runs launch but the family does not name would let a stale entry stand."""
+    import mixstack.launch
+    from mixstack.tuning import families, validity
+    launched = set()
+    real = mixstack.launch.wrap_triton
+
+    def spy(kernel):
+        launched.add(kernel.fn.__module__.rsplit(".", 1)[-1] + ".py")
+        return real(kernel)
+    monkeypatch.setattr(mixstack.launch, "wrap_triton", spy)
+    probe = StackProbe(family, KEY, edges=33, partial_edges=17)
+    fam = families.family(family)
+    with tuning.saved_registrations(), mixstack.use_level(fam.candidate_level):
+        probe.run(tuning.candidates(family, KEY)[0])
+    with tuning.saved_registrations(), mixstack.use_level(2):
+        probe.run(None)
+    assert launched
+    assert launched <= set(validity.kernel_modules(fam.kernels)), launched
