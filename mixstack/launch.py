@@ -220,7 +220,7 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
     elif n_gated:
         bm = fused_cfg["BLOCK_M"]
         programs = _fused_programs(h, (n_edges + bm - 1) // bm * n_focus)
-        scratch = h.new_empty((2 * programs, bm, max(layout.m0, layout.m1)))     # two slots each
+        scratch = h.new_empty((programs, bm, max(layout.m0, layout.m1)))
     for k in range(n_gated - 1, -1, -1):
         if fused_cfg is not None:
             _fused_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, fused_cfg, scratch)
@@ -247,9 +247,8 @@ def _relay_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, 
               split=split)
 
 
-# Persistent programs of the fused backward per SM: each owns two scratch slots of
-# BLOCK_M x segment floats (~50 MB in all at S1 with 64 rows, of which the slots
-# in use at any moment stay in L2).
+# Persistent programs of the fused backward per SM: each owns a scratch of
+# BLOCK_M x segment floats (~25 MB in all at S1 with 64 rows), L2-resident.
 FUSED_PROGRAMS_PER_SM = 4
 _INTERPRETER_PROGRAMS = 3      # few programs under the interpreter: the persistent loop is exercised
 
@@ -267,7 +266,7 @@ def _fused_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, cfg, scrat
     ``segments`` (profiling only) runs one pass alone."""
     bm = cfg["BLOCK_M"]
     n_tiles = (n_edges + bm - 1) // bm * n_focus
-    programs = scratch.shape[0] // 2
+    programs = scratch.shape[0]
     for segment in segments:
         wrap_triton(fused_backward_kernel)[(programs,)](
             h, z, gw, w0t, w1t, scratch, layer, n_edges, n_focus, n_tiles,

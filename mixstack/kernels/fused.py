@@ -15,14 +15,6 @@ persistent program takes edge tiles one after another; for each it
 A program owns its rows: it has read everything it needs of them before it
 writes any, so ``h`` updates in place with no surface at all.
 
-The two phases are staggered across programs: the second half of the programs
-runs one tile ahead, forming the next tile's ``gz`` (loads and pointwise work)
-before the current tile's GEMM (FMA work), each program alternating between two
-scratch slots.  Without it every program ran the same phase at the same time
-and the phases did not overlap: fused time was the gate phase plus the GEMM
-phase (H200, 2026-11-30; BENCHMARKS.md).  The order of the work inside a tile
-is the same either way, so the result is too.
-
 Two launches per layer over disjoint columns: the m = 0 segment (which carries
 the SiLU chain and the gate-logit contraction, and reads the |m| = 1 rows of
 ``h``, so it runs first) and the |m| = 1 segment.
@@ -41,84 +33,6 @@ from .activations import gate_grad, gate_logit_grad, sigmoid, silu_grad
 from .gemm import degree_order_dot
 
 
-@triton.jit
-def _gz_into_scratch(h_ptr, z_ptr, gw_ptr, scratch_ptr, s2, tile, layer, E, F, rows_per_focus,
-                     LMAX: tl.constexpr, CF: tl.constexpr, SEGMENT: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Phase 1 for one edge tile: the segment's ``gz`` subtiles, into the scratch rows ``s2``
-    (natural column order)."""
-    M0: tl.constexpr = (LMAX + 1) * CF
-    ROW: tl.constexpr = M0 + 2 * LMAX * CF
-    G: tl.constexpr = LMAX * CF
-    c = tl.arange(0, CF)
-    f = (tile // rows_per_focus).to(tl.int64)
-    e = (tile % rows_per_focus).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    mask = (e < E)[:, None]
-    r2 = ((f * E + e) * ROW)[:, None]
-    z_r2 = (((layer * F + f) * E + e) * ROW)[:, None]
-    gw_base = gw_ptr + (layer * F + f) * (CF * G)
-    s = tl.load(z_ptr + z_r2 + c[None, :], mask=mask, other=0.0)
-    if SEGMENT == 0:
-        contraction = tl.zeros((BLOCK_M, CF), dtype=tl.float32)
-    for j in tl.range(0, LMAX):
-        gw_j = tl.load(gw_base + c[:, None] * G + (j * CF + c)[None, :])
-        sg = sigmoid(tl.dot(s, gw_j, input_precision="ieee"))
-        col_neg = (M0 + j * CF + c)[None, :]
-        col_pos = (M0 + G + j * CF + c)[None, :]
-        h_neg = tl.load(h_ptr + r2 + col_neg, mask=mask, other=0.0)
-        h_pos = tl.load(h_ptr + r2 + col_pos, mask=mask, other=0.0)
-        if SEGMENT == 0:
-            col_m0 = ((j + 1) * CF + c)[None, :]
-            h_m0 = tl.load(h_ptr + r2 + col_m0, mask=mask, other=0.0)
-            z_m0 = tl.load(z_ptr + z_r2 + col_m0, mask=mask, other=0.0)
-            z_neg = tl.load(z_ptr + z_r2 + col_neg, mask=mask, other=0.0)
-            z_pos = tl.load(z_ptr + z_r2 + col_pos, mask=mask, other=0.0)
-            gl = gate_logit_grad(gate_grad(h_m0, z_m0, h_neg, z_neg, h_pos, z_pos), sg)
-            gw_t = tl.load(gw_base + c[None, :] * G + (j * CF + c)[:, None])
-            contraction = tl.dot(gl, gw_t, contraction, input_precision="ieee")
-            tl.store(scratch_ptr + s2 + col_m0, h_m0 * sg)
-        else:
-            tl.store(scratch_ptr + s2 + (j * CF + c)[None, :], h_neg * sg)
-            tl.store(scratch_ptr + s2 + (G + j * CF + c)[None, :], h_pos * sg)
-    if SEGMENT == 0:
-        h_s = tl.load(h_ptr + r2 + c[None, :], mask=mask, other=0.0)
-        tl.store(scratch_ptr + s2 + c[None, :], silu_grad(h_s, s) + contraction)
-
-
-@triton.jit
-def _add_gz_times_wt(h_ptr, w0t_ptr, w1t_ptr, scratch_ptr, s_rows, tile, layer, E, F, rows_per_focus,
-                     LMAX: tl.constexpr, CF: tl.constexpr, SEGMENT: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Phase 2 for one edge tile: ``h[rows, segment] += gz @ W^T``, the relay's K loop over the
-    scratch rows ``s_rows``."""
-    M0: tl.constexpr = (LMAX + 1) * CF
-    M1: tl.constexpr = 2 * LMAX * CF
-    ROW: tl.constexpr = M0 + M1
-    if SEGMENT == 0:
-        SEG: tl.constexpr = M0
-        COL0: tl.constexpr = 0
-    else:
-        SEG: tl.constexpr = M1
-        COL0: tl.constexpr = M0
-    f = (tile // rows_per_focus).to(tl.int64)
-    e = (tile % rows_per_focus).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    e_mask = e < E
-    r2 = ((f * E + e) * ROW)[:, None]
-    second = (tile * 0 + SEGMENT) == 1
-    if SEGMENT == 0:
-        wt_ptr = w0t_ptr + (layer * F + f) * (M0 * M0)
-    else:
-        wt_ptr = w1t_ptr + (layer * F + f) * (M1 * M1)
-    for n0 in tl.range(0, SEG, BLOCK_N, num_stages=1):
-        n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = n < SEG
-        acc = degree_order_dot(scratch_ptr, s_rows, 0, e_mask, wt_ptr, SEG, n, n_mask, second,
-                               e_mask, LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, False)
-        ptrs = h_ptr + r2 + (COL0 + n)[None, :]
-        out_mask = e_mask[:, None] & n_mask[None, :]
-        res = tl.load(ptrs, mask=out_mask, other=0.0)
-        tl.store(ptrs, res + acc, mask=out_mask)
-
-
 @triton.jit(do_not_specialize=["layer"])
 def fused_backward_kernel(
     h_ptr, z_ptr, gw_ptr, w0t_ptr, w1t_ptr, scratch_ptr,
@@ -126,34 +40,76 @@ def fused_backward_kernel(
     LMAX: tl.constexpr, CF: tl.constexpr, SEGMENT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Persistent: program ``p`` of ``P`` takes tiles ``p, p + P, ...``; its scratch is two
-    slots of ``BLOCK_M x segment`` floats at ``scratch_ptr + (2p + slot) * BLOCK_M * segment``."""
     M0: tl.constexpr = (LMAX + 1) * CF
     M1: tl.constexpr = 2 * LMAX * CF
+    ROW: tl.constexpr = M0 + M1
+    G: tl.constexpr = LMAX * CF
     if SEGMENT == 0:
         SEG: tl.constexpr = M0
+        COL0: tl.constexpr = 0
     else:
         SEG: tl.constexpr = M1
+        COL0: tl.constexpr = M0
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     rows_per_focus = tl.cdiv(E, BLOCK_M)
+    c = tl.arange(0, CF)
     r = tl.arange(0, BLOCK_M).to(tl.int64)
-    my_tiles = (n_tiles - pid + n_programs - 1) // n_programs
-    # Programs are dealt to SMs round-robin, so the upper half shares SMs with the lower half.
-    ahead = (2 * pid) // n_programs
-    slot0 = ((2 * pid).to(tl.int64) * BLOCK_M + r) * SEG
-    slot1 = slot0 + BLOCK_M * SEG
-    if ahead == 1:
-        _gz_into_scratch(h_ptr, z_ptr, gw_ptr, scratch_ptr, slot0[:, None], pid, layer, E, F,
-                         rows_per_focus, LMAX, CF, SEGMENT, BLOCK_M)
-    for i in range(0, my_tiles):
-        g = i + ahead
-        if g < my_tiles:
-            g_rows = tl.where(g % 2 == 0, slot0, slot1)
-            _gz_into_scratch(h_ptr, z_ptr, gw_ptr, scratch_ptr, g_rows[:, None], pid + g * n_programs,
-                             layer, E, F, rows_per_focus, LMAX, CF, SEGMENT, BLOCK_M)
+    s_rows = (pid.to(tl.int64) * BLOCK_M + r) * SEG       # this program's scratch rows
+    s2 = s_rows[:, None]
+    second = (pid * 0 + SEGMENT) == 1
+
+    for tile in range(pid, n_tiles, n_programs):
+        f = (tile // rows_per_focus).to(tl.int64)
+        e = (tile % rows_per_focus).to(tl.int64) * BLOCK_M + r
+        e_mask = e < E
+        mask = e_mask[:, None]
+        rows = (f * E + e) * ROW
+        r2 = rows[:, None]
+        z_r2 = (((layer * F + f) * E + e) * ROW)[:, None]
+        gw_base = gw_ptr + (layer * F + f) * (CF * G)
+
+        # Phase 1: the segment's gz subtiles, into the scratch (natural column order).
+        s = tl.load(z_ptr + z_r2 + c[None, :], mask=mask, other=0.0)
+        if SEGMENT == 0:
+            contraction = tl.zeros((BLOCK_M, CF), dtype=tl.float32)
+        for j in tl.range(0, LMAX):
+            gw_j = tl.load(gw_base + c[:, None] * G + (j * CF + c)[None, :])
+            sg = sigmoid(tl.dot(s, gw_j, input_precision="ieee"))
+            col_neg = (M0 + j * CF + c)[None, :]
+            col_pos = (M0 + G + j * CF + c)[None, :]
+            h_neg = tl.load(h_ptr + r2 + col_neg, mask=mask, other=0.0)
+            h_pos = tl.load(h_ptr + r2 + col_pos, mask=mask, other=0.0)
+            if SEGMENT == 0:
+                col_m0 = ((j + 1) * CF + c)[None, :]
+                h_m0 = tl.load(h_ptr + r2 + col_m0, mask=mask, other=0.0)
+                z_m0 = tl.load(z_ptr + z_r2 + col_m0, mask=mask, other=0.0)
+                z_neg = tl.load(z_ptr + z_r2 + col_neg, mask=mask, other=0.0)
+                z_pos = tl.load(z_ptr + z_r2 + col_pos, mask=mask, other=0.0)
+                gl = gate_logit_grad(gate_grad(h_m0, z_m0, h_neg, z_neg, h_pos, z_pos), sg)
+                gw_t = tl.load(gw_base + c[None, :] * G + (j * CF + c)[:, None])
+                contraction = tl.dot(gl, gw_t, contraction, input_precision="ieee")
+                tl.store(scratch_ptr + s2 + col_m0, h_m0 * sg)
+            else:
+                tl.store(scratch_ptr + s2 + (j * CF + c)[None, :], h_neg * sg)
+                tl.store(scratch_ptr + s2 + (G + j * CF + c)[None, :], h_pos * sg)
+        if SEGMENT == 0:
+            h_s = tl.load(h_ptr + r2 + c[None, :], mask=mask, other=0.0)
+            tl.store(scratch_ptr + s2 + c[None, :], silu_grad(h_s, s) + contraction)
         tl.debug_barrier()      # the scratch is written by some threads and read by others
-        i_rows = tl.where(i % 2 == 0, slot0, slot1)
-        _add_gz_times_wt(h_ptr, w0t_ptr, w1t_ptr, scratch_ptr, i_rows, pid + i * n_programs, layer, E, F,
-                         rows_per_focus, LMAX, CF, SEGMENT, BLOCK_M, BLOCK_N, BLOCK_K)
-        tl.debug_barrier()      # a later tile overwrites this slot
+
+        # Phase 2: h[rows, segment] += gz @ W^T, the relay's K loop over the scratch.
+        if SEGMENT == 0:
+            wt_ptr = w0t_ptr + (layer * F + f) * (M0 * M0)
+        else:
+            wt_ptr = w1t_ptr + (layer * F + f) * (M1 * M1)
+        for n0 in tl.range(0, SEG, BLOCK_N, num_stages=1):
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_mask = n < SEG
+            acc = degree_order_dot(scratch_ptr, s_rows, 0, e_mask, wt_ptr, SEG, n, n_mask, second,
+                                   e_mask, LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, False)
+            ptrs = h_ptr + r2 + (COL0 + n)[None, :]
+            out_mask = mask & n_mask[None, :]
+            res = tl.load(ptrs, mask=out_mask, other=0.0)
+            tl.store(ptrs, res + acc, mask=out_mask)
+        tl.debug_barrier()      # the next tile overwrites the scratch
