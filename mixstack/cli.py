@@ -55,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--blocks", type=int, help="model: interaction blocks (default 2)")
     b.add_argument("--cutoff", type=float, help="model: cutoff in Å (default 5)")
     b.add_argument("--no-alpha", action="store_true", help="custom shape: apply_alpha=False")
-    b.add_argument("--levels", help="variants, comma-separated: 0 (eager), 0c (torch.compile), 1, 2, 3; "
+    b.add_argument("--levels", help="variants, comma-separated: 0 (eager), 0c (torch.compile), 1, 2, "
+                   "2f (level 2 with the fused backward forced), 3; "
                    "model also 1c, 2c, 3c (that level under torch.compile)")
     b.add_argument("--pass", dest="passes", action="append", metavar="PASS",
                    help="fwd, bwd (backward alone) or both (fwd+bwd); repeatable or comma-separated "

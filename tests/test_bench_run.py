@@ -146,7 +146,7 @@ def test_cpu_defaults_are_small_level_zero_and_say_what_they_leave_out():
     assert cfg.shapes == tuple(SMALL.values())
     keys, skipped = runner.plan(cfg)
     assert keys == ["0"]
-    assert {s["variant"] for s in skipped} == {"L1", "L2", "L3"}
+    assert {s["variant"] for s in skipped} == {"L1", "L2", "L2-fused", "L3"}
     assert any("L0-compile" in n for n in cfg.notes)
     assert runner.default_config("cpu", quick=True).shapes == (SMALL["C1"],)
 

@@ -47,8 +47,13 @@ from .timing import Clock, Task, clock_for, time_interleaved
 log = logging.getLogger(__name__)
 
 SCHEMA = "mixstack-bench/1"
-VARIANTS = {"0": "L0-eager", "0c": "L0-compile", "1": "L1", "2": "L2", "3": "L3"}
-LEVEL_OF = {"0": 0, "0c": 0, "1": 1, "2": 2, "3": 3}
+VARIANTS = {"0": "L0-eager", "0c": "L0-compile", "1": "L1", "2": "L2", "2f": "L2-fused", "3": "L3"}
+LEVEL_OF = {"0": 0, "0c": 0, "1": 1, "2": 2, "2f": 2, "3": 3}
+# "2f": level 2 with the fused backward forced (registered for the shape's key while
+# the variant runs, whatever the tables say), so that relay and fused can be timed
+# side by side.  The config: the best fused candidate of both H200 sweeps of the S1
+# key (BENCHMARKS.md); another key's best may differ (``mixstack tune`` finds it).
+FUSED_BENCH_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 PASSES = counts.PASSES
 PASS_LABELS = {"fwd": "fwd", "bwd": "bwd", "both": "fwd+bwd"}
 
@@ -179,6 +184,19 @@ def _rel_err(x: torch.Tensor, x64: torch.Tensor) -> float:
     return num / den if den > 0 else num
 
 
+def _scope(key: str, shape: BenchShape) -> Callable[[], contextlib.AbstractContextManager]:
+    """What each run of variant ``key`` (forward and backward) runs inside: for ``"2f"``
+    the fused backward's registration (the backward looks its config up when it runs)."""
+    if key != "2f":
+        return contextlib.nullcontext
+    from .. import launch, tuning
+    if not launch.fused_supported(shape.layout):
+        raise ValueError(f"{shape.name}: Cf = {shape.focus_dim} is outside the fused backward's regime")
+    key_ = tuning.shape_key(focus_dim=shape.focus_dim, lmax=shape.lmax, n_focus=shape.focus,
+                            apply_alpha=shape.apply_alpha)
+    return lambda: tuning.registration("stack_bwd_fused", key_, dict(FUSED_BENCH_CONFIG))
+
+
 def _forward_fn(key: str, shape: BenchShape, inp: StackInputs) -> Callable:
     """``fwd(u0, alpha) -> result`` of variant ``key`` on ``inp``'s weights."""
     kw = dict(lmax=shape.lmax, focus_dim=shape.focus_dim, apply_alpha=shape.apply_alpha)
@@ -210,17 +228,19 @@ def _reference64(shape: BenchShape, inp: StackInputs, n: int) -> dict:
     return ref
 
 
-def _probe(key, fwd, shape, inp, u0, alpha, wrt, ref, n, device) -> dict:
+def _probe(key, fwd, scope, shape, inp, u0, alpha, wrt, ref, n, device) -> dict:
     """Compile/warm, then one measured fwd+bwd: peak memory, dispatch paths, errors."""
     t0 = time.perf_counter()
-    torch.autograd.grad(fwd(u0, alpha), wrt, inp.grad_out)
+    with scope():
+        torch.autograd.grad(fwd(u0, alpha), wrt, inp.grad_out)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     first_call_s = time.perf_counter() - t0
 
     def run():
-        out = fwd(u0, alpha)
-        return out, torch.autograd.grad(out, wrt, inp.grad_out)
+        with scope():
+            out = fwd(u0, alpha)
+            return out, torch.autograd.grad(out, wrt, inp.grad_out)
 
     with dispatch_log() as paths:
         (out, grads), peak = _peak_above(device, run)
@@ -244,16 +264,25 @@ def _path_notes(records: dict[str, dict]) -> None:
             rec["note"] = "fell back to the reference: no Triton kernel ran"
         elif key == "3" and not any("compensated" in p for p in paths):
             rec["note"] = "no compensated path ran: same as L2 until compensated kernels exist"
+        elif key == "2f" and "bwd:fused" not in paths:
+            rec["note"] = "the fused backward did not run"
         elif key == "2" and "1" in records and paths == records["1"]["dispatch"]:
             rec["note"] = "same dispatch paths as L1 (no tuned fused backward engaged)"
 
 
-def _task(pass_: str, fwd, u0, alpha, wrt, g) -> Task:
+def _task(pass_: str, fwd, scope, u0, alpha, wrt, g) -> Task:
+    def forward():
+        with scope():
+            return fwd(u0, alpha)
+
+    def backward(out):
+        with scope():
+            return torch.autograd.grad(out, wrt, g)
     if pass_ == "fwd":
-        return Task(run=lambda: fwd(u0, alpha))
+        return Task(run=forward)
     if pass_ == "bwd":
-        return Task(setup=lambda: fwd(u0, alpha), run=lambda out: torch.autograd.grad(out, wrt, g))
-    return Task(run=lambda: torch.autograd.grad(fwd(u0, alpha), wrt, g))
+        return Task(setup=forward, run=backward)
+    return Task(run=lambda: backward(forward()))
 
 
 def _timing_row(shape, name, pass_, samples, roof) -> dict:
@@ -328,9 +357,10 @@ def _run_shape(config, shape, keys, device, clock, step, roof, timings) -> dict:
     for key in keys:
         step(f"{shape.name}: warming up {VARIANTS[key]}")
         try:
+            scope = _scope(key, shape)
             fwd = _forward_fn(key, shape, inp)
-            records[key] = _probe(key, fwd, shape, inp, u0, alpha, wrt, ref, n, device)
-            fwds[key] = fwd
+            records[key] = _probe(key, fwd, scope, shape, inp, u0, alpha, wrt, ref, n, device)
+            fwds[key] = (fwd, scope)
         except Exception as exc:                      # recorded and shown; the rest still runs
             records[key] = {"variant": VARIANTS[key], "level": LEVEL_OF[key], "dispatch": {},
                             "peak_mib": None, "first_call_s": None, "rel_error": {}, "note": None,
@@ -338,7 +368,7 @@ def _run_shape(config, shape, keys, device, clock, step, roof, timings) -> dict:
     _path_notes(records)
     failed_passes = {}
     for pass_ in config.passes:
-        tasks = {VARIANTS[k]: _task(pass_, f, u0, alpha, wrt, inp.grad_out) for k, f in fwds.items()}
+        tasks = {VARIANTS[k]: _task(pass_, f, sc, u0, alpha, wrt, inp.grad_out) for k, (f, sc) in fwds.items()}
         if not tasks:
             continue
         try:

@@ -143,3 +143,23 @@ def test_no_entry_keeps_the_relay():
         assert tuning.lookup("stack_bwd_fused", _key(GUARD_CASE)) is tuning.MISSING
         res = helpers.run_stack(GUARD_CASE, 2, inputs, helpers.make_grad_out(GUARD_CASE))
     assert res["log"] == {"fwd:triton": 1, "bwd:relay": 1}
+
+
+def test_the_benchs_fused_variant_runs_the_fused_backward_and_only_there():
+    """``mixstack bench --levels 2,2f``: L2 keeps the relay (no entry), L2-fused runs the
+    fused kernel with the same errors (same bits), and no registration outlives the run."""
+    from mixstack.bench import runner
+    from mixstack.bench.shapes import BenchShape
+    shape = BenchShape("tiny", edges=37, focus=2, focus_dim=16, lmax=2, layers=3)
+    key = tuning.shape_key(focus_dim=16, lmax=2, n_focus=2, apply_alpha=True)
+    with tuning.saved_registrations():
+        tuning.unregister("stack_bwd_fused", key)
+        rec = runner.run_bench(runner.BenchConfig(shapes=(shape,), variants=("2", "2f"), passes=("bwd",),
+                                                  rounds=1, warmup=0, device="cpu", roof_n=64))
+        assert tuning.lookup("stack_bwd_fused", key) is tuning.MISSING
+    l2, fused = rec["shapes"][0]["variants"]
+    assert "bwd:relay" in l2["dispatch"] and "bwd:fused" not in l2["dispatch"]
+    assert "bwd:fused" in fused["dispatch"] and "bwd:relay" not in fused["dispatch"], fused
+    assert fused["note"] is None and not fused["failed"]
+    assert fused["rel_error"] == l2["rel_error"]
+    assert {t["variant"] for t in rec["timings"]} == {"L2", "L2-fused"}
