@@ -1,0 +1,74 @@
+"""The offline resource report: the launches it records are the launchers' own, and the
+level-1 launch configs compile spill-free for sm_90 (the H100/H200), as launch.py claims
+(all but the Cf-64 pointwise backward; see ``launch.gate_config``)."""
+
+import pytest
+import torch
+
+from mixstack import config, launch, resources
+from mixstack.layout import StackLayout
+
+needs_tools = pytest.mark.skipif(not resources.tools_available(),
+                                 reason="this Triton bundles no ptxas/cuobjdump/nvdisasm")
+not_interpreted = pytest.mark.skipif(config.triton_interpret(),
+                                     reason="compiles the kernels: run without TRITON_INTERPRET")
+
+
+def _names(launches):
+    return [x.name for x in launches]
+
+
+def test_the_relay_path_records_every_launch_without_computing_anything():
+    lay = StackLayout(3, 32)
+    launches = resources.stack_launches(lay, 2, True, n_layers=4, edges=1000)
+    names = _names(launches)
+    # forward: per gated layer m0 GEMM, gate, m1 GEMM; then the identity layer
+    assert names[:10] == ["block_gemm_kernel", "gate_kernel", "block_gemm_kernel"] * 3 + ["block_gemm_kernel"]
+    # backward: alpha gradient, identity layer, then per gated layer gate, pointwise, GEMM
+    assert names[10:] == ["alpha_grad_kernel", "block_gemm_kernel"] + [
+        "gate_kernel", "gate_backward_kernel", "block_gemm_kernel"] * 3
+    assert all(t.device.type == "meta" for x in launches for t in x.args if isinstance(t, torch.Tensor))
+    assert launch.wrap_triton is not None and launch.wrap_triton.__module__.startswith("torch")   # restored
+
+
+def test_the_fused_and_compensated_paths_record_their_kernels():
+    lay = StackLayout(2, 16)
+    cfg = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+    fused = resources.stack_launches(lay, 1, False, n_layers=3, edges=100, fused_cfg=cfg)
+    segments = [x.kwargs["SEGMENT"] for x in fused if x.name == "fused_backward_kernel"]
+    assert segments == [0, 1, 0, 1]
+    assert "gate_backward_kernel" not in _names(fused)
+    comp = resources.stack_launches(lay, 1, False, n_layers=3, edges=100, gemm_cfg=cfg, compensated=True)
+    assert _names(comp).count("split_weights_kernel") == 4          # w0, w1 forward; w0^T, w1^T backward
+    assert all(x.kwargs["COMPENSATED"] for x in comp if x.name == "block_gemm_kernel")
+    assert len(resources.distinct(fused)) < len(fused)
+
+
+@needs_tools
+@not_interpreted
+@pytest.mark.parametrize("lmax, cf, n_focus", [(3, 32, 2), (3, 64, 1)], ids=["S1-key", "S4-key"])
+def test_level_1_configs_compile_without_spills_for_sm90(lmax, cf, n_focus):
+    launches = resources.distinct(resources.stack_launches(StackLayout(lmax, cf), n_focus, True))
+    reports = [resources.compile_report(x, 90) for x in launches]
+    assert {r.name for r in reports} == {"block_gemm_kernel", "gate_kernel", "gate_backward_kernel",
+                                         "alpha_grad_kernel"}
+    for r in reports:
+        assert 0 < r.registers <= 255 and r.programs_per_sm() >= 1, r
+        if r.name == "gate_backward_kernel" and cf == 64:
+            continue    # 64 rows x 4 warps: fastest on the H200 (Triton 3.6), spills under Triton 3.7's ptxas
+        assert r.spill_bytes == 0, r
+    gemm = [r for r in reports if r.name == "block_gemm_kernel"]
+    # exact fp32: FMA dots, no tensor-core instruction anywhere
+    assert all(r.sass["FFMA"] >= 1024 and r.sass["HMMA"] == 0 for r in gemm)
+
+
+@needs_tools
+@not_interpreted
+def test_the_compensated_gemm_runs_on_tensor_cores():
+    cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    launches = resources.stack_launches(StackLayout(1, 16), 1, False, n_layers=2, edges=100, gemm_cfg=cfg,
+                                        compensated=True)
+    gemm = next(x for x in launches if x.name == "block_gemm_kernel")
+    r = resources.compile_report(gemm, 90)
+    assert r.sass["HGMMA"] + r.sass["HMMA"] >= 3       # head, and the two tail products
+    assert r.sass["FFMA"] < 1024 and r.spill_bytes == 0
