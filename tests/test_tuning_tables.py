@@ -215,3 +215,12 @@ def test_every_shipped_entry_was_measured_on_the_current_kernel_sources():
                 if entry.get("kernel_hash") != validity.kernel_source_hash(family=family):
                     stale.append(f"{os.path.basename(path)} {family} {key}")
     assert not stale, stale
+
+
+def test_the_fused_candidates_at_cf64_start_with_spill_free_16_row_tiles():
+    wide = tuning.candidates("stack_bwd_fused", tuning.shape_key(focus_dim=64, lmax=3, n_focus=1,
+                                                                 apply_alpha=True))
+    narrow = tuning.candidates("stack_bwd_fused", tuning.shape_key(focus_dim=32, lmax=3, n_focus=2,
+                                                                   apply_alpha=True))
+    assert [c["BLOCK_M"] for c in wide[:4]] == [16] * 4 and len(wide) == len(narrow) + 4
+    assert all(c["BLOCK_M"] >= 32 for c in narrow)

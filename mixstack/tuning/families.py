@@ -43,6 +43,9 @@ _GEMM = (
 # x stages of its GEMM phase (the relay GEMM's knobs; the gate phase's tiles
 # are BLOCK_M x Cf).
 _FUSED = tuple((bm, bn, w, s) for bm in (32, 64) for bn in (64, 128) for w in (4, 8) for s in (2, 3))
+# At Cf = 64 every 32- and 64-row tile with 4 warps spills (255 registers, 150-2000
+# bytes, offline sm_90 report of Triton 3.7; BENCHMARKS.md); 16 rows are spill-free.
+_FUSED_WIDE = tuple((16, bn, w, 2) for bn in (64, 128) for w in (4, 8))
 SMEM_BUDGET = 160 * 1024   # bytes of operand tiles in flight; above it the pipeliner is refused or slow
 # Level 3: tensor-core tiles around the fp16x3 winners of the H200 GEMM sweep
 # ((64,128,32,4,4) at K = 128, (64,64,32,4,4) at K = 192; h200-measurements.md),
@@ -106,7 +109,8 @@ def _fused_candidates(key: ShapeKey) -> list[dict]:
     from ..launch import fused_supported
     if not fused_supported(key.layout):              # outside the fused regime: the relay always runs
         return []
-    return [dict(zip(FUSED_FIELDS, c)) for c in _FUSED]
+    extra = _FUSED_WIDE if key.layout.focus_dim >= 64 else ()
+    return [dict(zip(FUSED_FIELDS, c)) for c in extra + _FUSED]
 
 
 @dataclass(frozen=True)
