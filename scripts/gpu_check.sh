@@ -8,7 +8,9 @@
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
 #   PARTS=tests,tune,stack,model,probes (default: tests,stack,model) picks what runs, in that order;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
-#   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it).
+#   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it);
+#   TUNE_SECONDS caps the sweep so that later parts keep time (a key whose sweep is cut
+#   off is left uncovered; finished keys are already written).
 #   MODEL_ARGS replaces the model bench's default arguments (--levels 0c,0,1c,2c,3c).
 #   Wheels under .whl/ (ase, vesin for a machine without them) are installed
 #   into /tmp/site first.  "probes": PROBES, ';'-separated scripts/ commands
@@ -48,7 +50,9 @@ part_tests() {
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("gpu freeze tests rc=$r: $(tail -n 1 "$OUT/gpu_freeze_tests.log")")
 }
 part_tune() {
-  timeout "$(left)" python3 -m mixstack.cli tune ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.log" | tail -n 30
+  local limit=$(left)
+  if [ -n "${TUNE_SECONDS:-}" ] && [ "$TUNE_SECONDS" -lt "$limit" ]; then limit=$TUNE_SECONDS; fi
+  timeout "$limit" python3 -m mixstack.cli tune ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.log" | tail -n 30
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("tune rc=$r")
 }
 part_stack() {
