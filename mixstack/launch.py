@@ -64,9 +64,9 @@ def gate_config(layout: StackLayout, backward: bool = False) -> dict:
     rows x 4 warps for Cf = 64 (1.24 ms at S4 against 1.62-1.82).  A 128-wide
     tile takes 16 rows x 8 warps (spill-free in the sm_90 ptxas report; not
     timed).  Unrolling the degree loop spilled 116-224 registers at Cf = 64.
-    Compiled offline by Triton 3.7 for sm_90 (``mixstack.resources``), the
-    Cf = 64 backward config (64 x 4) takes 255 registers and spills 392 bytes;
-    whether Triton 3.6 (where it was timed fastest) spills it too is not known.
+    Compiled offline for sm_90 (``mixstack.resources``) by Triton 3.6 (the
+    H200's) and 3.7, the Cf = 64 backward config (64 x 4) takes 255 registers
+    and spills 392 bytes: it was timed fastest all the same.
     """
     cp = triton.next_power_of_2(layout.focus_dim)
     if cp > 64:

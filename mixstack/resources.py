@@ -10,8 +10,12 @@ instead of run; each distinct launch is then compiled for the target by Triton w
 
 Specialisation follows Triton's run-time rule for what the launchers pass: pointers are
 16-byte aligned (whole tensors), an int argument divisible by 16 is marked so, and an int
-equal to 1 is a constant.  The ``ptxas`` is the one of the Triton installed here, which
-may differ from the GPU machine's (a report from Triton 3.7 is not the compile of 3.6).
+equal to 1 is a constant.  The ``ptxas`` is the one of the Triton imported here, which
+may differ from the GPU machine's (a report from Triton 3.7 is not the compile of 3.6):
+to see what another version makes of the kernels, install its wheel into a folder
+(``pip install --no-deps --target DIR triton==X``) and put DIR first on ``PYTHONPATH``.
+With Triton 3.6.0 this way the figures matched what the H200 machine reported
+(``BENCHMARKS.md``).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def test_level_1_configs_compile_without_spills_for_sm90(lmax, cf, n_focus):
     for r in reports:
         assert 0 < r.registers <= 255 and r.programs_per_sm() >= 1, r
         if r.name == "gate_backward_kernel" and cf == 64:
-            continue    # 64 rows x 4 warps: fastest on the H200 (Triton 3.6), spills under Triton 3.7's ptxas
+            continue    # 64 rows x 4 warps spills 392 B (Triton 3.6 and 3.7), yet timed fastest on the H200
         assert r.spill_bytes == 0, r
     gemm = [r for r in reports if r.name == "block_gemm_kernel"]
     # exact fp32: FMA dots, no tensor-core instruction anywhere

@@ -43,8 +43,9 @@ _GEMM = (
 # x stages of its GEMM phase (the relay GEMM's knobs; the gate phase's tiles
 # are BLOCK_M x Cf).
 _FUSED = tuple((bm, bn, w, s) for bm in (32, 64) for bn in (64, 128) for w in (4, 8) for s in (2, 3))
-# At Cf = 64 every 32- and 64-row tile with 4 warps spills (255 registers, 150-2000
-# bytes, offline sm_90 report of Triton 3.7; BENCHMARKS.md); 16 rows are spill-free.
+# At Cf = 64 every 32- and 64-row tile with 4 warps spills (255 registers, 120-1950
+# bytes in the offline sm_90 report of Triton 3.6 and 3.7; BENCHMARKS.md); 16-row
+# tiles take 72-96 registers and spill 0-16 bytes.
 _FUSED_WIDE = tuple((16, bn, w, 2) for bn in (64, 128) for w in (4, 8))
 SMEM_BUDGET = 160 * 1024   # bytes of operand tiles in flight; above it the pipeliner is refused or slow
 # Level 3: tensor-core tiles around the fp16x3 winners of the H200 GEMM sweep
