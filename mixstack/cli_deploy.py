@@ -49,9 +49,7 @@ def tune_keys(args) -> list | None:
 
     keys = []
     for name in args.shape or []:
-        s = shapes.shape_by_name(name)
-        keys.append(tuning.shape_key(focus_dim=s.focus_dim, lmax=s.lmax, n_focus=s.focus,
-                                     apply_alpha=s.apply_alpha))
+        keys.append(shapes.shape_by_name(name).tuning_key())
     if (args.focus_dim is None) != (args.lmax is None):
         raise ValueError("a custom key needs both --focus-dim and --lmax")
     if args.focus_dim is not None:

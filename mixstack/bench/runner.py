@@ -192,9 +192,7 @@ def _scope(key: str, shape: BenchShape) -> Callable[[], contextlib.AbstractConte
     from .. import launch, tuning
     if not launch.fused_supported(shape.layout):
         raise ValueError(f"{shape.name}: Cf = {shape.focus_dim} is outside the fused backward's regime")
-    stack_key = tuning.shape_key(focus_dim=shape.focus_dim, lmax=shape.lmax, n_focus=shape.focus,
-                                 apply_alpha=shape.apply_alpha)
-    return lambda: tuning.registration("stack_bwd_fused", stack_key, dict(FUSED_BENCH_CONFIG))
+    return lambda: tuning.registration("stack_bwd_fused", shape.tuning_key(), dict(FUSED_BENCH_CONFIG))
 
 
 def _forward_fn(key: str, shape: BenchShape, inp: StackInputs) -> Callable:

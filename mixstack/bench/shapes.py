@@ -47,6 +47,12 @@ class BenchShape:
     def n_gated(self) -> int:
         return self.layers - 1
 
+    def tuning_key(self):
+        """The ``tuning.ShapeKey`` of this shape (its tables' key)."""
+        from ..tuning.keys import shape_key
+        return shape_key(focus_dim=self.focus_dim, lmax=self.lmax, n_focus=self.focus,
+                         apply_alpha=self.apply_alpha)
+
     def describe(self) -> str:
         alpha = "" if self.apply_alpha else " no-alpha"
         return (f"{self.name} E={self.edges} F={self.focus} Cf={self.focus_dim} "

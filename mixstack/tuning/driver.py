@@ -15,7 +15,7 @@ import torch
 
 from . import families as _families
 from . import registry, validity
-from .keys import ShapeKey, as_key, shape_key
+from .keys import ShapeKey, as_key
 from .sweep import DEFAULT_ROUNDS, DEFAULT_WARMUP, TuneError, TuneResult, tune_key
 
 log = logging.getLogger(__name__)
@@ -27,8 +27,7 @@ _DEPENDS_ON = {"stack_bwd_fused": "stack_bwd_relay", "stack_compensated": "stack
 def default_keys() -> list[ShapeKey]:
     """The shape keys of the SPEC §7 shapes S1-S4 (S1 and S3 share one)."""
     from ..bench.shapes import STANDARD
-    keys = [shape_key(focus_dim=s.focus_dim, lmax=s.lmax, n_focus=s.focus, apply_alpha=s.apply_alpha)
-            for s in STANDARD.values()]
+    keys = [s.tuning_key() for s in STANDARD.values()]
     return list(dict.fromkeys(keys))
 
 
