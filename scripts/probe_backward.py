@@ -1,8 +1,9 @@
 """Where the backward's time goes, one gated layer at a time (a GPU probe, not a test).
 
-For each shape key: the relay's three launches alone and together, and the
-fused kernel per config, whole and each segment alone; then the compiled
-kernels' registers, spills and shared memory.  (The gate-phase-alone and
+For each shape key: the relay's two launches (pointwise with the sigmoids
+recomputed, GEMM) alone and together, the pointwise kernel under other launch
+configs, and the fused kernel per config, whole and each segment alone; then
+the compiled kernels' registers, spills and shared memory.  (The gate-phase-alone and
 GEMM-phase-alone timings in BENCHMARKS.md came from a profiling switch the
 kernel had at git 6d88a52; it was taken out again so that the shipped H200
 table entry, keyed by the kernel sources' hash, stays valid.)  Times come from the one timing loop (``bench.timing``), interleaved
@@ -24,7 +25,7 @@ from mixstack import launch
 from mixstack.bench import timing
 from mixstack.bench.shapes import BenchShape, make_inputs
 from mixstack.kernels.fused import fused_backward_kernel
-from mixstack.kernels.gate import gate_backward_kernel, gate_kernel
+from mixstack.kernels.gate import gate_backward_kernel
 from mixstack.kernels.gemm import block_gemm_kernel
 from mixstack.layout import StackLayout
 
@@ -33,9 +34,11 @@ KEYS = {  # name: (edges, F, Cf, lmax)
     "cf32_l6_f2": (2 ** 17 + 2 ** 16, 2, 32, 6),
     "cf64_l3_f1": (2 ** 18, 1, 64, 3),
 }
-FUSED = {"cf32_l3_f2": [(32, 128, 4, 2), (32, 64, 4, 2), (64, 64, 4, 2), (64, 128, 8, 2)],
-         "cf32_l6_f2": [(32, 128, 4, 2), (64, 64, 4, 2)],
-         "cf64_l3_f1": [(32, 128, 4, 2), (64, 64, 4, 2)]}
+FUSED = {"cf32_l3_f2": [(32, 64, 4, 2), (64, 64, 4, 2)],
+         "cf32_l6_f2": [(32, 128, 4, 2)],
+         "cf64_l3_f1": [(16, 128, 8, 2), (32, 128, 4, 2)]}
+# (rows, warps, stages) of the relay's pointwise backward besides launch.gate_config's
+POINTWISE = [(16, 4, 1), (32, 4, 1), (64, 4, 1), (32, 2, 1), (64, 8, 1), (32, 8, 1), (32, 4, 2), (16, 2, 1)]
 
 
 def sync():
@@ -45,7 +48,7 @@ def sync():
 
 def kernel_resources():
     out = []
-    for fn in (fused_backward_kernel, gate_kernel, gate_backward_kernel, block_gemm_kernel):
+    for fn in (fused_backward_kernel, gate_backward_kernel, block_gemm_kernel):
         for caches in getattr(fn, "device_caches", {}).values():
             for key, k in caches[0].items():
                 md = k.metadata
@@ -65,19 +68,21 @@ def probe_key(name, edges, n_focus, cf, lmax, rounds):
     h = torch.empty_like(h0)
     w0t = inp.w0.transpose(-1, -2).contiguous()
     w1t = inp.w1.transpose(-1, -2).contiguous()
-    sg = h.new_empty((n_focus, edges, layout.gate_width))
     gz = torch.empty_like(h)
     layer = z.shape[0] - 1
 
     def restore():
         h.copy_(h0)
 
-    def relay(steps):
+    def relay(steps, pointwise_cfg=None):
         return lambda _=None: launch._relay_layer(h, z, inp.gw, w0t, w1t, layer, edges, n_focus, layout,
-                                                  None, sg, gz, steps=steps)
+                                                  None, gz, steps=steps, pointwise_cfg=pointwise_cfg)
 
-    variants = {"relay": relay((0, 1, 2)), "relay.gate": relay((0,)), "relay.pointwise": relay((1,)),
-                "relay.gemm": relay((2,))}
+    variants = {"relay": relay((1, 2)), "relay.pointwise": relay((1,)), "relay.gemm": relay((2,))}
+    for bm, w, st in POINTWISE:
+        cfg = {"BLOCK_M": bm, "num_warps": w, "num_stages": st}
+        if cfg != launch.gate_config(layout, backward=True):
+            variants[f"relay.pointwise M{bm} w{w} s{st}"] = relay((1,), cfg)
     scratches = {}
     for bm, bn, w, s in FUSED[name]:
         cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}

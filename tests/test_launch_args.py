@@ -13,7 +13,6 @@ from mixstack.layout import StackLayout
 GEMM_USES = {"res_ptr": ("RESIDUAL",), "out_ptr": ("STORE_OUT",), "z_ptr": ("STORE_Z",),
              "y_ptr": ("STORE_Y",), "sg_ptr": ("GATE",), "alpha_ptr": ("ALPHA_ON_A", "ALPHA_ON_OUT"),
              "w0lo_ptr": ("COMPENSATED",), "w1lo_ptr": ("COMPENSATED",), "wup_ptr": ("COMPENSATED",)}
-GATE_USES = {"u_ptr": ("WRITE_U",), "u_next_ptr": ("WRITE_U",)}
 
 
 def _record(monkeypatch):
@@ -50,9 +49,22 @@ def test_unused_pointer_arguments_are_never_an_activation_surface(monkeypatch, c
     launch.stack_backward(grad, y, z, alpha, w0, w1, gw, lay, True, compensated=compensated)
     checked = 0
     for name, args, flags in calls:
-        uses = {"block_gemm_kernel": GEMM_USES, "gate_kernel": GATE_USES}.get(name, {})
+        uses = {"block_gemm_kernel": GEMM_USES}.get(name, {})
         for arg, needed_by in uses.items():
             if not any(flags.get(f) for f in needed_by):
                 assert n_edges not in args[arg].shape, (name, arg, tuple(args[arg].shape))
                 checked += 1
     assert checked > 20 and {c[0] for c in calls} >= {"block_gemm_kernel", "gate_kernel"}
+
+
+def test_only_the_compensated_gemm_takes_a_k_tile_from_its_config():
+    """The exact GEMMs' K tile fixes the order of their K sum: a config cannot change it.
+    The compensated GEMM's K tile is tuned, and must divide both block widths."""
+    lay = StackLayout(3, 32)                                        # blocks 128 and 192 wide
+    cfg = dict(launch.default_gemm_config(lay))
+    assert launch.gemm_block_k(lay, cfg, compensated=False) == launch.block_k(lay) == 32
+    with pytest.raises(ValueError, match="fixed at 32"):
+        launch.gemm_block_k(lay, dict(cfg, BLOCK_K=64), compensated=False)
+    assert launch.gemm_block_k(lay, dict(cfg, BLOCK_K=64), compensated=True) == 64
+    with pytest.raises(ValueError, match="divide both block widths"):
+        launch.gemm_block_k(lay, dict(cfg, BLOCK_K=128), compensated=True)
