@@ -8,10 +8,9 @@ Surfaces (all float32): the forward writes ``z (n_gated, F, E, ROW)``, the
 edge-major result and, with alpha, the unscaled result ``y``, using two
 ping-pong ``(F, E, ROW)`` activation buffers and a ``(F, E, G)`` gate-sigmoid
 surface.  The relay backward keeps one running gradient ``h (F, E, ROW)``
-updated in place and one ``gz (F, E, ROW)`` reused by every layer (its
-pointwise kernel recomputes the gate sigmoids, so they get no surface); the
-fused backward keeps only ``h`` and a per-program scratch whose size does not
-depend on E.
+updated in place, one ``gz (F, E, ROW)`` and one sigmoid surface, each reused
+by every layer; the fused backward keeps only ``h`` and a per-program scratch
+whose size does not depend on E.
 """
 
 from __future__ import annotations
@@ -44,22 +43,15 @@ def block_k(layout: StackLayout) -> int:
     return 32 if layout.focus_dim % 32 == 0 else 16
 
 
-def gemm_block_k(layout: StackLayout, cfg: dict, compensated: bool) -> int:
-    """The K tile a GEMM launch runs with.  Exact GEMMs always take ``block_k``: it
-    fixes the order of their K sum, which no launch config may change.  The
-    compensated GEMM takes the config's ``BLOCK_K`` (a tuned field of level 3), which
-    must divide both blocks' widths."""
+def gemm_block_k(layout: StackLayout, cfg: dict) -> int:
+    """The K tile of a GEMM launch: always ``block_k``.  It fixes the order of the K sum
+    (the degree order of ``korder``, which the compensated loop walks too), so a launch
+    config that asks for another one is refused rather than allowed to change results."""
     exact = block_k(layout)
-    bk = cfg.get("BLOCK_K", exact)
-    if not compensated:
-        if bk != exact:
-            raise ValueError(f"the exact GEMM's K tile is fixed at {exact} for Cf = {layout.focus_dim} "
-                             f"(it sets the order of the K sum); a config asked for BLOCK_K = {bk}")
-        return exact
-    if bk < 16 or layout.m0 % bk or layout.m1 % bk:
-        raise ValueError(f"the compensated GEMM's BLOCK_K must be at least 16 and divide both block "
-                         f"widths ({layout.m0} and {layout.m1}); got {bk}")
-    return bk
+    if cfg.get("BLOCK_K", exact) != exact:
+        raise ValueError(f"the GEMM's K tile is fixed at {exact} for Cf = {layout.focus_dim} (it sets "
+                         f"the order of the K sum); a launch config asked for BLOCK_K = {cfg['BLOCK_K']}")
+    return exact
 
 
 def default_gemm_config(layout: StackLayout) -> dict:
@@ -134,7 +126,7 @@ def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, res=N
         w0lo = w1lo = wup = w0
     unused = w0
     cfg = gemm_cfg or default_gemm_config(layout)
-    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], gemm_block_k(layout, cfg, compensated=split is not None)
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], gemm_block_k(layout, cfg)
     widths = {0: layout.m0, 1: layout.m1}
     n_tiles = sum(triton.cdiv(widths[b], bn) for b in blocks)
     grid = ((n_edges + bm - 1) // bm * n_tiles, n_focus)
@@ -155,13 +147,15 @@ def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, res=N
     )
 
 
-def _gate(z, gw, layer, sg, n_edges, n_focus, layout, u, u_next):
+def _gate(z, gw, layer, sg, n_edges, n_focus, layout, u=None, u_next=None):
     cfg = gate_config(layout)
     grid = ((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)
     wrap_triton(gate_kernel)[grid](
-        z, gw, u, u_next, sg, layer, n_edges, n_focus,
+        z, gw, gw if u is None else u, gw if u_next is None else u_next, sg,      # gw: unused pointers
+        layer, n_edges, n_focus,
         LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
-        BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        WRITE_U=u is not None, BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
 
 
@@ -204,9 +198,9 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
     """Level-1/2 backward: ``(grad_u0 (F, E, ROW), grad_alpha (E, F) or empty)``.
 
     The identity layer (with the alpha fold) and ``grad_alpha`` first; then per
-    gated layer either the relay (write ``gz`` pointwise, the gate sigmoids
-    recomputed in the same kernel, then ``h += gz @ W^T`` over both blocks) or,
-    with ``fused_cfg``, the fused kernel's two passes, which allocate no ``gz`` surface.
+    gated layer either the relay (recompute the gate sigmoids, write ``gz``
+    pointwise, ``h += gz @ W^T`` over both blocks) or, with ``fused_cfg``, the
+    fused kernel's two passes, which allocate no sigmoid or ``gz`` surface.
     ``W^T`` is materialised once per call; ``grad_out`` is edge-major with
     unit column stride (its F stride may be 0: the gradient of a sum over the
     focus streams is read as it is, not copied); ``y`` is contiguous; ``h`` is
@@ -235,6 +229,7 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
           res=grad_out, out=h, alpha=alpha if apply_alpha else None, a_edge_major=True,
           alpha_on_a=apply_alpha, split=split)
     if n_gated and fused_cfg is None:
+        sg = grad_out.new_empty((n_focus, n_edges, layout.gate_width))
         gz = torch.empty_like(h)
     elif n_gated:
         bm = fused_cfg["BLOCK_M"]
@@ -244,19 +239,20 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
         if fused_cfg is not None:
             _fused_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, fused_cfg, scratch)
             continue
-        _relay_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, gemm_cfg, gz, split=split)
+        _relay_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, gemm_cfg, sg, gz, split=split)
     return h, grad_alpha
 
 
-def _relay_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, gz, steps=(1, 2),
-                 split=None, pointwise_cfg=None):
-    """One gated layer of the relay: write ``gz`` (the sigmoids recomputed in the same
-    kernel), then ``h += gz @ W^T`` (``split``: compensated).  ``steps`` and
-    ``pointwise_cfg`` (profiling only) launch a subset and override the pointwise config."""
+def _relay_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, sg, gz, steps=(0, 1, 2),
+                 split=None):
+    """One gated layer of the relay: recompute the sigmoids into ``sg``, write ``gz``,
+    ``h += gz @ W^T`` (``split``: compensated).  ``steps`` (profiling only) launches a subset."""
+    if 0 in steps:
+        _gate(z, gw, layer, sg, n_edges, n_focus, layout)
     if 1 in steps:
-        cfg = pointwise_cfg or gate_config(layout, backward=True)
+        cfg = gate_config(layout, backward=True)
         wrap_triton(gate_backward_kernel)[((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)](
-            h, z, gw, gz, layer, n_edges, n_focus,
+            h, z, sg, gw, gz, layer, n_edges, n_focus,
             LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
             BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )

@@ -1,9 +1,10 @@
 """Where the backward's time goes, one gated layer at a time (a GPU probe, not a test).
 
-For each shape key: the relay's two launches (pointwise with the sigmoids
-recomputed, GEMM) alone and together, the pointwise kernel under other launch
-configs, and the fused kernel per config, whole and each segment alone; then
-the compiled kernels' registers, spills and shared memory.  (The gate-phase-alone and
+For each shape key: the relay's three launches alone and together, the same
+relay with level 3's compensated GEMM (the key's shipped ``stack_compensated``
+config) beside the exact one, and the fused kernel per config, whole and each
+segment alone (``--no-fused``: skipped); then the compiled
+kernels' registers, spills and shared memory.  (The gate-phase-alone and
 GEMM-phase-alone timings in BENCHMARKS.md came from a profiling switch the
 kernel had at git 6d88a52; it was taken out again so that the shipped H200
 table entry, keyed by the kernel sources' hash, stays valid.)  Times come from the one timing loop (``bench.timing``), interleaved
@@ -21,11 +22,11 @@ import sys
 
 import torch
 
-from mixstack import launch
+from mixstack import launch, tuning
 from mixstack.bench import timing
 from mixstack.bench.shapes import BenchShape, make_inputs
 from mixstack.kernels.fused import fused_backward_kernel
-from mixstack.kernels.gate import gate_backward_kernel
+from mixstack.kernels.gate import gate_backward_kernel, gate_kernel
 from mixstack.kernels.gemm import block_gemm_kernel
 from mixstack.layout import StackLayout
 
@@ -34,11 +35,9 @@ KEYS = {  # name: (edges, F, Cf, lmax)
     "cf32_l6_f2": (2 ** 17 + 2 ** 16, 2, 32, 6),
     "cf64_l3_f1": (2 ** 18, 1, 64, 3),
 }
-FUSED = {"cf32_l3_f2": [(32, 64, 4, 2), (64, 64, 4, 2)],
-         "cf32_l6_f2": [(32, 128, 4, 2)],
-         "cf64_l3_f1": [(16, 128, 8, 2), (32, 128, 4, 2)]}
-# (rows, warps, stages) of the relay's pointwise backward besides launch.gate_config's
-POINTWISE = [(16, 4, 1), (32, 4, 1), (64, 4, 1), (32, 2, 1), (64, 8, 1), (32, 8, 1), (32, 4, 2), (16, 2, 1)]
+FUSED = {"cf32_l3_f2": [(32, 128, 4, 2), (32, 64, 4, 2), (64, 64, 4, 2), (64, 128, 8, 2)],
+         "cf32_l6_f2": [(32, 128, 4, 2), (64, 64, 4, 2)],
+         "cf64_l3_f1": [(32, 128, 4, 2), (64, 64, 4, 2)]}
 
 
 def sync():
@@ -48,7 +47,7 @@ def sync():
 
 def kernel_resources():
     out = []
-    for fn in (fused_backward_kernel, gate_backward_kernel, block_gemm_kernel):
+    for fn in (fused_backward_kernel, gate_kernel, gate_backward_kernel, block_gemm_kernel):
         for caches in getattr(fn, "device_caches", {}).values():
             for key, k in caches[0].items():
                 md = k.metadata
@@ -58,7 +57,7 @@ def kernel_resources():
     return out
 
 
-def probe_key(name, edges, n_focus, cf, lmax, rounds):
+def probe_key(name, edges, n_focus, cf, lmax, rounds, fused_variants=True):
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")   # cpu: TRITON_INTERPRET=1
     shape = BenchShape(name, edges, n_focus, cf, lmax, 4, True)
     inp = make_inputs(shape, dev, seed=0)
@@ -68,23 +67,34 @@ def probe_key(name, edges, n_focus, cf, lmax, rounds):
     h = torch.empty_like(h0)
     w0t = inp.w0.transpose(-1, -2).contiguous()
     w1t = inp.w1.transpose(-1, -2).contiguous()
+    sg = h.new_empty((n_focus, edges, layout.gate_width))
     gz = torch.empty_like(h)
     layer = z.shape[0] - 1
 
     def restore():
         h.copy_(h0)
 
-    def relay(steps, pointwise_cfg=None):
+    def relay(steps):
         return lambda _=None: launch._relay_layer(h, z, inp.gw, w0t, w1t, layer, edges, n_focus, layout,
-                                                  None, gz, steps=steps, pointwise_cfg=pointwise_cfg)
+                                                  None, sg, gz, steps=steps)
 
-    variants = {"relay": relay((1, 2)), "relay.pointwise": relay((1,)), "relay.gemm": relay((2,))}
-    for bm, w, st in POINTWISE:
-        cfg = {"BLOCK_M": bm, "num_warps": w, "num_stages": st}
-        if cfg != launch.gate_config(layout, backward=True):
-            variants[f"relay.pointwise M{bm} w{w} s{st}"] = relay((1,), cfg)
+    variants = {"relay": relay((0, 1, 2)), "relay.gate": relay((0,)), "relay.pointwise": relay((1,)),
+                "relay.gemm": relay((2,))}
+    comp_cfg = tuning.tuned_config("stack_compensated", focus_dim=cf, lmax=lmax, n_focus=n_focus,
+                                   apply_alpha=True, device=dev)
+    split = launch.split_weights(w0t, w1t)
+
+    def relay3(steps):
+        return lambda _=None: launch._relay_layer(h, z, inp.gw, w0t, w1t, layer, edges, n_focus, layout,
+                                                  comp_cfg, sg, gz, steps=steps, split=split)
+    variants["relay L3"] = relay3((0, 1, 2))
+    variants["relay.gemm L3"] = relay3((2,))
+    # the whole forward (every layer) for scale: exact, and level 3
+    fwd_args = (inp.u0, inp.alpha, inp.w0, inp.w1, inp.gw, layout, True)
+    variants["forward, all layers"] = lambda _=None: launch.stack_forward(*fwd_args)
+    variants["forward L3, all layers"] = lambda _=None: launch.stack_forward(*fwd_args, comp_cfg, compensated=True)
     scratches = {}
-    for bm, bn, w, s in FUSED[name]:
+    for bm, bn, w, s in FUSED[name] if fused_variants else ():
         cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
         tag = f"fused M{bm} N{bn} w{w} s{s}"
         programs = launch._fused_programs(h, (edges + bm - 1) // bm * n_focus)
@@ -110,7 +120,8 @@ def probe_key(name, edges, n_focus, cf, lmax, rounds):
             for tag, s in res.items()}
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return {"edges": edges, "F": n_focus, "Cf": cf, "lmax": lmax, "times": rows, "bitwise": equal}
+    return {"edges": edges, "F": n_focus, "Cf": cf, "lmax": lmax, "compensated_config": comp_cfg,
+            "times": rows, "bitwise": equal}
 
 
 def main(argv=None):
@@ -119,11 +130,13 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--key", action="append", choices=sorted(KEYS))
     ap.add_argument("--edges", type=int, help="override the edge count (a smoke run under the interpreter)")
+    ap.add_argument("--no-fused", action="store_true", help="time the relay variants only")
     args = ap.parse_args(argv)
     results = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "keys": {}}
     for name in args.key or list(KEYS):
         edges, n_focus, cf, lmax = KEYS[name]
-        results["keys"][name] = probe_key(name, args.edges or edges, n_focus, cf, lmax, rounds=args.rounds)
+        results["keys"][name] = probe_key(name, args.edges or edges, n_focus, cf, lmax, rounds=args.rounds,
+                                          fused_variants=not args.no_fused)
         print(f"== {name}", flush=True)
         for tag, r in results["keys"][name]["times"].items():
             eq = results["keys"][name]["bitwise"].get(tag, "")

@@ -57,14 +57,14 @@ def test_unused_pointer_arguments_are_never_an_activation_surface(monkeypatch, c
     assert checked > 20 and {c[0] for c in calls} >= {"block_gemm_kernel", "gate_kernel"}
 
 
-def test_only_the_compensated_gemm_takes_a_k_tile_from_its_config():
-    """The exact GEMMs' K tile fixes the order of their K sum: a config cannot change it.
-    The compensated GEMM's K tile is tuned, and must divide both block widths."""
-    lay = StackLayout(3, 32)                                        # blocks 128 and 192 wide
+
+def test_a_launch_config_cannot_change_the_k_tile():
+    """The K tile fixes the order of the GEMMs' K sum: a config naming another one is
+    refused, one naming the same one (the level-1 config does) is accepted."""
+    lay = StackLayout(3, 32)
     cfg = dict(launch.default_gemm_config(lay))
-    assert launch.gemm_block_k(lay, cfg, compensated=False) == launch.block_k(lay) == 32
+    assert launch.gemm_block_k(lay, cfg) == launch.block_k(lay) == 32
+    assert launch.gemm_block_k(lay, {"BLOCK_M": 64, "BLOCK_N": 64}) == 32
     with pytest.raises(ValueError, match="fixed at 32"):
-        launch.gemm_block_k(lay, dict(cfg, BLOCK_K=64), compensated=False)
-    assert launch.gemm_block_k(lay, dict(cfg, BLOCK_K=64), compensated=True) == 64
-    with pytest.raises(ValueError, match="divide both block widths"):
-        launch.gemm_block_k(lay, dict(cfg, BLOCK_K=128), compensated=True)
+        launch.gemm_block_k(lay, dict(cfg, BLOCK_K=64))
+    assert launch.gemm_block_k(StackLayout(2, 48), cfg | {"BLOCK_K": 16}) == 16

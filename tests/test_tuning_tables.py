@@ -85,16 +85,8 @@ def test_fused_candidates_cover_rows_columns_warps_and_stages_inside_the_fused_r
 def test_compensated_candidates_always_include_one_stage_and_fit_the_block():
     cands = tuning.candidates("stack_compensated", KEY)
     assert cands and {c["num_stages"] for c in cands} >= {1}
-    for bm, bn, bk in {(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]) for c in cands if c["num_stages"] > 1}:
-        assert {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 4 if bm <= 64 else 8,
-                "num_stages": 1} in cands
-    # the K tile is tuned here (level 3 need not keep the exact K order): every width that
-    # divides both blocks, 128 only where it fits
-    assert {c["BLOCK_K"] for c in cands} == {32, 64}
-    wide = tuning.shape_key(focus_dim=64, lmax=3, n_focus=1, apply_alpha=True)     # blocks 256 and 384
-    assert {c["BLOCK_K"] for c in tuning.candidates("stack_compensated", wide)} == {32, 64, 128}
-    odd = tuning.shape_key(focus_dim=32, lmax=6, n_focus=2, apply_alpha=True)      # m0 = 224 = 7 x 32
-    assert {c["BLOCK_K"] for c in tuning.candidates("stack_compensated", odd)} == {32}
+    for bm, bn in {(c["BLOCK_M"], c["BLOCK_N"]) for c in cands if c["num_stages"] > 1}:
+        assert {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4 if bm <= 64 else 8, "num_stages": 1} in cands
     narrow = tuning.shape_key(focus_dim=16, lmax=1, n_focus=1, apply_alpha=True)   # blocks 32 wide
     assert max(c["BLOCK_N"] for c in tuning.candidates("stack_compensated", narrow)) == 64
 

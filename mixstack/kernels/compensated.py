@@ -28,17 +28,12 @@ two, undone on the result (exact again):
   therefore loses nothing; values far below their row's largest fall into
   fp16's subnormals, where their error stays below 2^-35 of that largest
   value.  NaN and Inf propagate (an Inf row becomes NaN).
-
-K runs in natural column order, ``BLOCK_K`` at a time, any ``BLOCK_K`` that
-divides the block's width: level 3 is held to its float64 contract, not to
-the bits of another kernel, so it need not walk the exact levels' degree
-order (``korder``), whose K tile must divide Cf.  The K tile is therefore a
-tuned field of the level-3 family: a wider one issues fewer, larger
-tensor-core products per split of the A tile.
 """
 
 import triton
 import triton.language as tl
+
+from .korder import degree_order_k
 
 TAIL_SCALE = tl.constexpr(2048.0)     # 2^11: one fp16 mantissa beyond the head
 
@@ -64,19 +59,19 @@ def split_fp16(x):
 
 
 @triton.jit
-def compensated_dot(a_ptr, a_rows, col0, e_mask, whi_ptr, wlo_ptr, w_up, kdim, n, n_mask, alpha,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    ALPHA_ON_A: tl.constexpr):
+def compensated_dot(a_ptr, a_rows, col0, e_mask, whi_ptr, wlo_ptr, w_up, kdim, n, n_mask, second, alpha,
+                    LMAX: tl.constexpr, CF: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALPHA_ON_A: tl.constexpr):
     """``A[rows, col0 : col0 + kdim] @ W[:, n]`` for one block from split operands.
 
     ``whi_ptr`` / ``wlo_ptr``: the block's fp16 weight head and tail (row-major,
-    ``kdim x kdim``, scaled by ``1 / w_up``).  ``BLOCK_K`` divides ``kdim``.
+    ``kdim x kdim``, scaled by ``1 / w_up``).  K in the degree order of ``korder``.
     """
     rk = tl.arange(0, BLOCK_K)
     n_k = kdim // BLOCK_K
     amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for t in tl.range(0, n_k):
-        k = t * BLOCK_K
+        k = degree_order_k(t, second, LMAX, CF, BLOCK_K)
         a = tl.load(a_ptr + a_rows[:, None] + (col0 + k + rk)[None, :], mask=e_mask[:, None], other=0.0)
         if ALPHA_ON_A:
             a = a * alpha[:, None]
@@ -85,7 +80,7 @@ def compensated_dot(a_ptr, a_rows, col0, e_mask, whi_ptr, wlo_ptr, w_up, kdim, n
     head = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     tail = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for t in tl.range(0, n_k):
-        k = t * BLOCK_K
+        k = degree_order_k(t, second, LMAX, CF, BLOCK_K)
         a = tl.load(a_ptr + a_rows[:, None] + (col0 + k + rk)[None, :], mask=e_mask[:, None], other=0.0)
         if ALPHA_ON_A:
             a = a * alpha[:, None]

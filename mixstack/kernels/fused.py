@@ -1,8 +1,8 @@
 """The fused backward of one gated layer: gate recompute, ``gz`` and ``h += gz @ W^T`` in one kernel.
 
-The relay (``gate.gate_backward_kernel``, then ``gemm.block_gemm_kernel``)
-writes a ``gz`` surface ``(F, E, ROW)`` to device memory and reads it
-straight back.  Here a
+The relay (``gate.gate_kernel`` recompute, ``gate.gate_backward_kernel``, then
+``gemm.block_gemm_kernel``) writes a sigmoid surface ``(F, E, G)`` and a ``gz``
+surface ``(F, E, ROW)`` to device memory and reads both straight back.  Here a
 persistent program takes edge tiles one after another; for each it
 
 1. recomputes the gate sigmoids and forms every ``gz`` subtile of one output
@@ -29,8 +29,7 @@ key (255 registers, spills; H200, 2026-11-30).
 import triton
 import triton.language as tl
 
-from .activations import gate_grad, gate_logit_grad, silu_grad
-from .gate import degree_sigmoids
+from .activations import gate_grad, gate_logit_grad, sigmoid, silu_grad
 from .gemm import degree_order_dot
 
 
@@ -55,7 +54,6 @@ def fused_backward_kernel(
     n_programs = tl.num_programs(0)
     rows_per_focus = tl.cdiv(E, BLOCK_M)
     c = tl.arange(0, CF)
-    w_mask = (c < CF)[:, None] & (c < CF)[None, :]     # all true: Cf is the tile width here
     r = tl.arange(0, BLOCK_M).to(tl.int64)
     s_rows = (pid.to(tl.int64) * BLOCK_M + r) * SEG       # this program's scratch rows
     s2 = s_rows[:, None]
@@ -76,7 +74,8 @@ def fused_backward_kernel(
         if SEGMENT == 0:
             contraction = tl.zeros((BLOCK_M, CF), dtype=tl.float32)
         for j in tl.range(0, LMAX):
-            sg = degree_sigmoids(s, gw_base, j, c, w_mask, CF, G)
+            gw_j = tl.load(gw_base + c[:, None] * G + (j * CF + c)[None, :])
+            sg = sigmoid(tl.dot(s, gw_j, input_precision="ieee"))
             col_neg = (M0 + j * CF + c)[None, :]
             col_pos = (M0 + G + j * CF + c)[None, :]
             h_neg = tl.load(h_ptr + r2 + col_neg, mask=mask, other=0.0)

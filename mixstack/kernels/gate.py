@@ -1,17 +1,15 @@
 """The gate of a gated layer, forwards and backwards (one program per edge tile and focus).
 
-``gate_kernel`` (forward) computes the gate sigmoids ``sigmoid(s @ gw)`` of a
-layer from its scalar pre-activations ``s = z[:, :Cf]``, writes the sigmoid
-surface ``(F, E, G)`` that the |m| = 1 GEMM's epilogue reads, and the m = 0
-columns of the next layer input, ``u + [silu(s) | z0[:, Cf:] * sg]``.
+``gate_kernel`` computes the gate sigmoids ``sigmoid(s @ gw)`` of a layer from
+its saved scalar pre-activations ``s = z[:, :Cf]`` and writes the sigmoid
+surface ``(F, E, G)``; in the forward (``WRITE_U``) it also writes the m = 0
+columns of the next layer input, ``u + [silu(s) | z0[:, Cf:] * sg]``.  The
+backward relay calls it again to recompute the sigmoids instead of saving them.
 
 ``gate_backward_kernel`` is the relay's pointwise step: from the upstream
-gradient ``h`` and the saved ``z`` it recomputes the sigmoids (``degree_sigmoids``,
-also called by the fused backward) and writes ``gz``, the cotangent of the
-layer's pre-activations, with the gate-logit contraction ``gl @ gw^T`` folded
-into the scalar columns.  Recomputing in this kernel, not in a launch of its own,
-saves the sigmoid surface's write and read (an earlier relay ran ``gate_kernel``
-again for them: 0.46 ms a layer at the S1 key for 0.27 GB of traffic, H200).
+gradient ``h``, the saved ``z`` and the sigmoid surface it writes ``gz``, the
+cotangent of the layer's pre-activations, with the gate-logit contraction
+``gl @ gw^T`` folded into the scalar columns.
 
 Register tiles are ``CP = next_pow2(Cf)`` wide with column masks, so any Cf
 that is a multiple of 16 runs; padded lanes load zeros and are never stored.
@@ -25,20 +23,12 @@ import triton.language as tl
 from .activations import gate_grad, gate_logit_grad, sigmoid, silu, silu_grad
 
 
-@triton.jit
-def degree_sigmoids(s, gw_base, j, c, w_mask, CF: tl.constexpr, G: tl.constexpr):
-    """The gate sigmoids of degree ``j + 1``: ``sigmoid(s @ gw[:, j*Cf : (j+1)*Cf])``, one
-    exact FMA dot, so every kernel that recomputes them gets the forward's bits."""
-    gw_j = tl.load(gw_base + c[:, None] * G + (j * CF + c)[None, :], mask=w_mask, other=0.0)
-    return sigmoid(tl.dot(s, gw_j, input_precision="ieee"))
-
-
 @triton.jit(do_not_specialize=["layer"])
 def gate_kernel(
     z_ptr, gw_ptr, u_ptr, u_next_ptr, sg_ptr,
     layer, E, F,
     LMAX: tl.constexpr, CF: tl.constexpr, CP: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    WRITE_U: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     M0: tl.constexpr = (LMAX + 1) * CF
     ROW: tl.constexpr = M0 + 2 * LMAX * CF
@@ -54,22 +44,25 @@ def gate_kernel(
     sg_rows = (f * E + e) * G
 
     s = tl.load(z_ptr + z_rows[:, None] + c[None, :], mask=mask, other=0.0)
-    u_s = tl.load(u_ptr + rows[:, None] + c[None, :], mask=mask, other=0.0)
-    tl.store(u_next_ptr + rows[:, None] + c[None, :], u_s + silu(s), mask=mask)
+    if WRITE_U:
+        u_s = tl.load(u_ptr + rows[:, None] + c[None, :], mask=mask, other=0.0)
+        tl.store(u_next_ptr + rows[:, None] + c[None, :], u_s + silu(s), mask=mask)
     gw_base = gw_ptr + (layer * F + f) * (CF * G)
     w_mask = c_mask[:, None] & c_mask[None, :]
     for j in tl.range(0, LMAX):
-        sg = degree_sigmoids(s, gw_base, j, c, w_mask, CF, G)
+        gw_j = tl.load(gw_base + c[:, None] * G + (j * CF + c)[None, :], mask=w_mask, other=0.0)
+        sg = sigmoid(tl.dot(s, gw_j, input_precision="ieee"))
         tl.store(sg_ptr + sg_rows[:, None] + (j * CF + c)[None, :], sg, mask=mask)
-        cols = (j + 1) * CF + c
-        z_j = tl.load(z_ptr + z_rows[:, None] + cols[None, :], mask=mask, other=0.0)
-        u_j = tl.load(u_ptr + rows[:, None] + cols[None, :], mask=mask, other=0.0)
-        tl.store(u_next_ptr + rows[:, None] + cols[None, :], u_j + z_j * sg, mask=mask)
+        if WRITE_U:
+            cols = (j + 1) * CF + c
+            z_j = tl.load(z_ptr + z_rows[:, None] + cols[None, :], mask=mask, other=0.0)
+            u_j = tl.load(u_ptr + rows[:, None] + cols[None, :], mask=mask, other=0.0)
+            tl.store(u_next_ptr + rows[:, None] + cols[None, :], u_j + z_j * sg, mask=mask)
 
 
 @triton.jit(do_not_specialize=["layer"])
 def gate_backward_kernel(
-    h_ptr, z_ptr, gw_ptr, gz_ptr,
+    h_ptr, z_ptr, sg_ptr, gw_ptr, gz_ptr,
     layer, E, F,
     LMAX: tl.constexpr, CF: tl.constexpr, CP: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -85,16 +78,16 @@ def gate_backward_kernel(
     mask = (e < E)[:, None] & c_mask[None, :]
     rows = ((f * E + e) * ROW)[:, None]
     z_rows = (((layer * F + f) * E + e) * ROW)[:, None]
+    sg_rows = ((f * E + e) * G)[:, None]
     gw_base = gw_ptr + (layer * F + f) * (CF * G)
     w_mask = c_mask[:, None] & c_mask[None, :]
 
-    s = tl.load(z_ptr + z_rows + c[None, :], mask=mask, other=0.0)
     contraction = tl.zeros((BLOCK_M, CP), dtype=tl.float32)
     for j in tl.range(0, LMAX):
         col_m0 = ((j + 1) * CF + c)[None, :]
         col_neg = (M0 + j * CF + c)[None, :]
         col_pos = (M0 + G + j * CF + c)[None, :]
-        sg = degree_sigmoids(s, gw_base, j, c, w_mask, CF, G)
+        sg = tl.load(sg_ptr + sg_rows + (j * CF + c)[None, :], mask=mask, other=0.0)
         h_m0 = tl.load(h_ptr + rows + col_m0, mask=mask, other=0.0)
         h_neg = tl.load(h_ptr + rows + col_neg, mask=mask, other=0.0)
         h_pos = tl.load(h_ptr + rows + col_pos, mask=mask, other=0.0)
@@ -107,5 +100,6 @@ def gate_backward_kernel(
         gl = gate_logit_grad(gate_grad(h_m0, z_m0, h_neg, z_neg, h_pos, z_pos), sg)
         gw_t = tl.load(gw_base + c[None, :] * G + (j * CF + c)[:, None], mask=w_mask, other=0.0)
         contraction = tl.dot(gl, gw_t, contraction, input_precision="ieee")
+    s = tl.load(z_ptr + z_rows + c[None, :], mask=mask, other=0.0)
     h_s = tl.load(h_ptr + rows + c[None, :], mask=mask, other=0.0)
     tl.store(gz_ptr + rows + c[None, :], silu_grad(h_s, s) + contraction, mask=mask)

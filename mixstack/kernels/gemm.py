@@ -44,7 +44,7 @@ def degree_order_dot(a_ptr, a_rows, col0, e_mask, w_ptr, kdim, n, n_mask, second
 
     The one exact K loop of the stack: the relay's GEMMs and the fused
     backward's GEMM phase both run it, so they sum in the same order (level
-    3's ``compensated_dot`` is held to float64 instead and walks K in natural order).  ``second``: the
+    3's ``compensated_dot`` walks the same ``korder``).  ``second``: the
     |m| = 1 block.  ``w_ptr``: the block's (kdim x kdim) weight, row-major.
     """
     rk = tl.arange(0, BLOCK_K)
@@ -122,8 +122,8 @@ def block_gemm_kernel(
     n_mask = n < kdim
     if COMPENSATED:
         w_up = tl.load(wup_ptr + (layer * F + f) * 2 + second.to(tl.int64))
-        acc = compensated_dot(a_ptr, a_rows, col0, e_mask, w_ptr, wlo_ptr, w_up, kdim, n, n_mask, alpha,
-                              BLOCK_M, BLOCK_N, BLOCK_K, ALPHA_ON_A)
+        acc = compensated_dot(a_ptr, a_rows, col0, e_mask, w_ptr, wlo_ptr, w_up, kdim, n, n_mask, second,
+                              alpha, LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, ALPHA_ON_A)
     else:
         acc = degree_order_dot(a_ptr, a_rows, col0, e_mask, w_ptr, kdim, n, n_mask, second, alpha,
                                LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, ALPHA_ON_A)

@@ -5,9 +5,8 @@ K runs over ``Cf``-wide subtiles in *degree order* (``BLOCK_K`` divides
 takes m = -1 and m = +1 of degree 1, then of degree 2, and so on.  That is
 the order in which a fused backward can produce each ``gz`` subtile with one
 gate sigmoid per degree, so the relay and the fused kernels sum in the same
-order and agree bit for bit (``gemm.degree_order_dot``).  The compensated
-GEMM (``compensated.compensated_dot``, level 3) is held to float64, not to
-these bits, and runs K in natural order.
+order and agree bit for bit (``gemm.degree_order_dot``); the compensated
+GEMM (``compensated.compensated_dot``) walks the same order.
 """
 
 import triton

@@ -5,7 +5,7 @@
 | ``stack_fwd`` | ``BLOCK_M, BLOCK_N, num_warps, num_stages`` of the forward GEMMs | the level-1 config |
 | ``stack_bwd_relay`` | the same, for the relay backward's GEMMs | the level-1 config |
 | ``stack_bwd_fused`` | ``BLOCK_M, BLOCK_N, num_warps, num_stages`` of the fused backward | the relay |
-| ``stack_compensated`` | ``BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages`` of the level-3 split-fp16 GEMMs (forward and relay backward) | the exact fp32 stack (level 2) |
+| ``stack_compensated`` | ``BLOCK_M, BLOCK_N, num_warps, num_stages`` of the level-3 split-fp16 GEMMs (forward and relay backward) | the exact fp32 stack (level 2) |
 
 Each family names the dispatch-log paths (``mixstack.dispatch_log``) that a
 candidate run and a baseline run must show, and the ones they must not: the
@@ -27,8 +27,6 @@ from .keys import ShapeKey
 
 GEMM_FIELDS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 FUSED_FIELDS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
-# Level 3 also tunes its K tile: it is held to float64, not to an order of the K sum.
-COMPENSATED_FIELDS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
 
 # Hand-picked (BLOCK_M, BLOCK_N, num_warps, num_stages) around the H200 winners
 # of a 242-config sweep of one ieee block GEMM (h200-measurements.md: (64,128,
@@ -55,14 +53,10 @@ SMEM_BUDGET = 160 * 1024   # bytes of operand tiles in flight; above it the pipe
 # and always one-stage variants: the Triton pipeliner has turned some
 # warps/stages combinations of fp16x3 kernels into silent NaN rows
 # (upstream-lessons.md §3), which the float64 check must be able to fall back from.
-# At the S1, S2 and S4 keys (H200, 2026-11-30, K tile 32) the 64-row, 4-warp tiles
-# won: 12.2-17.3 ms, against 14.4-22.4 for every 128-row/8-warp and 32-row tile, which
-# were dropped.  Each tile runs with every K tile from 32 to 128 that divides both
-# block widths and fits the shared-memory budget.
 _COMPENSATED = (
     (64, 128, 4, 1), (64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 1), (64, 64, 4, 3), (64, 64, 4, 4),
+    (128, 64, 8, 1), (128, 64, 8, 3), (128, 128, 8, 1), (128, 128, 8, 2), (32, 64, 4, 1), (32, 64, 4, 3),
 )
-_COMPENSATED_K = (32, 64, 128)
 CONTRACT = 2e-6            # relative error of the result and of every gradient against float64
 
 
@@ -102,16 +96,13 @@ def _gemm_candidates(key: ShapeKey) -> list[dict]:
 
 
 def _compensated_candidates(key: ShapeKey) -> list[dict]:
-    lay = key.layout
-    widest = max(lay.m0, lay.m1)
+    bk = block_k(key)
+    widest = max(key.layout.m0, key.layout.m1)
     out = []
-    for bk in _COMPENSATED_K:
-        if lay.m0 % bk or lay.m1 % bk:
-            continue
-        for bm, bn, w, s in _COMPENSATED:
-            smem = s * (bm * bk * 4 + 2 * bk * bn * 2)      # fp32 A tile, fp16 W head and tail
-            if smem <= SMEM_BUDGET and bn <= max(64, triton.next_power_of_2(widest)):
-                out.append(dict(zip(COMPENSATED_FIELDS, (bm, bn, bk, w, s))))
+    for bm, bn, w, s in _COMPENSATED:
+        smem = s * (bm * bk * 4 + 2 * bk * bn * 2)      # fp32 A tile, fp16 W head and tail
+        if smem <= SMEM_BUDGET and bn <= max(64, triton.next_power_of_2(widest)):
+            out.append(dict(zip(GEMM_FIELDS, (bm, bn, w, s))))
     return out
 
 
@@ -167,7 +158,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            candidate_paths=("bwd:fused",), candidate_forbidden=("bwd:relay",),
            baseline_paths=("bwd:relay",), baseline_forbidden=("bwd:fused",),
            baseline_name="relay", kernels=("fused", "gemm", "gate", "reduce")),
-    Family("stack_compensated", COMPENSATED_FIELDS, "both", _compensated_candidates,
+    Family("stack_compensated", GEMM_FIELDS, "both", _compensated_candidates,
            candidate_paths=("fwd:compensated", "bwd:compensated"),
            candidate_forbidden=("fwd:triton", "bwd:relay", "bwd:fused"),
            baseline_paths=("fwd:triton",), baseline_forbidden=("fwd:compensated", "bwd:compensated"),
@@ -211,7 +202,7 @@ def check_config(name: str, cfg) -> dict | None:
     return {f: cfg[f] for f in fam.fields}
 
 
-_ABBREV = {"BLOCK_M": "M", "BLOCK_N": "N", "BLOCK_K": "K", "num_warps": "w", "num_stages": "s"}
+_ABBREV = {"BLOCK_M": "M", "BLOCK_N": "N", "num_warps": "w", "num_stages": "s"}
 
 
 def label(cfg: dict | None) -> str:

@@ -53,10 +53,9 @@ def test_fused_backward_is_bitwise_equal_for_every_candidate_tile(cfg):
     assert _same_bits(_run(case, 1), _run(case, 2, fused=cfg))
 
 
-def test_no_backward_allocates_a_sigmoid_surface_and_the_fused_one_no_gz_surface(monkeypatch):
-    """The relay allocates an (F, E, ROW) gz surface (its pointwise kernel recomputes the
-    sigmoids, so no (F, E, G) surface); the fused backward allocates neither (its h is
-    the only (F, E, ROW) buffer)."""
+def test_fused_backward_allocates_neither_the_sigmoid_nor_the_gz_surface(monkeypatch):
+    """The relay allocates an (F, E, G) sigmoid and an (F, E, ROW) gz surface; the
+    fused backward allocates neither (its h is the only (F, E, ROW) buffer)."""
     from mixstack import launch
     case = Case(F=1, E=129, Cf=16, lmax=2, n_layers=3)
     made = []
@@ -82,7 +81,7 @@ def test_no_backward_allocates_a_sigmoid_surface_and_the_fused_one_no_gz_surface
     launch.stack_backward(grad_out, y, z, *inputs[1:], case.layout, True)
     relay_made = list(made)
     surface, sig = (case.F, case.E, case.row), (case.F, case.E, case.layout.gate_width)
-    assert relay_made.count(surface) == 2 and sig not in relay_made       # h and gz
+    assert relay_made.count(surface) == 2 and sig in relay_made           # h and gz, and sg
     assert fused_made.count(surface) == 1 and sig not in fused_made       # h only
     # ... and its per-program scratch is far smaller than a surface at production sizes:
     # programs x BLOCK_M x widest block, independent of E.
