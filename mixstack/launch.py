@@ -110,9 +110,12 @@ def split_weights(w0, w1):
 
 def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, res=None, out=None, z=None,
           y=None, sg=None, alpha=None, a_edge_major=False, alpha_on_a=False,
-          gate=False, alpha_on_out=False, out_edge_major=False, split=None):
+          gate=False, alpha_on_out=False, out_edge_major=False, split=None, amax_in=None, amax_out=None):
     """Launch ``block_gemm_kernel`` over ``blocks`` (``(0,)``, ``(1,)`` or ``(0, 1)``);
-    ``split`` (level 3): ``split_weights(w0, w1)``, run the compensated products.
+    ``split`` (level 3): ``split_weights(w0, w1)``, run the compensated products,
+    with ``amax_in`` ``(F, E, 2)`` the rows' per-block maxima of ``a`` as its writer
+    recorded them (``None``: the kernel finds them), and ``amax_out`` (zeroed) where
+    ``out`` is the next compensated GEMM's operand.
     An edge-major ``a`` (``a_edge_major``) is read through its E and F strides."""
     # Pointers the constexpr flags leave unused get a weight tensor, never an
     # activation surface, so no surface reaches a compiler as several aliased
@@ -134,7 +137,7 @@ def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, res=N
         a, w0, w1, unused if res is None else res, unused if out is None else out,
         unused if z is None else z, unused if y is None else y, unused if sg is None else sg,
         unused if alpha is None else alpha,
-        w0lo, w1lo, wup,
+        w0lo, w1lo, wup, unused if amax_in is None else amax_in, unused if amax_out is None else amax_out,
         layer, n_edges, n_focus, a.stride(0) if a_edge_major else 0, a.stride(1) if a_edge_major else 0,
         LMAX=layout.lmax, CF=layout.focus_dim,
         FIRST_BLOCK=blocks[0], BOTH_BLOCKS=len(blocks) == 2,
@@ -142,31 +145,37 @@ def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, res=N
         STORE_Z=z is not None, GATE=gate, RESIDUAL=res is not None,
         ALPHA_ON_OUT=alpha_on_out, OUT_EDGE_MAJOR=out_edge_major, STORE_OUT=out is not None,
         STORE_Y=y is not None, COMPENSATED=split is not None,
+        AMAX_IN=amax_in is not None, AMAX_OUT=amax_out is not None,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
 
-def _gate(z, gw, layer, sg, n_edges, n_focus, layout, u=None, u_next=None):
+def _gate(z, gw, layer, sg, n_edges, n_focus, layout, u=None, u_next=None, amax=None):
+    """The gate kernel; ``amax`` (level 3, with ``u_next``): record the m = 0 block's row maxima."""
     cfg = gate_config(layout)
     grid = ((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)
     wrap_triton(gate_kernel)[grid](
         z, gw, gw if u is None else u, gw if u_next is None else u_next, sg,      # gw: unused pointers
+        gw if amax is None else amax,
         layer, n_edges, n_focus,
         LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
-        WRITE_U=u is not None, BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
+        WRITE_U=u is not None, WRITE_AMAX=amax is not None, BLOCK_M=cfg["BLOCK_M"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
 
 def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool, gemm_cfg=None,
-                  compensated: bool = False):
+                  compensated: bool = False, writer_amax: bool = True):
     """Level-1 forward: ``(result, z, y)``; inputs contiguous fp32.
 
     ``result (E, F, ROW)``, ``z (n_gated, F, E, ROW)``, and with alpha the
     unscaled result ``y (E, F, ROW)`` for the alpha gradient (else empty).
     ``gemm_cfg``: a tuned GEMM launch config (``None``: the level-1 default).
-    ``compensated`` (level 3): the GEMMs run split fp16 products.
+    ``compensated`` (level 3): the GEMMs run split fp16 products; each layer input
+    after the first comes with its rows' per-block maxima, recorded by the gate
+    kernel and the |m| = 1 GEMM that wrote it (``writer_amax=False``, for tests
+    and probes: every compensated GEMM finds them itself, with the same bits).
     """
     n_focus, n_edges, row = u0.shape
     n_gated = w0.shape[0] - 1
@@ -177,24 +186,30 @@ def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
         return out, z, y
     u = u0
     split = split_weights(w0, w1) if compensated else None
+    record = compensated and writer_amax
+    amax = None                          # the row maxima of u, where a kernel recorded them
     if n_gated:
         sg = u0.new_empty((n_focus, n_edges, layout.gate_width))
         buffers = [torch.empty_like(u0), torch.empty_like(u0) if n_gated > 1 else None]
+        if record:
+            maxima = [u0.new_empty((n_focus, n_edges, 2)) for _ in range(min(n_gated, 2))]
     for k in range(n_gated):
         u_next = buffers[k % 2]
-        _gemm(u, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(0,), z=z, split=split)
-        _gate(z, gw, k, sg, n_edges, n_focus, layout, u=u, u_next=u_next)
+        amax_next = maxima[k % 2].zero_() if record else None
+        _gemm(u, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(0,), z=z, split=split,
+              amax_in=amax)
+        _gate(z, gw, k, sg, n_edges, n_focus, layout, u=u, u_next=u_next, amax=amax_next)
         _gemm(u, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(1,), z=z, sg=sg, gate=True,
-              res=u, out=u_next, split=split)
-        u = u_next
+              res=u, out=u_next, split=split, amax_in=amax, amax_out=amax_next)
+        u, amax = u_next, amax_next
     _gemm(u, w0, w1, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=u, out=out,
           y=y if apply_alpha else None, alpha=alpha if apply_alpha else None,
-          alpha_on_out=apply_alpha, out_edge_major=True, split=split)
+          alpha_on_out=apply_alpha, out_edge_major=True, split=split, amax_in=amax)
     return out, z, y
 
 
 def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
-                   gemm_cfg=None, fused_cfg=None, compensated: bool = False):
+                   gemm_cfg=None, fused_cfg=None, compensated: bool = False, writer_amax: bool = True):
     """Level-1/2 backward: ``(grad_u0 (F, E, ROW), grad_alpha (E, F) or empty)``.
 
     The identity layer (with the alpha fold) and ``grad_alpha`` first; then per
@@ -205,7 +220,9 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
     unit column stride (its F stride may be 0: the gradient of a sum over the
     focus streams is read as it is, not copied); ``y`` is contiguous; ``h`` is
     updated in place.  ``compensated``
-    (level 3): the relay's GEMMs run split fp16 products (not with ``fused_cfg``).
+    (level 3): the relay's GEMMs run split fp16 products (not with ``fused_cfg``);
+    the pointwise kernel records ``gz``'s per-block row maxima for them
+    (``writer_amax=False``: the GEMMs find them, as in ``stack_forward``).
     """
     if compensated and fused_cfg is not None:
         raise ValueError("the fused backward has no compensated form; run the relay")
@@ -228,9 +245,12 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
     _gemm(grad_out, w0t, w1t, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1),
           res=grad_out, out=h, alpha=alpha if apply_alpha else None, a_edge_major=True,
           alpha_on_a=apply_alpha, split=split)
+    amax = None
     if n_gated and fused_cfg is None:
         sg = grad_out.new_empty((n_focus, n_edges, layout.gate_width))
         gz = torch.empty_like(h)
+        if compensated and writer_amax:
+            amax = h.new_empty((n_focus, n_edges, 2))
     elif n_gated:
         bm = fused_cfg["BLOCK_M"]
         programs = _fused_programs(h, (n_edges + bm - 1) // bm * n_focus)
@@ -239,26 +259,29 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
         if fused_cfg is not None:
             _fused_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, fused_cfg, scratch)
             continue
-        _relay_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, gemm_cfg, sg, gz, split=split)
+        _relay_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, gemm_cfg, sg, gz, split=split,
+                     amax=amax)
     return h, grad_alpha
 
 
 def _relay_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, sg, gz, steps=(0, 1, 2),
-                 split=None):
+                 split=None, amax=None):
     """One gated layer of the relay: recompute the sigmoids into ``sg``, write ``gz``,
-    ``h += gz @ W^T`` (``split``: compensated).  ``steps`` (profiling only) launches a subset."""
+    ``h += gz @ W^T`` (``split``: compensated; ``amax``: ``gz``'s row maxima, recorded by
+    the pointwise kernel for it).  ``steps`` (profiling only) launches a subset."""
     if 0 in steps:
         _gate(z, gw, layer, sg, n_edges, n_focus, layout)
     if 1 in steps:
         cfg = gate_config(layout, backward=True)
         wrap_triton(gate_backward_kernel)[((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)](
-            h, z, sg, gw, gz, layer, n_edges, n_focus,
+            h, z, sg, gw, gz, gw if amax is None else amax, layer, n_edges, n_focus,      # gw: unused
             LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
-            BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            WRITE_AMAX=amax is not None, BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"],
         )
     if 2 in steps:
         _gemm(gz, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=h, out=h,
-              split=split)
+              split=split, amax_in=amax)
 
 
 # Persistent programs of the fused backward per SM: each owns a scratch of

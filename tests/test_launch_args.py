@@ -12,8 +12,10 @@ from mixstack.layout import StackLayout
 # pointer argument -> the constexpr flags under which the kernel dereferences it
 GEMM_USES = {"res_ptr": ("RESIDUAL",), "out_ptr": ("STORE_OUT",), "z_ptr": ("STORE_Z",),
              "y_ptr": ("STORE_Y",), "sg_ptr": ("GATE",), "alpha_ptr": ("ALPHA_ON_A", "ALPHA_ON_OUT"),
-             "w0lo_ptr": ("COMPENSATED",), "w1lo_ptr": ("COMPENSATED",), "wup_ptr": ("COMPENSATED",)}
-GATE_USES = {"u_ptr": ("WRITE_U",), "u_next_ptr": ("WRITE_U",)}
+             "w0lo_ptr": ("COMPENSATED",), "w1lo_ptr": ("COMPENSATED",), "wup_ptr": ("COMPENSATED",),
+             "amax_in_ptr": ("AMAX_IN",), "amax_out_ptr": ("AMAX_OUT",)}
+GATE_USES = {"u_ptr": ("WRITE_U",), "u_next_ptr": ("WRITE_U",), "amax_ptr": ("WRITE_AMAX",)}
+POINTWISE_USES = {"amax_ptr": ("WRITE_AMAX",)}
 
 
 def _record(monkeypatch):
@@ -50,7 +52,8 @@ def test_unused_pointer_arguments_are_never_an_activation_surface(monkeypatch, c
     launch.stack_backward(grad, y, z, alpha, w0, w1, gw, lay, True, compensated=compensated)
     checked = 0
     for name, args, flags in calls:
-        uses = {"block_gemm_kernel": GEMM_USES, "gate_kernel": GATE_USES}.get(name, {})
+        uses = {"block_gemm_kernel": GEMM_USES, "gate_kernel": GATE_USES,
+                "gate_backward_kernel": POINTWISE_USES}.get(name, {})
         for arg, needed_by in uses.items():
             if not any(flags.get(f) for f in needed_by):
                 assert n_edges not in args[arg].shape, (name, arg, tuple(args[arg].shape))

@@ -23,8 +23,15 @@ two, undone on the result (exact again):
   (``split_weights_kernel``: the split runs in Triton so that no compiler
   can fold ``x - fp16(x)`` to zero, as Inductor does to the same math in
   ATen ops);
-- the activations per row of the GEMM, in the kernel: a first pass over the
-  row's K tiles finds its largest magnitude.  A row of 1e-6 or 1e4 values
+- the activations per row of the GEMM and per block: the largest magnitude of
+  the row's block, written by the kernel that wrote the surface (the forward
+  gate kernel for the m = 0 columns of a layer input, the |m| = 1 GEMM's
+  epilogue for the rest, the pointwise backward for ``gz``; ``row_amax``), or,
+  where no kernel of the stack wrote the operand (the stack's input, the
+  alpha-scaled incoming gradient), found by a first pass over the row's K
+  tiles in this kernel.  Both give the same maximum of the same values, hence
+  the same bits; the pre-pass cost 20-30% of this GEMM's time on the H200
+  (``scripts/probe_compensated.py``, BENCHMARKS.md).  A row of 1e-6 or 1e4 values
   therefore loses nothing; values far below their row's largest fall into
   fp16's subnormals, where their error stays below 2^-35 of that largest
   value.  NaN and Inf propagate (an Inf row becomes NaN).
@@ -59,23 +66,34 @@ def split_fp16(x):
 
 
 @triton.jit
+def row_amax(x, mask):
+    """Each row's largest magnitude over the masked elements of the tile ``x``: what a
+    kernel that writes an operand of the compensated GEMM records for it."""
+    return tl.max(tl.where(mask, tl.abs(x), 0.0), axis=1)
+
+
+@triton.jit
 def compensated_dot(a_ptr, a_rows, col0, e_mask, whi_ptr, wlo_ptr, w_up, kdim, n, n_mask, second, alpha,
-                    LMAX: tl.constexpr, CF: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALPHA_ON_A: tl.constexpr):
+                    amax, LMAX: tl.constexpr, CF: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALPHA_ON_A: tl.constexpr,
+                    AMAX_GIVEN: tl.constexpr):
     """``A[rows, col0 : col0 + kdim] @ W[:, n]`` for one block from split operands.
 
     ``whi_ptr`` / ``wlo_ptr``: the block's fp16 weight head and tail (row-major,
     ``kdim x kdim``, scaled by ``1 / w_up``).  K in the degree order of ``korder``.
+    ``amax`` (``AMAX_GIVEN``): each row's largest magnitude in the block, as its
+    writer recorded it; otherwise a first pass over the row's K tiles finds it.
     """
     rk = tl.arange(0, BLOCK_K)
     n_k = kdim // BLOCK_K
-    amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for t in tl.range(0, n_k):
-        k = degree_order_k(t, second, LMAX, CF, BLOCK_K)
-        a = tl.load(a_ptr + a_rows[:, None] + (col0 + k + rk)[None, :], mask=e_mask[:, None], other=0.0)
-        if ALPHA_ON_A:
-            a = a * alpha[:, None]
-        amax = tl.maximum(amax, tl.max(tl.abs(a), axis=1))
+    if not AMAX_GIVEN:
+        amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for t in tl.range(0, n_k):
+            k = degree_order_k(t, second, LMAX, CF, BLOCK_K)
+            a = tl.load(a_ptr + a_rows[:, None] + (col0 + k + rk)[None, :], mask=e_mask[:, None], other=0.0)
+            if ALPHA_ON_A:
+                a = a * alpha[:, None]
+            amax = tl.maximum(amax, tl.max(tl.abs(a), axis=1))
     down, up = pow2_scales(amax)
     head = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     tail = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)

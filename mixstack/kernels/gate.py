@@ -6,6 +6,11 @@ surface ``(F, E, G)``; in the forward (``WRITE_U``) it also writes the m = 0
 columns of the next layer input, ``u + [silu(s) | z0[:, Cf:] * sg]``.  The
 backward relay calls it again to recompute the sigmoids instead of saving them.
 
+With ``WRITE_AMAX`` (level 3) each kernel also records, per row, the largest
+magnitude of what it wrote to each GEMM block's columns (``(F, E, 2)``: the
+m = 0 block, the |m| = 1 block) for the compensated GEMM that reads it next
+(``compensated.row_amax``); the forward gate kernel writes only m = 0 columns.
+
 ``gate_backward_kernel`` is the relay's pointwise step: from the upstream
 gradient ``h``, the saved ``z`` and the sigmoid surface it writes ``gz``, the
 cotangent of the layer's pre-activations, with the gate-logit contraction
@@ -21,14 +26,15 @@ import triton
 import triton.language as tl
 
 from .activations import gate_grad, gate_logit_grad, sigmoid, silu, silu_grad
+from .compensated import row_amax
 
 
 @triton.jit(do_not_specialize=["layer"])
 def gate_kernel(
-    z_ptr, gw_ptr, u_ptr, u_next_ptr, sg_ptr,
+    z_ptr, gw_ptr, u_ptr, u_next_ptr, sg_ptr, amax_ptr,
     layer, E, F,
     LMAX: tl.constexpr, CF: tl.constexpr, CP: tl.constexpr,
-    WRITE_U: tl.constexpr, BLOCK_M: tl.constexpr,
+    WRITE_U: tl.constexpr, WRITE_AMAX: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     M0: tl.constexpr = (LMAX + 1) * CF
     ROW: tl.constexpr = M0 + 2 * LMAX * CF
@@ -46,7 +52,10 @@ def gate_kernel(
     s = tl.load(z_ptr + z_rows[:, None] + c[None, :], mask=mask, other=0.0)
     if WRITE_U:
         u_s = tl.load(u_ptr + rows[:, None] + c[None, :], mask=mask, other=0.0)
-        tl.store(u_next_ptr + rows[:, None] + c[None, :], u_s + silu(s), mask=mask)
+        v = u_s + silu(s)
+        tl.store(u_next_ptr + rows[:, None] + c[None, :], v, mask=mask)
+        if WRITE_AMAX:
+            amax = row_amax(v, mask)
     gw_base = gw_ptr + (layer * F + f) * (CF * G)
     w_mask = c_mask[:, None] & c_mask[None, :]
     for j in tl.range(0, LMAX):
@@ -57,15 +66,20 @@ def gate_kernel(
             cols = (j + 1) * CF + c
             z_j = tl.load(z_ptr + z_rows[:, None] + cols[None, :], mask=mask, other=0.0)
             u_j = tl.load(u_ptr + rows[:, None] + cols[None, :], mask=mask, other=0.0)
-            tl.store(u_next_ptr + rows[:, None] + cols[None, :], u_j + z_j * sg, mask=mask)
+            v = u_j + z_j * sg
+            tl.store(u_next_ptr + rows[:, None] + cols[None, :], v, mask=mask)
+            if WRITE_AMAX:
+                amax = tl.maximum(amax, row_amax(v, mask))
+    if WRITE_AMAX:
+        tl.store(amax_ptr + (f * E + e) * 2, amax, mask=e < E)
 
 
 @triton.jit(do_not_specialize=["layer"])
 def gate_backward_kernel(
-    h_ptr, z_ptr, sg_ptr, gw_ptr, gz_ptr,
+    h_ptr, z_ptr, sg_ptr, gw_ptr, gz_ptr, amax_ptr,
     layer, E, F,
     LMAX: tl.constexpr, CF: tl.constexpr, CP: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    WRITE_AMAX: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     M0: tl.constexpr = (LMAX + 1) * CF
     ROW: tl.constexpr = M0 + 2 * LMAX * CF
@@ -83,6 +97,8 @@ def gate_backward_kernel(
     w_mask = c_mask[:, None] & c_mask[None, :]
 
     contraction = tl.zeros((BLOCK_M, CP), dtype=tl.float32)
+    amax0 = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    amax1 = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for j in tl.range(0, LMAX):
         col_m0 = ((j + 1) * CF + c)[None, :]
         col_neg = (M0 + j * CF + c)[None, :]
@@ -94,12 +110,23 @@ def gate_backward_kernel(
         z_m0 = tl.load(z_ptr + z_rows + col_m0, mask=mask, other=0.0)
         z_neg = tl.load(z_ptr + z_rows + col_neg, mask=mask, other=0.0)
         z_pos = tl.load(z_ptr + z_rows + col_pos, mask=mask, other=0.0)
-        tl.store(gz_ptr + rows + col_m0, h_m0 * sg, mask=mask)
-        tl.store(gz_ptr + rows + col_neg, h_neg * sg, mask=mask)
-        tl.store(gz_ptr + rows + col_pos, h_pos * sg, mask=mask)
+        g_m0 = h_m0 * sg
+        g_neg = h_neg * sg
+        g_pos = h_pos * sg
+        tl.store(gz_ptr + rows + col_m0, g_m0, mask=mask)
+        tl.store(gz_ptr + rows + col_neg, g_neg, mask=mask)
+        tl.store(gz_ptr + rows + col_pos, g_pos, mask=mask)
+        if WRITE_AMAX:
+            amax0 = tl.maximum(amax0, row_amax(g_m0, mask))
+            amax1 = tl.maximum(amax1, tl.maximum(row_amax(g_neg, mask), row_amax(g_pos, mask)))
         gl = gate_logit_grad(gate_grad(h_m0, z_m0, h_neg, z_neg, h_pos, z_pos), sg)
         gw_t = tl.load(gw_base + c[None, :] * G + (j * CF + c)[:, None], mask=w_mask, other=0.0)
         contraction = tl.dot(gl, gw_t, contraction, input_precision="ieee")
     s = tl.load(z_ptr + z_rows + c[None, :], mask=mask, other=0.0)
     h_s = tl.load(h_ptr + rows + c[None, :], mask=mask, other=0.0)
-    tl.store(gz_ptr + rows + c[None, :], silu_grad(h_s, s) + contraction, mask=mask)
+    g_s = silu_grad(h_s, s) + contraction
+    tl.store(gz_ptr + rows + c[None, :], g_s, mask=mask)
+    if WRITE_AMAX:
+        amax_rows = (f * E + e) * 2
+        tl.store(amax_ptr + amax_rows, tl.maximum(amax0, row_amax(g_s, mask)), mask=e < E)
+        tl.store(amax_ptr + amax_rows + 1, amax1, mask=e < E)

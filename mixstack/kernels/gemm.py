@@ -25,14 +25,18 @@ The K loop accumulates ``acc = tl.dot(a, w, acc)`` in exact IEEE fp32
 configs change the schedule only.  ``COMPENSATED`` (level 3) runs the
 split fp16 tensor-core products of ``compensated.compensated_dot`` instead,
 with ``w0_ptr``/``w1_ptr`` the fp16 heads of the split weights, ``w0lo_ptr``/
-``w1lo_ptr`` their tails and ``wup_ptr`` their power-of-two scales.
+``w1lo_ptr`` their tails and ``wup_ptr`` their power-of-two scales;
+``AMAX_IN`` reads the A rows' per-block maxima from ``amax_in_ptr`` ``(F, E, 2)``
+instead of finding them, and ``AMAX_OUT`` (an output that the next
+compensated GEMM reads) folds the stored rows' maxima into ``amax_out_ptr``
+with an atomic max (it must start at zero; several N tiles share a row).
 Row offsets are int64: ``F * E * ROW`` may exceed 2**31.
 """
 
 import triton
 import triton.language as tl
 
-from .compensated import compensated_dot
+from .compensated import compensated_dot, row_amax
 from .korder import degree_order_k
 
 
@@ -62,14 +66,14 @@ def degree_order_dot(a_ptr, a_rows, col0, e_mask, w_ptr, kdim, n, n_mask, second
 @triton.jit(do_not_specialize=["layer"])
 def block_gemm_kernel(
     a_ptr, w0_ptr, w1_ptr, res_ptr, out_ptr, z_ptr, y_ptr, sg_ptr, alpha_ptr,
-    w0lo_ptr, w1lo_ptr, wup_ptr,
+    w0lo_ptr, w1lo_ptr, wup_ptr, amax_in_ptr, amax_out_ptr,
     layer, E, F, a_se, a_sf,
     LMAX: tl.constexpr, CF: tl.constexpr,
     FIRST_BLOCK: tl.constexpr, BOTH_BLOCKS: tl.constexpr,
     A_EDGE_MAJOR: tl.constexpr, ALPHA_ON_A: tl.constexpr,
     STORE_Z: tl.constexpr, GATE: tl.constexpr, RESIDUAL: tl.constexpr,
     ALPHA_ON_OUT: tl.constexpr, OUT_EDGE_MAJOR: tl.constexpr, STORE_OUT: tl.constexpr,
-    STORE_Y: tl.constexpr, COMPENSATED: tl.constexpr,
+    STORE_Y: tl.constexpr, COMPENSATED: tl.constexpr, AMAX_IN: tl.constexpr, AMAX_OUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     M0: tl.constexpr = (LMAX + 1) * CF
@@ -122,8 +126,12 @@ def block_gemm_kernel(
     n_mask = n < kdim
     if COMPENSATED:
         w_up = tl.load(wup_ptr + (layer * F + f) * 2 + second.to(tl.int64))
+        if AMAX_IN:
+            amax = tl.load(amax_in_ptr + (f * E + e) * 2 + second.to(tl.int64), mask=e_mask, other=0.0)
+        else:
+            amax = alpha     # unused: the kernel's pre-pass finds it
         acc = compensated_dot(a_ptr, a_rows, col0, e_mask, w_ptr, wlo_ptr, w_up, kdim, n, n_mask, second,
-                              alpha, LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, ALPHA_ON_A)
+                              alpha, amax, LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, ALPHA_ON_A, AMAX_IN)
     else:
         acc = degree_order_dot(a_ptr, a_rows, col0, e_mask, w_ptr, kdim, n, n_mask, second, alpha,
                                LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, ALPHA_ON_A)
@@ -154,3 +162,5 @@ def block_gemm_kernel(
         val = val * alpha[:, None]
     if STORE_OUT:
         tl.store(out_ptr + out_rows[:, None] + col[None, :], val, mask=mask)
+    if AMAX_OUT:     # the result is the next compensated GEMM's operand: record its rows' maxima
+        tl.atomic_max(amax_out_ptr + (f * E + e) * 2 + second.to(tl.int64), row_amax(val, mask), mask=e_mask)

@@ -123,3 +123,50 @@ def test_the_probe_validates_compensated_candidates_against_float64():
     broken = list(cand)
     broken[1] = broken[1] * (1 + 1e-5)
     assert "above the contract" in contract_difference(ref, tuple(broken))
+
+
+WRITER_CASES = [Case(F=2, E=129, Cf=32, lmax=3, n_layers=3), Case(F=1, E=1, Cf=48, lmax=1, n_layers=2)]
+
+
+@pytest.mark.parametrize("case", WRITER_CASES, ids=helpers.case_id)
+def test_the_writers_record_exactly_the_row_maxima_of_what_they_wrote(case):
+    """The gate kernel (m = 0 columns of the next layer input), the |m| = 1 GEMM's
+    epilogue (the rest, several N tiles per row through an atomic max) and the
+    pointwise backward (both blocks of gz) each record, per row and block, the
+    largest magnitude they stored."""
+    lay, m0 = case.layout, case.layout.m0
+    u0, alpha, w0, w1, gw = helpers.make_inputs(case, 0)
+    _, z, _ = launch.stack_forward(u0, alpha, w0, w1, gw, lay, True)
+    sg = u0.new_empty((case.F, case.E, lay.gate_width))
+    u_next = torch.full_like(u0, float("nan"))
+    amax = torch.zeros(case.F, case.E, 2)
+    launch._gate(z, gw, 0, sg, case.E, case.F, lay, u=u0, u_next=u_next, amax=amax)
+    launch._gemm(u0, w0, w1, 0, case.E, case.F, lay, COMP, blocks=(1,), z=torch.empty_like(z), sg=sg,
+                 gate=True, res=u0, out=u_next, split=launch.split_weights(w0, w1), amax_out=amax)
+    assert torch.equal(amax[..., 0], u_next[..., :m0].abs().amax(-1))
+    assert torch.equal(amax[..., 1], u_next[..., m0:].abs().amax(-1))
+
+    h = torch.randn(case.F, case.E, lay.row)
+    gz = torch.full_like(h, float("nan"))
+    amax.fill_(-1.0)
+    w0t, w1t = (w.transpose(-1, -2).contiguous() for w in (w0, w1))
+    launch._relay_layer(h, z, gw, w0t, w1t, 0, case.E, case.F, lay, None, sg, gz, steps=(0, 1), amax=amax)
+    assert torch.equal(amax[..., 0], gz[..., :m0].abs().amax(-1))
+    assert torch.equal(amax[..., 1], gz[..., m0:].abs().amax(-1))
+
+
+@pytest.mark.parametrize("case", WRITER_CASES, ids=helpers.case_id)
+def test_recorded_row_maxima_give_the_bits_of_the_kernels_own_pre_pass(case):
+    """Level 3 with the writers' maxima and with every compensated GEMM finding them
+    itself: the same values, hence the same scales and the same bits."""
+    lay = case.layout
+    inputs = helpers.make_inputs(case, 0)
+    grad_out = helpers.make_grad_out(case, 1)
+    runs = []
+    for writer_amax in (True, False):
+        out, z, y = launch.stack_forward(*inputs, lay, True, COMP, compensated=True, writer_amax=writer_amax)
+        h, grad_alpha = launch.stack_backward(grad_out, y, z, *inputs[1:], lay, True, COMP, compensated=True,
+                                              writer_amax=writer_amax)
+        runs.append((out, z, y, h, grad_alpha))
+    for recorded, found in zip(*runs):
+        assert torch.equal(recorded, found)
