@@ -221,8 +221,9 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
     focus streams is read as it is, not copied); ``y`` is contiguous; ``h`` is
     updated in place.  ``compensated``
     (level 3): the relay's GEMMs run split fp16 products (not with ``fused_cfg``);
-    the pointwise kernel records ``gz``'s per-block row maxima for them
-    (``writer_amax=False``: the GEMMs find them, as in ``stack_forward``).
+    the alpha-gradient kernel records the per-block row maxima of ``grad_out * alpha``
+    and the pointwise kernel those of ``gz`` for them (``writer_amax=False``: the
+    GEMMs find them, as in ``stack_forward``).
     """
     if compensated and fused_cfg is not None:
         raise ValueError("the fused backward has no compensated form; run the relay")
@@ -232,25 +233,27 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
     grad_alpha = grad_out.new_empty((n_edges, n_focus) if apply_alpha else (0,))
     if _is_empty(n_edges):
         return h, grad_alpha
+    record = compensated and writer_amax and fused_cfg is None
+    # the row maxima of each compensated GEMM's operand, in turn g * alpha and every layer's gz
+    amax = h.new_empty((n_focus, n_edges, 2)) if record else None
     if apply_alpha:
         cfg = ALPHA_GRAD_CONFIG
         n_rows = n_edges * n_focus
         wrap_triton(alpha_grad_kernel)[((n_rows + cfg["BLOCK_R"] - 1) // cfg["BLOCK_R"],)](
-            grad_out, y, grad_alpha, n_rows, n_focus, grad_out.stride(0), grad_out.stride(1),
-            ROW=row, BLOCK_R=cfg["BLOCK_R"], BLOCK_C=cfg["BLOCK_C"], num_warps=cfg["num_warps"],
+            grad_out, y, grad_alpha, w0 if amax is None else alpha, w0 if amax is None else amax,  # w0: unused
+            n_rows, n_focus, grad_out.stride(0), grad_out.stride(1),
+            ROW=row, M0=layout.m0, WRITE_AMAX=amax is not None,
+            BLOCK_R=cfg["BLOCK_R"], BLOCK_C=cfg["BLOCK_C"], num_warps=cfg["num_warps"],
         )
     w0t = w0.transpose(-1, -2).contiguous()
     w1t = w1.transpose(-1, -2).contiguous()
     split = split_weights(w0t, w1t) if compensated else None
     _gemm(grad_out, w0t, w1t, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1),
           res=grad_out, out=h, alpha=alpha if apply_alpha else None, a_edge_major=True,
-          alpha_on_a=apply_alpha, split=split)
-    amax = None
+          alpha_on_a=apply_alpha, split=split, amax_in=amax if apply_alpha else None)
     if n_gated and fused_cfg is None:
         sg = grad_out.new_empty((n_focus, n_edges, layout.gate_width))
         gz = torch.empty_like(h)
-        if compensated and writer_amax:
-            amax = h.new_empty((n_focus, n_edges, 2))
     elif n_gated:
         bm = fused_cfg["BLOCK_M"]
         programs = _fused_programs(h, (n_edges + bm - 1) // bm * n_focus)

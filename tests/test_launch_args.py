@@ -16,6 +16,7 @@ GEMM_USES = {"res_ptr": ("RESIDUAL",), "out_ptr": ("STORE_OUT",), "z_ptr": ("STO
              "amax_in_ptr": ("AMAX_IN",), "amax_out_ptr": ("AMAX_OUT",)}
 GATE_USES = {"u_ptr": ("WRITE_U",), "u_next_ptr": ("WRITE_U",), "amax_ptr": ("WRITE_AMAX",)}
 POINTWISE_USES = {"amax_ptr": ("WRITE_AMAX",)}
+ALPHA_GRAD_USES = {"alpha_ptr": ("WRITE_AMAX",), "amax_ptr": ("WRITE_AMAX",)}
 
 
 def _record(monkeypatch):
@@ -53,7 +54,7 @@ def test_unused_pointer_arguments_are_never_an_activation_surface(monkeypatch, c
     checked = 0
     for name, args, flags in calls:
         uses = {"block_gemm_kernel": GEMM_USES, "gate_kernel": GATE_USES,
-                "gate_backward_kernel": POINTWISE_USES}.get(name, {})
+                "gate_backward_kernel": POINTWISE_USES, "alpha_grad_kernel": ALPHA_GRAD_USES}.get(name, {})
         for arg, needed_by in uses.items():
             if not any(flags.get(f) for f in needed_by):
                 assert n_edges not in args[arg].shape, (name, arg, tuple(args[arg].shape))

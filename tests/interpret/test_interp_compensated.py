@@ -155,6 +155,34 @@ def test_the_writers_record_exactly_the_row_maxima_of_what_they_wrote(case):
     assert torch.equal(amax[..., 1], gz[..., m0:].abs().amax(-1))
 
 
+def test_the_alpha_gradient_records_the_row_maxima_of_the_scaled_incoming_gradient():
+    """The backward's first compensated GEMM reads ``g * alpha`` (edge-major, here a
+    broadcast over the focus streams); the alpha-gradient kernel, which reads every
+    row of ``g`` anyway, records its per-block maxima, focus-major."""
+    case = Case(F=2, E=129, Cf=32, lmax=3, n_layers=2)
+    lay, m0 = case.layout, case.layout.m0
+    inputs = helpers.make_inputs(case, 0)
+    alpha = inputs[1]
+    grad_out = torch.randn(case.E, lay.row)[:, None].expand(case.E, case.F, lay.row)
+    seen = {}
+    real_gemm = launch._gemm
+
+    def spy(a, *args, amax_in=None, **kw):
+        if "a_edge_major" in kw and amax_in is not None:
+            seen["amax"] = amax_in.clone()
+        return real_gemm(a, *args, amax_in=amax_in, **kw)
+
+    _, z, y = launch.stack_forward(*inputs, lay, True)
+    try:
+        launch._gemm = spy
+        launch.stack_backward(grad_out, y, z, *inputs[1:], lay, True, COMP, compensated=True)
+    finally:
+        launch._gemm = real_gemm
+    scaled = (grad_out * alpha[:, :, None]).transpose(0, 1)          # (F, E, ROW), as the GEMM reads it
+    assert torch.equal(seen["amax"][..., 0], scaled[..., :m0].abs().amax(-1))
+    assert torch.equal(seen["amax"][..., 1], scaled[..., m0:].abs().amax(-1))
+
+
 @pytest.mark.parametrize("case", WRITER_CASES, ids=helpers.case_id)
 def test_recorded_row_maxima_give_the_bits_of_the_kernels_own_pre_pass(case):
     """Level 3 with the writers' maxima and with every compensated GEMM finding them
