@@ -24,12 +24,12 @@ two, undone on the result (exact again):
   can fold ``x - fp16(x)`` to zero, as Inductor does to the same math in
   ATen ops);
 - the activations per row of the GEMM and per block: the largest magnitude of
-  the row's block, written by the kernel that wrote the surface (the forward
-  gate kernel for the m = 0 columns of a layer input, the |m| = 1 GEMM's
-  epilogue for the rest, the pointwise backward for ``gz``; ``row_amax``), or,
-  where no kernel of the stack wrote the operand (the stack's input, the
-  alpha-scaled incoming gradient), found by a first pass over the row's K
-  tiles in this kernel.  Both give the same maximum of the same values, hence
+  the row's block, recorded by a kernel that wrote or read the operand whole
+  (the forward gate kernel for the m = 0 columns of a layer input, the |m| = 1
+  GEMM's epilogue for the rest, the alpha-gradient kernel for the alpha-scaled
+  incoming gradient, the pointwise backward for ``gz``; ``row_amax``), or,
+  where none did (the stack's input; the incoming gradient without alpha),
+  found by a first pass over the row's K tiles in this kernel.  Both give the same maximum of the same values, hence
   the same bits; the pre-pass cost 20-30% of this GEMM's time on the H200
   (``scripts/probe_compensated.py``, BENCHMARKS.md).  A row of 1e-6 or 1e4 values
   therefore loses nothing; values far below their row's largest fall into
