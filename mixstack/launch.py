@@ -220,13 +220,11 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
     unit column stride (its F stride may be 0: the gradient of a sum over the
     focus streams is read as it is, not copied); ``y`` is contiguous; ``h`` is
     updated in place.  ``compensated``
-    (level 3): the relay's GEMMs run split fp16 products (not with ``fused_cfg``);
+    (level 3): the GEMMs run split fp16 products (the fused kernel's GEMM phase too);
     the alpha-gradient kernel records the per-block row maxima of ``grad_out * alpha``
     and the pointwise kernel those of ``gz`` for them (``writer_amax=False``: the
     GEMMs find them, as in ``stack_forward``).
     """
-    if compensated and fused_cfg is not None:
-        raise ValueError("the fused backward has no compensated form; run the relay")
     n_edges, n_focus, row = grad_out.shape
     n_gated = w0.shape[0] - 1
     h = grad_out.new_empty((n_focus, n_edges, row))
@@ -260,7 +258,7 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
         scratch = h.new_empty((programs, bm, max(layout.m0, layout.m1)))
     for k in range(n_gated - 1, -1, -1):
         if fused_cfg is not None:
-            _fused_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, fused_cfg, scratch)
+            _fused_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, fused_cfg, scratch, split=split)
             continue
         _relay_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, gemm_cfg, sg, gz, split=split,
                      amax=amax)
@@ -300,17 +298,23 @@ def _fused_programs(t, n_tiles: int) -> int:
     return max(1, min(n_tiles, _INTERPRETER_PROGRAMS))
 
 
-def _fused_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, cfg, scratch, segments=(0, 1)):
+def _fused_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, cfg, scratch, segments=(0, 1),
+                 split=None):
     """One gated layer of the fused backward: the m = 0 pass, then the |m| = 1 pass
     (the m = 0 pass reads the |m| = 1 columns of ``h`` before they change).
-    ``segments`` (profiling only) runs one pass alone."""
+    ``split`` (level 3): ``split_weights(w0t, w1t)``, the GEMM phase runs the
+    compensated products.  ``segments`` (profiling only) runs one pass alone."""
     bm = cfg["BLOCK_M"]
     n_tiles = (n_edges + bm - 1) // bm * n_focus
     programs = scratch.shape[0]
+    if split is not None:
+        w0t, w0lo, w1t, w1lo, wup = split
+    else:
+        w0lo = w1lo = wup = w0t          # unused
     for segment in segments:
         wrap_triton(fused_backward_kernel)[(programs,)](
-            h, z, gw, w0t, w1t, scratch, layer, n_edges, n_focus, n_tiles,
-            LMAX=layout.lmax, CF=layout.focus_dim, SEGMENT=segment,
+            h, z, gw, w0t, w1t, scratch, w0lo, w1lo, wup, layer, n_edges, n_focus, n_tiles,
+            LMAX=layout.lmax, CF=layout.focus_dim, SEGMENT=segment, COMPENSATED=split is not None,
             BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k(layout),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )

@@ -19,6 +19,14 @@ Two launches per layer over disjoint columns: the m = 0 segment (which carries
 the SiLU chain and the gate-logit contraction, and reads the |m| = 1 rows of
 ``h``, so it runs first) and the |m| = 1 segment.
 
+``COMPENSATED`` (level 3): the GEMM phase runs the split fp16 products of
+``compensated.compensated_dot`` over the scratch, with ``w0t_ptr``/``w1t_ptr``
+the fp16 heads of the split transposed weights, ``w0lo_ptr``/``w1lo_ptr``
+their tails and ``wup_ptr`` their scales; each row's largest ``gz``
+magnitude, which that needs, comes from the gate phase's registers, so
+neither a pre-pass nor a recorded surface is needed.  Held to the float64
+contract like every level-3 kernel.
+
 Bitwise equal to the relay: the same ``activations`` helpers in the same
 operator sequence for ``gz``, and the same K loop over the same ``gz`` values.
 An earlier form kept the whole segment's accumulator in registers instead of
@@ -30,14 +38,15 @@ import triton
 import triton.language as tl
 
 from .activations import gate_grad, gate_logit_grad, sigmoid, silu_grad
+from .compensated import compensated_dot, row_amax
 from .gemm import degree_order_dot
 
 
 @triton.jit(do_not_specialize=["layer"])
 def fused_backward_kernel(
-    h_ptr, z_ptr, gw_ptr, w0t_ptr, w1t_ptr, scratch_ptr,
+    h_ptr, z_ptr, gw_ptr, w0t_ptr, w1t_ptr, scratch_ptr, w0lo_ptr, w1lo_ptr, wup_ptr,
     layer, E, F, n_tiles,
-    LMAX: tl.constexpr, CF: tl.constexpr, SEGMENT: tl.constexpr,
+    LMAX: tl.constexpr, CF: tl.constexpr, SEGMENT: tl.constexpr, COMPENSATED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     M0: tl.constexpr = (LMAX + 1) * CF
@@ -73,6 +82,7 @@ def fused_backward_kernel(
         s = tl.load(z_ptr + z_r2 + c[None, :], mask=mask, other=0.0)
         if SEGMENT == 0:
             contraction = tl.zeros((BLOCK_M, CF), dtype=tl.float32)
+        amax = tl.zeros((BLOCK_M,), dtype=tl.float32)      # level 3: the segment's row maxima of gz
         for j in tl.range(0, LMAX):
             gw_j = tl.load(gw_base + c[:, None] * G + (j * CF + c)[None, :])
             sg = sigmoid(tl.dot(s, gw_j, input_precision="ieee"))
@@ -89,25 +99,43 @@ def fused_backward_kernel(
                 gl = gate_logit_grad(gate_grad(h_m0, z_m0, h_neg, z_neg, h_pos, z_pos), sg)
                 gw_t = tl.load(gw_base + c[None, :] * G + (j * CF + c)[:, None])
                 contraction = tl.dot(gl, gw_t, contraction, input_precision="ieee")
-                tl.store(scratch_ptr + s2 + col_m0, h_m0 * sg)
+                g_m0 = h_m0 * sg
+                tl.store(scratch_ptr + s2 + col_m0, g_m0)
+                if COMPENSATED:
+                    amax = tl.maximum(amax, row_amax(g_m0, mask))
             else:
-                tl.store(scratch_ptr + s2 + (j * CF + c)[None, :], h_neg * sg)
-                tl.store(scratch_ptr + s2 + (G + j * CF + c)[None, :], h_pos * sg)
+                g_neg = h_neg * sg
+                g_pos = h_pos * sg
+                tl.store(scratch_ptr + s2 + (j * CF + c)[None, :], g_neg)
+                tl.store(scratch_ptr + s2 + (G + j * CF + c)[None, :], g_pos)
+                if COMPENSATED:
+                    amax = tl.maximum(amax, tl.maximum(row_amax(g_neg, mask), row_amax(g_pos, mask)))
         if SEGMENT == 0:
             h_s = tl.load(h_ptr + r2 + c[None, :], mask=mask, other=0.0)
-            tl.store(scratch_ptr + s2 + c[None, :], silu_grad(h_s, s) + contraction)
+            g_s = silu_grad(h_s, s) + contraction
+            tl.store(scratch_ptr + s2 + c[None, :], g_s)
+            if COMPENSATED:
+                amax = tl.maximum(amax, row_amax(g_s, mask))
         tl.debug_barrier()      # the scratch is written by some threads and read by others
 
         # Phase 2: h[rows, segment] += gz @ W^T, the relay's K loop over the scratch.
         if SEGMENT == 0:
             wt_ptr = w0t_ptr + (layer * F + f) * (M0 * M0)
+            wlo_ptr = w0lo_ptr + (layer * F + f) * (M0 * M0)
         else:
             wt_ptr = w1t_ptr + (layer * F + f) * (M1 * M1)
+            wlo_ptr = w1lo_ptr + (layer * F + f) * (M1 * M1)
+        if COMPENSATED:
+            w_up = tl.load(wup_ptr + (layer * F + f) * 2 + SEGMENT)
         for n0 in tl.range(0, SEG, BLOCK_N, num_stages=1):
             n = n0 + tl.arange(0, BLOCK_N)
             n_mask = n < SEG
-            acc = degree_order_dot(scratch_ptr, s_rows, 0, e_mask, wt_ptr, SEG, n, n_mask, second,
-                                   e_mask, LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, False)
+            if COMPENSATED:
+                acc = compensated_dot(scratch_ptr, s_rows, 0, e_mask, wt_ptr, wlo_ptr, w_up, SEG, n, n_mask,
+                                      second, e_mask, amax, LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, False, True)
+            else:
+                acc = degree_order_dot(scratch_ptr, s_rows, 0, e_mask, wt_ptr, SEG, n, n_mask, second,
+                                       e_mask, LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, False)
             ptrs = h_ptr + r2 + (COL0 + n)[None, :]
             out_mask = mask & n_mask[None, :]
             res = tl.load(ptrs, mask=out_mask, other=0.0)

@@ -198,3 +198,28 @@ def test_recorded_row_maxima_give_the_bits_of_the_kernels_own_pre_pass(case):
         runs.append((out, z, y, h, grad_alpha))
     for recorded, found in zip(*runs):
         assert torch.equal(recorded, found)
+
+
+FUSED_CASES = [Case(F=2, E=129, Cf=32, lmax=3, n_layers=3), Case(F=1, E=1, Cf=16, lmax=1, n_layers=2),
+               Case(F=1, E=70, Cf=64, lmax=2, n_layers=2, apply_alpha=False)]
+FUSED_CFG = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+
+
+@pytest.mark.parametrize("case", FUSED_CASES, ids=helpers.case_id)
+def test_the_compensated_fused_backward_meets_the_contract(case):
+    """The fused backward's GEMM phase on split fp16 products, scaled by the row maxima
+    its gate phase keeps in registers: within the float64 contract on partial tiles,
+    like the compensated relay."""
+    lay = case.layout
+    inputs = helpers.make_inputs(case, 0)
+    grad_out = helpers.make_grad_out(case, 1)
+    _, z, y = launch.stack_forward(*inputs, lay, case.apply_alpha, COMP, compensated=True)
+    got = {}
+    for name, fused_cfg in (("relay", None), ("fused", FUSED_CFG)):
+        got[name] = launch.stack_backward(grad_out, y, z, *inputs[1:], lay, case.apply_alpha, COMP,
+                                          fused_cfg=fused_cfg, compensated=True)[0]
+    _, grads64 = helpers.reference64(case, inputs, grad_out)
+    want = grads64["u0"]
+    assert helpers.rel_err(got["fused"], want) <= CONTRACT
+    # the same gz and the same maxima as the compensated relay: results agree to the split's rounding
+    assert helpers.rel_err(got["fused"], got["relay"].double()) <= CONTRACT
