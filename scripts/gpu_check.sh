@@ -16,6 +16,8 @@
 #   into /tmp/site first.  "probes": PROBES, ';'-separated scripts/ commands
 #   (default: the compiled baseline's force-error bisect, then the memory at the
 #   peak of a model frame; "probe_freeze.py --matrix" is the AOTI-crash matrix).
+#   FREEZE=0 skips the freeze tests' process (on the lent H200 it runs ~3 min before the
+#   known AOTInductor loader crash, issue 5).
 #   BUDGET (seconds, default 540) bounds the whole script: each part gets what
 #   is left, so the packing at the end always runs.  Everything under $OUT is
 #   packed into $OUT/gpu_check.tgz (a device call returns at most 8 files);
@@ -45,6 +47,7 @@ part_tests() {
   timeout "$(left)" python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider -rs \
     --deselect tests/gpu/test_gpu_freeze.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 15
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("gpu tests rc=$r: $(tail -n 1 "$OUT/gpu_tests.log")")
+  if [ "${FREEZE:-1}" = 0 ]; then summary+=("gpu freeze tests skipped (FREEZE=0)"); return; fi
   timeout "$(left)" python3 -m pytest tests/gpu/test_gpu_freeze.py -m gpu -q -p no:cacheprovider -rs \
     2>&1 | tee "$OUT/gpu_freeze_tests.log" | tail -n 5
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("gpu freeze tests rc=$r: $(tail -n 1 "$OUT/gpu_freeze_tests.log")")
