@@ -108,6 +108,12 @@ def split_weights(w0, w1):
     return (*parts, torch.stack(ups, -1))
 
 
+def _weight_args(w0, w1, split):
+    """The weight pointers a GEMM-phase kernel takes, ``(w0, w0_lo, w1, w1_lo, up)``: with
+    ``split`` (level 3) its heads, tails and scales; without, ``w0`` fills the unused ones."""
+    return split if split is not None else (w0, w0, w1, w0, w0)
+
+
 def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, res=None, out=None, z=None,
           y=None, sg=None, alpha=None, a_edge_major=False, alpha_on_a=False,
           gate=False, alpha_on_out=False, out_edge_major=False, split=None, amax_in=None, amax_out=None):
@@ -123,10 +129,7 @@ def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, res=N
     # which passed the activation as these placeholders, held ~6 surfaces more
     # at its peak than level 3, which passed weights; with weights here both
     # levels' frames peak alike, 11589 vs 11584 MiB at cu-bcc-4394.)
-    if split is not None:
-        w0, w0lo, w1, w1lo, wup = split
-    else:
-        w0lo = w1lo = wup = w0
+    w0, w0lo, w1, w1lo, wup = _weight_args(w0, w1, split)
     unused = w0
     cfg = gemm_cfg or default_gemm_config(layout)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], gemm_block_k(layout, cfg)
@@ -307,10 +310,7 @@ def _fused_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, cfg, scrat
     bm = cfg["BLOCK_M"]
     n_tiles = (n_edges + bm - 1) // bm * n_focus
     programs = scratch.shape[0]
-    if split is not None:
-        w0t, w0lo, w1t, w1lo, wup = split
-    else:
-        w0lo = w1lo = wup = w0t          # unused
+    w0t, w0lo, w1t, w1lo, wup = _weight_args(w0t, w1t, split)
     for segment in segments:
         wrap_triton(fused_backward_kernel)[(programs,)](
             h, z, gw, w0t, w1t, scratch, w0lo, w1lo, wup, layer, n_edges, n_focus, n_tiles,
