@@ -187,7 +187,9 @@ def test_the_alpha_gradient_records_the_row_maxima_of_the_scaled_incoming_gradie
 @pytest.mark.parametrize("case", WRITER_CASES, ids=helpers.case_id)
 def test_recorded_row_maxima_give_the_bits_of_the_kernels_own_pre_pass(case):
     """Level 3 with the writers' maxima and with every compensated GEMM finding them
-    itself: the same values, hence the same scales and the same bits."""
+    itself: the same values, hence the same scales and the same bits.  (Scales are
+    powers of two, so a maximum off within fp16's range would give the same bits
+    too: this holds the recorded path's plumbing; the test above holds the values.)"""
     lay = case.layout
     inputs = helpers.make_inputs(case, 0)
     grad_out = helpers.make_grad_out(case, 1)
