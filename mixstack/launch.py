@@ -93,19 +93,22 @@ def _is_empty(n) -> bool:
 SPLIT_BLOCK = 1024
 
 
+def split_matrices(w):
+    """Level 3: the fp16 head and tail of each matrix of ``w`` (``(n, F, rows, cols)``)
+    and its power-of-two scale, ``(hi, lo, up (n, F))`` (``kernels.compensated``)."""
+    hi = torch.empty(w.shape, dtype=torch.float16, device=w.device)
+    lo = torch.empty_like(hi)
+    up = w.new_empty(w.shape[:2])
+    wrap_triton(split_weights_kernel)[(w.shape[0] * w.shape[1],)](
+        w, hi, lo, up, SIZE=w.shape[-1] * w.shape[-2], BLOCK=SPLIT_BLOCK)
+    return hi, lo, up
+
+
 def split_weights(w0, w1):
-    """Level 3: the fp16 heads and tails of ``w0`` and ``w1`` and their power-of-two scales,
-    ``(w0_hi, w0_lo, w1_hi, w1_lo, up (n, F, 2))`` (``kernels.compensated``)."""
-    parts, ups = [], []
-    for w in (w0, w1):
-        hi = torch.empty(w.shape, dtype=torch.float16, device=w.device)
-        lo = torch.empty_like(hi)
-        up = w.new_empty(w.shape[:2])
-        wrap_triton(split_weights_kernel)[(w.shape[0] * w.shape[1],)](
-            w, hi, lo, up, SIZE=w.shape[-1] * w.shape[-2], BLOCK=SPLIT_BLOCK)
-        parts += [hi, lo]
-        ups.append(up)
-    return (*parts, torch.stack(ups, -1))
+    """Level 3: ``(w0_hi, w0_lo, w1_hi, w1_lo, up (n, F, 2))``, ``split_matrices`` of both blocks."""
+    w0_hi, w0_lo, up0 = split_matrices(w0)
+    w1_hi, w1_lo, up1 = split_matrices(w1)
+    return w0_hi, w0_lo, w1_hi, w1_lo, torch.stack((up0, up1), -1)
 
 
 def _weight_args(w0, w1, split):
@@ -154,17 +157,25 @@ def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, res=N
     )
 
 
-def _gate(z, gw, layer, sg, n_edges, n_focus, layout, u=None, u_next=None, amax=None):
-    """The gate kernel; ``amax`` (level 3, with ``u_next``): record the m = 0 block's row maxima."""
+def _gate_weights(gw, gate_split):
+    """``(gw or its head, tail, scales)`` as the gate kernels take them: ``gate_split``
+    (level 3) is ``split_matrices(gw)``; without it the tail and scale pointers are unused."""
+    return gate_split if gate_split is not None else (gw, gw, gw)
+
+
+def _gate(z, gw, layer, sg, n_edges, n_focus, layout, u=None, u_next=None, amax=None, gate_split=None):
+    """The gate kernel; ``amax`` (level 3, with ``u_next``): record the m = 0 block's row maxima;
+    ``gate_split`` (level 3): ``split_matrices(gw)``, the logits on split fp16 products."""
     cfg = gate_config(layout)
     grid = ((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)
+    gw_main, gw_lo, gw_up = _gate_weights(gw, gate_split)
     wrap_triton(gate_kernel)[grid](
-        z, gw, gw if u is None else u, gw if u_next is None else u_next, sg,      # gw: unused pointers
-        gw if amax is None else amax,
+        z, gw_main, gw if u is None else u, gw if u_next is None else u_next, sg,      # gw: unused pointers
+        gw if amax is None else amax, gw_lo, gw_up,
         layer, n_edges, n_focus,
         LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
-        WRITE_U=u is not None, WRITE_AMAX=amax is not None, BLOCK_M=cfg["BLOCK_M"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        WRITE_U=u is not None, WRITE_AMAX=amax is not None, COMPENSATED=gate_split is not None,
+        BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
 
@@ -189,6 +200,7 @@ def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
         return out, z, y
     u = u0
     split = split_weights(w0, w1) if compensated else None
+    gate_split = split_matrices(gw) if compensated and n_gated else None
     record = compensated and writer_amax
     amax = None                          # the row maxima of u, where a kernel recorded them
     if n_gated:
@@ -201,7 +213,8 @@ def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
         amax_next = maxima[k % 2].zero_() if record else None
         _gemm(u, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(0,), z=z, split=split,
               amax_in=amax)
-        _gate(z, gw, k, sg, n_edges, n_focus, layout, u=u, u_next=u_next, amax=amax_next)
+        _gate(z, gw, k, sg, n_edges, n_focus, layout, u=u, u_next=u_next, amax=amax_next,
+              gate_split=gate_split)
         _gemm(u, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(1,), z=z, sg=sg, gate=True,
               res=u, out=u_next, split=split, amax_in=amax, amax_out=amax_next)
         u, amax = u_next, amax_next
@@ -249,6 +262,7 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
     w0t = w0.transpose(-1, -2).contiguous()
     w1t = w1.transpose(-1, -2).contiguous()
     split = split_weights(w0t, w1t) if compensated else None
+    gate_split = split_matrices(gw) if compensated and n_gated and fused_cfg is None else None
     _gemm(grad_out, w0t, w1t, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1),
           res=grad_out, out=h, alpha=alpha if apply_alpha else None, a_edge_major=True,
           alpha_on_a=apply_alpha, split=split, amax_in=amax if apply_alpha else None)
@@ -264,24 +278,27 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
             _fused_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, fused_cfg, scratch, split=split)
             continue
         _relay_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, gemm_cfg, sg, gz, split=split,
-                     amax=amax)
+                     amax=amax, gate_split=gate_split)
     return h, grad_alpha
 
 
 def _relay_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, sg, gz, steps=(0, 1, 2),
-                 split=None, amax=None):
+                 split=None, amax=None, gate_split=None):
     """One gated layer of the relay: recompute the sigmoids into ``sg``, write ``gz``,
     ``h += gz @ W^T`` (``split``: compensated; ``amax``: ``gz``'s row maxima, recorded by
-    the pointwise kernel for it).  ``steps`` (profiling only) launches a subset."""
+    the pointwise kernel for it; ``gate_split``: ``split_matrices(gw)``, the gate's products
+    compensated as in the forward).  ``steps`` (profiling only) launches a subset."""
     if 0 in steps:
-        _gate(z, gw, layer, sg, n_edges, n_focus, layout)
+        _gate(z, gw, layer, sg, n_edges, n_focus, layout, gate_split=gate_split)
     if 1 in steps:
         cfg = gate_config(layout, backward=True)
+        gw_main, gw_lo, gw_up = _gate_weights(gw, gate_split)
         wrap_triton(gate_backward_kernel)[((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)](
-            h, z, sg, gw, gz, gw if amax is None else amax, layer, n_edges, n_focus,      # gw: unused
+            h, z, sg, gw_main, gz, gw if amax is None else amax, gw_lo, gw_up,      # gw: unused
+            layer, n_edges, n_focus,
             LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
-            WRITE_AMAX=amax is not None, BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"],
-            num_stages=cfg["num_stages"],
+            WRITE_AMAX=amax is not None, COMPENSATED=gate_split is not None, BLOCK_M=cfg["BLOCK_M"],
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
     if 2 in steps:
         _gemm(gz, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=h, out=h,

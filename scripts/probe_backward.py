@@ -1,9 +1,10 @@
 """Where the backward's time goes, one gated layer at a time (a GPU probe, not a test).
 
 For each shape key: the relay's three launches alone and together, the same
-relay with level 3's compensated GEMM (the key's shipped ``stack_compensated``
-config; ``gz``'s row maxima recorded by the pointwise kernel) beside the exact
-one, and the fused kernel per config, whole, each segment alone and with the
+relay at level 3 (the GEMM on the key's shipped ``stack_compensated`` config,
+``gz``'s row maxima recorded by the pointwise kernel, the gate's logits and
+logit contraction on split products), whole and launch by launch, beside the
+exact one, and the fused kernel per config, whole, each segment alone and with the
 compensated GEMM phase (``--no-fused``: skipped); then the compiled
 kernels' registers, spills and shared memory.  (The gate-phase-alone and
 GEMM-phase-alone timings in BENCHMARKS.md came from a profiling switch the
@@ -84,13 +85,17 @@ def probe_key(name, edges, n_focus, cf, lmax, rounds, fused_variants=True):
     comp_cfg = tuning.tuned_config("stack_compensated", focus_dim=cf, lmax=lmax, n_focus=n_focus,
                                    apply_alpha=True, device=dev)
     split = launch.split_weights(w0t, w1t)
+    gate_split = launch.split_matrices(inp.gw)
 
     amax = h.new_empty((n_focus, edges, 2))      # gz's row maxima, recorded by the pointwise kernel
 
     def relay3(steps):
         return lambda _=None: launch._relay_layer(h, z, inp.gw, w0t, w1t, layer, edges, n_focus, layout,
-                                                  comp_cfg, sg, gz, steps=steps, split=split, amax=amax)
+                                                  comp_cfg, sg, gz, steps=steps, split=split, amax=amax,
+                                                  gate_split=gate_split)
     variants["relay L3"] = relay3((0, 1, 2))
+    variants["relay.gate L3"] = relay3((0,))
+    variants["relay.pointwise L3"] = relay3((1,))
     variants["relay.gemm L3"] = relay3((2,))
     # the whole forward (every layer) for scale: exact, and level 3
     fwd_args = (inp.u0, inp.alpha, inp.w0, inp.w1, inp.gw, layout, True)

@@ -14,8 +14,9 @@ GEMM_USES = {"res_ptr": ("RESIDUAL",), "out_ptr": ("STORE_OUT",), "z_ptr": ("STO
              "y_ptr": ("STORE_Y",), "sg_ptr": ("GATE",), "alpha_ptr": ("ALPHA_ON_A", "ALPHA_ON_OUT"),
              "w0lo_ptr": ("COMPENSATED",), "w1lo_ptr": ("COMPENSATED",), "wup_ptr": ("COMPENSATED",),
              "amax_in_ptr": ("AMAX_IN",), "amax_out_ptr": ("AMAX_OUT",)}
-GATE_USES = {"u_ptr": ("WRITE_U",), "u_next_ptr": ("WRITE_U",), "amax_ptr": ("WRITE_AMAX",)}
-POINTWISE_USES = {"amax_ptr": ("WRITE_AMAX",)}
+GATE_USES = {"u_ptr": ("WRITE_U",), "u_next_ptr": ("WRITE_U",), "amax_ptr": ("WRITE_AMAX",),
+             "gwlo_ptr": ("COMPENSATED",), "gwup_ptr": ("COMPENSATED",)}
+POINTWISE_USES = {"amax_ptr": ("WRITE_AMAX",), "gwlo_ptr": ("COMPENSATED",), "gwup_ptr": ("COMPENSATED",)}
 ALPHA_GRAD_USES = {"alpha_ptr": ("WRITE_AMAX",), "amax_ptr": ("WRITE_AMAX",)}
 
 

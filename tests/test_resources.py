@@ -39,8 +39,10 @@ def test_the_fused_and_compensated_paths_record_their_kernels():
     assert segments == [0, 1, 0, 1]
     assert "gate_backward_kernel" not in _names(fused)
     comp = resources.stack_launches(lay, 1, False, n_layers=3, edges=100, gemm_cfg=cfg, compensated=True)
-    assert _names(comp).count("split_weights_kernel") == 4          # w0, w1 forward; w0^T, w1^T backward
-    assert all(x.kwargs["COMPENSATED"] for x in comp if x.name == "block_gemm_kernel")
+    # w0, w1, gw forward; w0^T, w1^T, gw backward
+    assert _names(comp).count("split_weights_kernel") == 6
+    assert all(x.kwargs["COMPENSATED"] for x in comp
+               if x.name in ("block_gemm_kernel", "gate_kernel", "gate_backward_kernel"))
     assert len(resources.distinct(fused)) < len(fused)
 
 

@@ -106,10 +106,45 @@ def compensated_dot(a_ptr, a_rows, col0, e_mask, whi_ptr, wlo_ptr, w_up, kdim, n
         w_offs = (k + rk)[:, None] * kdim + n[None, :]
         w_hi = tl.load(whi_ptr + w_offs, mask=n_mask[None, :], other=0.0)
         w_lo = tl.load(wlo_ptr + w_offs, mask=n_mask[None, :], other=0.0)
-        head = tl.dot(a_hi, w_hi, head)
-        tail = tl.dot(a_hi, w_lo, tail)
-        tail = tl.dot(a_lo, w_hi, tail)
-    return (head + tail * (1.0 / TAIL_SCALE)) * (up * w_up)[:, None]
+        head, tail = split_products(a_hi, a_lo, w_hi, w_lo, head, tail)
+    return split_result(head, tail, up * w_up)
+
+
+@triton.jit
+def split_products(a_hi, a_lo, w_hi, w_lo, head, tail):
+    """One K tile of the three products, into separate fp32 accumulators:
+    ``head += a_hi @ w_hi``, ``tail += a_hi @ w_lo + a_lo @ w_hi`` (tail-tail dropped)."""
+    head = tl.dot(a_hi, w_hi, head)
+    tail = tl.dot(a_hi, w_lo, tail)
+    tail = tl.dot(a_lo, w_hi, tail)
+    return head, tail
+
+
+@triton.jit
+def split_result(head, tail, row_up):
+    """The product from its accumulators, each row's scales (``row_up``: activation scale
+    times weight scale, powers of two) undone exactly."""
+    return (head + tail * (1.0 / TAIL_SCALE)) * row_up[:, None]
+
+
+@triton.jit
+def split_rows(a, mask):
+    """Level-3 operand from a register tile holding its rows' whole K extent (the gate's
+    ``s`` and ``gl``): each row scaled into [1, 2) by its own largest magnitude, found in
+    the tile itself (no pre-pass, no recorded maxima), then split.  ``(a_hi, a_lo, up)``."""
+    down, up = pow2_scales(row_amax(a, mask))
+    a_hi, a_lo = split_fp16(a * down[:, None])
+    return a_hi, a_lo, up
+
+
+@triton.jit
+def split_tile_dot(a_hi, a_lo, a_up, w_hi, w_lo, w_up, BLOCK_M: tl.constexpr, N: tl.constexpr):
+    """``a @ W`` for one K tile from ``split_rows`` and a split weight tile (scaled by
+    ``1 / w_up``): the gate's logits and its logit contraction at level 3."""
+    head = tl.zeros((BLOCK_M, N), dtype=tl.float32)
+    tail = tl.zeros((BLOCK_M, N), dtype=tl.float32)
+    head, tail = split_products(a_hi, a_lo, w_hi, w_lo, head, tail)
+    return split_result(head, tail, a_up * w_up)
 
 
 @triton.jit

@@ -226,3 +226,36 @@ def test_the_compensated_fused_backward_meets_the_contract(case):
     assert helpers.rel_err(got["fused"], want) <= CONTRACT
     # the same gz and the same maxima as the compensated relay: results agree to the split's rounding
     assert helpers.rel_err(got["fused"], got["relay"].double()) <= CONTRACT
+
+
+@pytest.mark.parametrize("s_scale, gw_scale, h_scale", [(1e4, 1e-4, 1.0), (1e-4, 1e4, 1e-6), (1.0, 1.0, 1e4)])
+def test_the_gates_products_at_level3_keep_the_contract_at_extreme_scales(s_scale, gw_scale, h_scale):
+    """The gate's logits ``s @ gw`` (forward gate and backward recompute) and the pointwise
+    kernel's contraction ``gl @ gw^T`` run as split fp16 products at level 3: the sigmoids
+    and the scalar columns of ``gz`` stay within the contract against float64, with ``s``
+    and ``gw`` far outside fp16's range (logits of order one) and a tiny or huge ``h``."""
+    lay, n_focus, n_edges = StackLayout(2, 16), 1, 37
+    cf, m0, g = lay.focus_dim, lay.m0, lay.gate_width
+    gen = torch.Generator().manual_seed(5)
+    z = torch.randn(1, n_focus, n_edges, lay.row, generator=gen)
+    z[..., :cf] *= s_scale
+    z[0, 0, 5, :cf] *= 8.0                                      # rows of different sizes
+    gw = torch.randn(1, n_focus, cf, g, generator=gen) * gw_scale / cf ** 0.5
+    h = torch.randn(n_focus, n_edges, lay.row, generator=gen) * h_scale
+    sg = torch.empty(n_focus, n_edges, g)
+    launch._gate(z, gw, 0, sg, n_edges, n_focus, lay, gate_split=launch.split_matrices(gw))
+    s64, gw64 = z[0, ..., :cf].double(), gw[0].double()
+    sg64 = torch.sigmoid(s64 @ gw64)
+    assert helpers.rel_err(sg, sg64) <= CONTRACT
+
+    gz = torch.full_like(h, float("nan"))
+    launch._relay_layer(h, z, gw, None, None, 0, n_edges, n_focus, lay, None, sg, gz, steps=(1,),
+                        gate_split=launch.split_matrices(gw))
+    h64, z64, sgk = h.double(), z[0].double(), sg.double()    # the kernel's sigmoids: the contraction alone
+    gsg = (h64[..., cf:m0] * z64[..., cf:m0] + h64[..., m0:m0 + g] * z64[..., m0:m0 + g]
+           + h64[..., m0 + g:] * z64[..., m0 + g:])
+    gl = gsg * sgk * (1 - sgk)
+    s0 = torch.sigmoid(s64)
+    want = h64[..., :cf] * s0 * (1 + s64 * (1 - s0)) + gl @ gw64.transpose(-1, -2)
+    assert helpers.rel_err(gz[..., :cf], want) <= CONTRACT
+    assert torch.equal(gz[..., cf:m0], h[..., cf:m0] * sg)     # the gated columns: one fp32 product
