@@ -86,6 +86,14 @@ def gate_config(layout: StackLayout, backward: bool = False) -> dict:
     return {"BLOCK_M": rows, "num_warps": 4, "num_stages": 1}
 
 
+def pointwise_recomputes_gate(layout: StackLayout) -> bool:
+    """Whether the relay's pointwise kernel forms the gate sigmoids itself (in registers,
+    from ``s`` and ``gw``) instead of a separate gate launch writing a sigmoid surface
+    ``(F, E, G)`` for it to read.  Both give the same bits (one helper,
+    ``gate.gate_sigmoids``).  Not yet measured on a GPU (see BENCHMARKS.md)."""
+    return True
+
+
 def _is_empty(n) -> bool:
     return isinstance(n, int) and n == 0
 
@@ -267,7 +275,8 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
           res=grad_out, out=h, alpha=alpha if apply_alpha else None, a_edge_major=True,
           alpha_on_a=apply_alpha, split=split, amax_in=amax if apply_alpha else None)
     if n_gated and fused_cfg is None:
-        sg = grad_out.new_empty((n_focus, n_edges, layout.gate_width))
+        fold = pointwise_recomputes_gate(layout)
+        sg = None if fold else grad_out.new_empty((n_focus, n_edges, layout.gate_width))
         gz = torch.empty_like(h)
     elif n_gated:
         bm = fused_cfg["BLOCK_M"]
@@ -278,27 +287,29 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
             _fused_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, fused_cfg, scratch, split=split)
             continue
         _relay_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, gemm_cfg, sg, gz, split=split,
-                     amax=amax, gate_split=gate_split)
+                     amax=amax, gate_split=gate_split, fold=fold)
     return h, grad_alpha
 
 
 def _relay_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, sg, gz, steps=(0, 1, 2),
-                 split=None, amax=None, gate_split=None):
-    """One gated layer of the relay: recompute the sigmoids into ``sg``, write ``gz``,
+                 split=None, amax=None, gate_split=None, fold=False, pointwise_cfg=None):
+    """One gated layer of the relay: the gate sigmoids (``fold``: formed inside the pointwise
+    kernel; else recomputed into ``sg`` by a gate launch), write ``gz``,
     ``h += gz @ W^T`` (``split``: compensated; ``amax``: ``gz``'s row maxima, recorded by
     the pointwise kernel for it; ``gate_split``: ``split_matrices(gw)``, the gate's products
-    compensated as in the forward).  ``steps`` (profiling only) launches a subset."""
-    if 0 in steps:
+    compensated as in the forward).  ``steps`` and ``pointwise_cfg`` (profiling only) launch a
+    subset and override the pointwise kernel's launch config."""
+    if 0 in steps and not fold:
         _gate(z, gw, layer, sg, n_edges, n_focus, layout, gate_split=gate_split)
     if 1 in steps:
-        cfg = gate_config(layout, backward=True)
+        cfg = pointwise_cfg or gate_config(layout, backward=True)
         gw_main, gw_lo, gw_up = _gate_weights(gw, gate_split)
         wrap_triton(gate_backward_kernel)[((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)](
-            h, z, sg, gw_main, gz, gw if amax is None else amax, gw_lo, gw_up,      # gw: unused
+            h, z, gw if fold else sg, gw_main, gz, gw if amax is None else amax, gw_lo, gw_up,  # gw: unused
             layer, n_edges, n_focus,
             LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
-            WRITE_AMAX=amax is not None, COMPENSATED=gate_split is not None, BLOCK_M=cfg["BLOCK_M"],
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            WRITE_AMAX=amax is not None, RECOMPUTE_SG=fold, COMPENSATED=gate_split is not None,
+            BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
     if 2 in steps:
         _gemm(gz, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=h, out=h,

@@ -4,7 +4,8 @@ For each shape key: the relay's three launches alone and together, the same
 relay at level 3 (the GEMM on the key's shipped ``stack_compensated`` config,
 ``gz``'s row maxima recorded by the pointwise kernel, the gate's logits and
 logit contraction on split products), whole and launch by launch, beside the
-exact one, and the fused kernel per config, whole, each segment alone and with the
+exact one, the relay whose pointwise kernel forms the sigmoids itself (``fold``: no
+gate launch, no sigmoid surface; bitwise against the relay), and the fused kernel per config, whole, each segment alone and with the
 compensated GEMM phase (``--no-fused``: skipped); then the compiled
 kernels' registers, spills and shared memory.  (The gate-phase-alone and
 GEMM-phase-alone timings in BENCHMARKS.md came from a profiling switch the
@@ -76,12 +77,19 @@ def probe_key(name, edges, n_focus, cf, lmax, rounds, fused_variants=True):
     def restore():
         h.copy_(h0)
 
-    def relay(steps):
+    def relay(steps, fold=False, pw=None):
         return lambda _=None: launch._relay_layer(h, z, inp.gw, w0t, w1t, layer, edges, n_focus, layout,
-                                                  None, sg, gz, steps=steps)
+                                                  None, sg, gz, steps=steps, fold=fold, pointwise_cfg=pw)
 
     variants = {"relay": relay((0, 1, 2)), "relay.gate": relay((0,)), "relay.pointwise": relay((1,)),
                 "relay.gemm": relay((2,))}
+    # the pointwise kernel forming the sigmoids itself (no gate launch, no sigmoid surface),
+    # at its default rows and at the other row count
+    pw_default = launch.gate_config(layout, backward=True)
+    pw_other = dict(pw_default, BLOCK_M=64 if pw_default["BLOCK_M"] == 32 else 32)
+    variants["relay fold"] = relay((1, 2), fold=True)
+    variants["relay.pointwise fold"] = relay((1,), fold=True)
+    variants[f"relay.pointwise fold M{pw_other['BLOCK_M']}"] = relay((1,), fold=True, pw=pw_other)
     comp_cfg = tuning.tuned_config("stack_compensated", focus_dim=cf, lmax=lmax, n_focus=n_focus,
                                    apply_alpha=True, device=dev)
     split = launch.split_weights(w0t, w1t)
@@ -89,14 +97,17 @@ def probe_key(name, edges, n_focus, cf, lmax, rounds, fused_variants=True):
 
     amax = h.new_empty((n_focus, edges, 2))      # gz's row maxima, recorded by the pointwise kernel
 
-    def relay3(steps):
+    def relay3(steps, fold=False, pw=None):
         return lambda _=None: launch._relay_layer(h, z, inp.gw, w0t, w1t, layer, edges, n_focus, layout,
                                                   comp_cfg, sg, gz, steps=steps, split=split, amax=amax,
-                                                  gate_split=gate_split)
+                                                  gate_split=gate_split, fold=fold, pointwise_cfg=pw)
     variants["relay L3"] = relay3((0, 1, 2))
     variants["relay.gate L3"] = relay3((0,))
     variants["relay.pointwise L3"] = relay3((1,))
     variants["relay.gemm L3"] = relay3((2,))
+    variants["relay fold L3"] = relay3((1, 2), fold=True)
+    variants["relay.pointwise fold L3"] = relay3((1,), fold=True)
+    variants[f"relay.pointwise fold M{pw_other['BLOCK_M']} L3"] = relay3((1,), fold=True, pw=pw_other)
     # the whole forward (every layer) for scale: exact, and level 3
     fwd_args = (inp.u0, inp.alpha, inp.w0, inp.w1, inp.gw, layout, True)
     variants["forward, all layers"] = lambda _=None: launch.stack_forward(*fwd_args)
@@ -120,6 +131,9 @@ def probe_key(name, edges, n_focus, cf, lmax, rounds, fused_variants=True):
     restore(); variants["relay"](); sync(); ref = h.clone()
     restore(); variants["relay L3"](); sync(); ref3 = h.clone()
     equal = {}      # exact fused: bitwise against the relay; level 3: relative difference to the L3 relay
+    for tag, want in (("relay fold", ref), ("relay fold L3", ref3)):    # a schedule: the same bits
+        restore(); variants[tag](); sync()
+        equal[tag] = bool(torch.equal(h, want))
     for tag in variants:
         if tag.startswith("fused") and "." not in tag.split()[-1]:
             restore(); variants[tag](); sync()

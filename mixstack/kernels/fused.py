@@ -37,8 +37,9 @@ key (255 registers, spills; H200, 2026-11-30).
 import triton
 import triton.language as tl
 
-from .activations import gate_grad, gate_logit_grad, sigmoid, silu_grad
+from .activations import gate_grad, gate_logit_grad, silu_grad
 from .compensated import compensated_dot, row_amax
+from .gate import gate_sigmoids
 from .gemm import degree_order_dot
 
 
@@ -63,6 +64,7 @@ def fused_backward_kernel(
     n_programs = tl.num_programs(0)
     rows_per_focus = tl.cdiv(E, BLOCK_M)
     c = tl.arange(0, CF)
+    w_mask = (c < CF)[:, None] & (c < CF)[None, :]        # every lane: CF is a power of two here
     r = tl.arange(0, BLOCK_M).to(tl.int64)
     s_rows = (pid.to(tl.int64) * BLOCK_M + r) * SEG       # this program's scratch rows
     s2 = s_rows[:, None]
@@ -84,8 +86,7 @@ def fused_backward_kernel(
             contraction = tl.zeros((BLOCK_M, CF), dtype=tl.float32)
         amax = tl.zeros((BLOCK_M,), dtype=tl.float32)      # level 3: the segment's row maxima of gz
         for j in tl.range(0, LMAX):
-            gw_j = tl.load(gw_base + c[:, None] * G + (j * CF + c)[None, :])
-            sg = sigmoid(tl.dot(s, gw_j, input_precision="ieee"))
+            sg = gate_sigmoids(s, s, s, s, gw_base, gw_base, 1.0, j, c, w_mask, G, CF, CF, BLOCK_M, False)
             col_neg = (M0 + j * CF + c)[None, :]
             col_pos = (M0 + G + j * CF + c)[None, :]
             h_neg = tl.load(h_ptr + r2 + col_neg, mask=mask, other=0.0)

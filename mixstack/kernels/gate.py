@@ -36,6 +36,36 @@ from .activations import gate_grad, gate_logit_grad, sigmoid, silu, silu_grad
 from .compensated import row_amax, split_rows, split_tile_dot
 
 
+@triton.jit
+def gate_operands(s, mask, gwup_ptr, COMPENSATED: tl.constexpr):
+    """What ``gate_sigmoids`` takes besides ``gw``: at level 3 the split rows of ``s`` and
+    ``gw``'s scale ``(s_hi, s_lo, s_up, w_up)``; exact, placeholders (``s`` itself)."""
+    if COMPENSATED:
+        s_hi, s_lo, s_up = split_rows(s, mask)
+        w_up = tl.load(gwup_ptr)
+    else:
+        s_hi, s_lo, s_up, w_up = s, s, s, 1.0
+    return s_hi, s_lo, s_up, w_up
+
+
+@triton.jit
+def gate_sigmoids(s, s_hi, s_lo, s_up, gw_base, gwlo_base, w_up, j, c, w_mask,
+                  G: tl.constexpr, CF: tl.constexpr, CP: tl.constexpr, BLOCK_M: tl.constexpr,
+                  COMPENSATED: tl.constexpr):
+    """Degree ``j``'s gate sigmoids ``sigmoid(s @ gw[:, j*Cf:(j+1)*Cf])``, one register tile:
+    the forward gate, the relay's recompute and the fused backward all call this, so the
+    sigmoids have the same bits wherever they are formed (at level 3, from split products)."""
+    w_offs = c[:, None] * G + (j * CF + c)[None, :]
+    if COMPENSATED:
+        gw_hi = tl.load(gw_base + w_offs, mask=w_mask, other=0.0)
+        gw_lo = tl.load(gwlo_base + w_offs, mask=w_mask, other=0.0)
+        logits = split_tile_dot(s_hi, s_lo, s_up, gw_hi, gw_lo, w_up, BLOCK_M, CP)
+    else:
+        gw_j = tl.load(gw_base + w_offs, mask=w_mask, other=0.0)
+        logits = tl.dot(s, gw_j, input_precision="ieee")
+    return sigmoid(logits)
+
+
 @triton.jit(do_not_specialize=["layer"])
 def gate_kernel(
     z_ptr, gw_ptr, u_ptr, u_next_ptr, sg_ptr, amax_ptr, gwlo_ptr, gwup_ptr,
@@ -64,19 +94,12 @@ def gate_kernel(
         if WRITE_AMAX:
             amax = row_amax(v, mask)
     gw_base = gw_ptr + (layer * F + f) * (CF * G)
+    gwlo_base = gwlo_ptr + (layer * F + f) * (CF * G)
     w_mask = c_mask[:, None] & c_mask[None, :]
-    if COMPENSATED:
-        s_hi, s_lo, s_up = split_rows(s, mask)
-        w_up = tl.load(gwup_ptr + layer * F + f)
+    s_hi, s_lo, s_up, w_up = gate_operands(s, mask, gwup_ptr + layer * F + f, COMPENSATED)
     for j in tl.range(0, LMAX):
-        w_offs = c[:, None] * G + (j * CF + c)[None, :]
-        if COMPENSATED:
-            gw_hi = tl.load(gw_base + w_offs, mask=w_mask, other=0.0)
-            gw_lo = tl.load(gwlo_ptr + (layer * F + f) * (CF * G) + w_offs, mask=w_mask, other=0.0)
-            sg = sigmoid(split_tile_dot(s_hi, s_lo, s_up, gw_hi, gw_lo, w_up, BLOCK_M, CP))
-        else:
-            gw_j = tl.load(gw_base + w_offs, mask=w_mask, other=0.0)
-            sg = sigmoid(tl.dot(s, gw_j, input_precision="ieee"))
+        sg = gate_sigmoids(s, s_hi, s_lo, s_up, gw_base, gwlo_base, w_up, j, c, w_mask,
+                           G, CF, CP, BLOCK_M, COMPENSATED)
         tl.store(sg_ptr + sg_rows[:, None] + (j * CF + c)[None, :], sg, mask=mask)
         if WRITE_U:
             cols = (j + 1) * CF + c
@@ -95,7 +118,7 @@ def gate_backward_kernel(
     h_ptr, z_ptr, sg_ptr, gw_ptr, gz_ptr, amax_ptr, gwlo_ptr, gwup_ptr,
     layer, E, F,
     LMAX: tl.constexpr, CF: tl.constexpr, CP: tl.constexpr,
-    WRITE_AMAX: tl.constexpr, COMPENSATED: tl.constexpr, BLOCK_M: tl.constexpr,
+    WRITE_AMAX: tl.constexpr, RECOMPUTE_SG: tl.constexpr, COMPENSATED: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     M0: tl.constexpr = (LMAX + 1) * CF
     ROW: tl.constexpr = M0 + 2 * LMAX * CF
@@ -110,10 +133,14 @@ def gate_backward_kernel(
     z_rows = (((layer * F + f) * E + e) * ROW)[:, None]
     sg_rows = ((f * E + e) * G)[:, None]
     gw_base = gw_ptr + (layer * F + f) * (CF * G)
+    gwlo_base = gwlo_ptr + (layer * F + f) * (CF * G)
     w_mask = c_mask[:, None] & c_mask[None, :]
 
+    s = tl.load(z_ptr + z_rows + c[None, :], mask=mask, other=0.0)
     contraction = tl.zeros((BLOCK_M, CP), dtype=tl.float32)
-    if COMPENSATED:
+    if RECOMPUTE_SG:
+        s_hi, s_lo, s_up, w_up = gate_operands(s, mask, gwup_ptr + layer * F + f, COMPENSATED)
+    elif COMPENSATED:
         w_up = tl.load(gwup_ptr + layer * F + f)
     amax0 = tl.zeros((BLOCK_M,), dtype=tl.float32)
     amax1 = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -121,7 +148,11 @@ def gate_backward_kernel(
         col_m0 = ((j + 1) * CF + c)[None, :]
         col_neg = (M0 + j * CF + c)[None, :]
         col_pos = (M0 + G + j * CF + c)[None, :]
-        sg = tl.load(sg_ptr + sg_rows + (j * CF + c)[None, :], mask=mask, other=0.0)
+        if RECOMPUTE_SG:
+            sg = gate_sigmoids(s, s_hi, s_lo, s_up, gw_base, gwlo_base, w_up, j, c, w_mask,
+                               G, CF, CP, BLOCK_M, COMPENSATED)
+        else:
+            sg = tl.load(sg_ptr + sg_rows + (j * CF + c)[None, :], mask=mask, other=0.0)
         h_m0 = tl.load(h_ptr + rows + col_m0, mask=mask, other=0.0)
         h_neg = tl.load(h_ptr + rows + col_neg, mask=mask, other=0.0)
         h_pos = tl.load(h_ptr + rows + col_pos, mask=mask, other=0.0)
@@ -142,12 +173,11 @@ def gate_backward_kernel(
         if COMPENSATED:
             gl_hi, gl_lo, gl_up = split_rows(gl, mask)
             gwt_hi = tl.load(gw_base + wt_offs, mask=w_mask, other=0.0)
-            gwt_lo = tl.load(gwlo_ptr + (layer * F + f) * (CF * G) + wt_offs, mask=w_mask, other=0.0)
+            gwt_lo = tl.load(gwlo_base + wt_offs, mask=w_mask, other=0.0)
             contraction += split_tile_dot(gl_hi, gl_lo, gl_up, gwt_hi, gwt_lo, w_up, BLOCK_M, CP)
         else:
             gw_t = tl.load(gw_base + wt_offs, mask=w_mask, other=0.0)
             contraction = tl.dot(gl, gw_t, contraction, input_precision="ieee")
-    s = tl.load(z_ptr + z_rows + c[None, :], mask=mask, other=0.0)
     h_s = tl.load(h_ptr + rows + c[None, :], mask=mask, other=0.0)
     g_s = silu_grad(h_s, s) + contraction
     tl.store(gz_ptr + rows + c[None, :], g_s, mask=mask)

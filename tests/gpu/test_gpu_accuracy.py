@@ -105,3 +105,23 @@ def test_gpu_level1_nan_in_u0_stays_in_its_edge_and_noncontiguous_inputs_give_sa
     keep[777] = False
     assert torch.equal(dirty["out"][keep], clean["out"][keep])
     assert torch.equal(dirty["grad_u0"][:, keep], clean["grad_u0"][:, keep])
+
+
+@pytest.mark.parametrize("compensated", [False, True], ids=["exact", "level3"])
+@pytest.mark.parametrize("case", CASES, ids=helpers.case_id)
+def test_gpu_the_relay_has_the_same_bits_with_or_without_the_sigmoid_surface(case, compensated, monkeypatch):
+    """The pointwise kernel forming the gate sigmoids itself is a schedule: compiled for
+    the GPU (FMA dots exact, tensor-core dots at level 3, different row tiles than the gate
+    kernel) it must give the surface relay's bits."""
+    from mixstack import launch
+    lay = case.layout
+    u0, alpha, w0, w1, gw = helpers.make_inputs(case, device=DEV)
+    out, z, y = launch.stack_forward(u0, alpha, w0, w1, gw, lay, case.apply_alpha, compensated=compensated)
+    grad_out = torch.randn_like(out)
+    grads = {}
+    for fold in (False, True):
+        monkeypatch.setattr(launch, "pointwise_recomputes_gate", lambda layout, fold=fold: fold)
+        grads[fold] = launch.stack_backward(grad_out, y, z, alpha, w0, w1, gw, lay, case.apply_alpha,
+                                            compensated=compensated)
+    assert torch.equal(grads[True][0], grads[False][0])
+    assert torch.equal(grads[True][1], grads[False][1])
