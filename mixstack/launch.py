@@ -86,12 +86,31 @@ def gate_config(layout: StackLayout, backward: bool = False) -> dict:
     return {"BLOCK_M": rows, "num_warps": 4, "num_stages": 1}
 
 
-def pointwise_recomputes_gate(layout: StackLayout) -> bool:
+def pointwise_recomputes_gate(layout: StackLayout, compensated: bool = False) -> bool:
     """Whether the relay's pointwise kernel forms the gate sigmoids itself (in registers,
-    from ``s`` and ``gw``) instead of a separate gate launch writing a sigmoid surface
-    ``(F, E, G)`` for it to read.  Both give the same bits (one helper,
-    ``gate.gate_sigmoids``).  Not yet measured on a GPU (see BENCHMARKS.md)."""
-    return True
+    from ``s`` and ``gw``) instead of a gate launch writing a sigmoid surface ``(F, E, G)``
+    for it to read.  Both give the same bits (one helper, ``gate.gate_sigmoids``).
+
+    Measured per gated layer on an H200 (``scripts/probe_backward.py``, 2026-12-01):
+    exact, the whole relay layer 2.48 -> 2.29 ms at Cf 32 lmax 3 and 5.36 -> 5.21 at
+    lmax 6, but 3.78 -> 3.90 at Cf 64 (its pointwise kernel spills); at level 3 the
+    pointwise kernel with the sigmoids folded in, on the rows of ``pointwise_config``,
+    took 0.94 / 1.30 / 0.96 ms against 1.16 / 1.53 / 1.16 for the gate launch plus the
+    surface pointwise kernel.  Wider register tiles (Cf > 64) keep the surface."""
+    cp = triton.next_power_of_2(layout.focus_dim)
+    return cp <= (64 if compensated else 32)
+
+
+def pointwise_config(layout: StackLayout, compensated: bool = False) -> dict:
+    """Launch config of the relay's pointwise kernel.  Folded at level 3 (split fp16 gate
+    products), 64 rows won at Cf <= 32 (0.94 ms against 1.30 for 32 rows at the S1 key,
+    1.30 against 1.78 at lmax 6) and 32 rows at Cf 64 (0.96 against 1.51 for 64 rows,
+    which spill); otherwise ``gate_config``'s backward rows."""
+    cfg = gate_config(layout, backward=True)
+    if compensated and pointwise_recomputes_gate(layout, compensated):
+        cp = triton.next_power_of_2(layout.focus_dim)
+        cfg = dict(cfg, BLOCK_M=64 if cp <= 32 else 32)
+    return cfg
 
 
 def _is_empty(n) -> bool:
@@ -208,7 +227,9 @@ def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
         return out, z, y
     u = u0
     split = split_weights(w0, w1) if compensated else None
-    gate_split = split_matrices(gw) if compensated and n_gated else None
+    # The forward gate stays exact at level 3: with split fp16 logits (122 registers
+    # against 56) the level-3 forward at the S1 key took 5.50-5.91 ms on the H200
+    # (2026-12-01, two runs) against 4.94 with the exact gate (2026-11-30).
     record = compensated and writer_amax
     amax = None                          # the row maxima of u, where a kernel recorded them
     if n_gated:
@@ -221,8 +242,7 @@ def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
         amax_next = maxima[k % 2].zero_() if record else None
         _gemm(u, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(0,), z=z, split=split,
               amax_in=amax)
-        _gate(z, gw, k, sg, n_edges, n_focus, layout, u=u, u_next=u_next, amax=amax_next,
-              gate_split=gate_split)
+        _gate(z, gw, k, sg, n_edges, n_focus, layout, u=u, u_next=u_next, amax=amax_next)
         _gemm(u, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(1,), z=z, sg=sg, gate=True,
               res=u, out=u_next, split=split, amax_in=amax, amax_out=amax_next)
         u, amax = u_next, amax_next
@@ -275,7 +295,7 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
           res=grad_out, out=h, alpha=alpha if apply_alpha else None, a_edge_major=True,
           alpha_on_a=apply_alpha, split=split, amax_in=amax if apply_alpha else None)
     if n_gated and fused_cfg is None:
-        fold = pointwise_recomputes_gate(layout)
+        fold = pointwise_recomputes_gate(layout, compensated)
         sg = None if fold else grad_out.new_empty((n_focus, n_edges, layout.gate_width))
         gz = torch.empty_like(h)
     elif n_gated:
@@ -302,7 +322,7 @@ def _relay_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, 
     if 0 in steps and not fold:
         _gate(z, gw, layer, sg, n_edges, n_focus, layout, gate_split=gate_split)
     if 1 in steps:
-        cfg = pointwise_cfg or gate_config(layout, backward=True)
+        cfg = pointwise_cfg or pointwise_config(layout, gate_split is not None)
         gw_main, gw_lo, gw_up = _gate_weights(gw, gate_split)
         wrap_triton(gate_backward_kernel)[((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)](
             h, z, gw if fold else sg, gw_main, gz, gw if amax is None else amax, gw_lo, gw_up,  # gw: unused

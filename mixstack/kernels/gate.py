@@ -10,8 +10,13 @@ With ``COMPENSATED`` (level 3) the gate's two small products, the logits
 ``s @ gw`` and the logit contraction ``gl @ gw^T``, run as split fp16 tensor-core
 products like the stack's GEMMs (``compensated.split_tile_dot``; ``gw_ptr`` is
 then ``gw``'s fp16 head, ``gwlo_ptr`` its tail and ``gwup_ptr`` its per-matrix
-scales).  Exact fp32, the sigmoid recompute alone ran its 3.2 GFLOP at ~9
-TFLOP/s at the S1 key on the H200 (0.34 ms, ~4x its memory traffic's time).
+scales).  The launchers use them in the backward only (``launch.pointwise_config``
+says what they bought there; the forward gate kernel got slower with them).
+
+With ``RECOMPUTE_SG`` the pointwise backward forms the sigmoids itself from ``s``
+and ``gw`` (no gate launch, no sigmoid surface, ``launch.pointwise_recomputes_gate``);
+``gate_sigmoids`` is the one place they are formed, so they have the same bits
+wherever they are.
 
 With ``WRITE_AMAX`` (level 3) each kernel also records, per row, the largest
 magnitude of what it wrote to each GEMM block's columns (``(F, E, 2)``: the

@@ -120,7 +120,7 @@ def test_gpu_the_relay_has_the_same_bits_with_or_without_the_sigmoid_surface(cas
     grad_out = torch.randn_like(out)
     grads = {}
     for fold in (False, True):
-        monkeypatch.setattr(launch, "pointwise_recomputes_gate", lambda layout, fold=fold: fold)
+        monkeypatch.setattr(launch, "pointwise_recomputes_gate", lambda layout, compensated=False, fold=fold: fold)
         grads[fold] = launch.stack_backward(grad_out, y, z, alpha, w0, w1, gw, lay, case.apply_alpha,
                                             compensated=compensated)
     assert torch.equal(grads[True][0], grads[False][0])

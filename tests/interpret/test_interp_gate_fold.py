@@ -47,7 +47,7 @@ def test_the_whole_backward_is_the_same_with_or_without_the_sigmoid_surface(monk
     grad_out = torch.randn_like(out)
     grads = {}
     for fold in (False, True):
-        monkeypatch.setattr(launch, "pointwise_recomputes_gate", lambda layout, fold=fold: fold)
+        monkeypatch.setattr(launch, "pointwise_recomputes_gate", lambda layout, compensated=False, fold=fold: fold)
         grads[fold] = launch.stack_backward(grad_out, y, z, alpha, w0, w1, gw, lay, True,
                                             compensated=compensated)
     assert torch.equal(grads[True][0], grads[False][0])
