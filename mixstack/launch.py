@@ -91,26 +91,29 @@ def pointwise_recomputes_gate(layout: StackLayout, compensated: bool = False) ->
     from ``s`` and ``gw``) instead of a gate launch writing a sigmoid surface ``(F, E, G)``
     for it to read.  Both give the same bits (one helper, ``gate.gate_sigmoids``).
 
-    Measured per gated layer on an H200 (``scripts/probe_backward.py``, 2026-12-01):
-    exact, the whole relay layer 2.48 -> 2.29 ms at Cf 32 lmax 3 and 5.36 -> 5.21 at
-    lmax 6, but 3.78 -> 3.90 at Cf 64 (its pointwise kernel spills); at level 3 the
-    pointwise kernel with the sigmoids folded in, on the rows of ``pointwise_config``,
-    took 0.94 / 1.30 / 0.96 ms against 1.16 / 1.53 / 1.16 for the gate launch plus the
-    surface pointwise kernel.  Wider register tiles (Cf > 64) keep the surface."""
-    cp = triton.next_power_of_2(layout.focus_dim)
-    return cp <= (64 if compensated else 32)
+    Measured on an H200 in the whole backward, both ways in one run
+    (``scripts/probe_relay_policy.py``, 2026-12-01), ms: exact, S1 9.59 folded against
+    9.63, S3 20.20 against 20.42, S4 **18.84** against 16.29 (the folded kernel spills
+    at Cf 64); level 3, S1 **6.93** against 6.72, S3 **13.47** against 13.16, S4 8.75
+    against 8.72.  So: folded exact where Cf <= 32 (as fast, one surface fewer), never
+    at level 3.  (One layer alone, ``probe_backward.py`` had the level-3 fold 0.2 ms a
+    layer ahead: alone, each launch meets a cold L2; in the stack the gate launch's
+    sigmoids are still in L2 when the pointwise kernel reads them.)"""
+    return not compensated and triton.next_power_of_2(layout.focus_dim) <= 32
 
 
-def pointwise_config(layout: StackLayout, compensated: bool = False) -> dict:
-    """Launch config of the relay's pointwise kernel.  Folded at level 3 (split fp16 gate
-    products), 64 rows won at Cf <= 32 (0.94 ms against 1.30 for 32 rows at the S1 key,
-    1.30 against 1.78 at lmax 6) and 32 rows at Cf 64 (0.96 against 1.51 for 64 rows,
-    which spill); otherwise ``gate_config``'s backward rows."""
-    cfg = gate_config(layout, backward=True)
-    if compensated and pointwise_recomputes_gate(layout, compensated):
-        cp = triton.next_power_of_2(layout.focus_dim)
-        cfg = dict(cfg, BLOCK_M=64 if cp <= 32 else 32)
-    return cfg
+def pointwise_config(layout: StackLayout) -> dict:
+    """Launch config of the relay's pointwise kernel: ``gate_config``'s backward rows,
+    at every level.
+
+    What level 3's split fp16 gate products bought in the backward, per gated layer on
+    an H200 (``probe_backward.py``, 2026-12-01; ms, exact -> split): the gate launch
+    0.385 -> 0.388 at the S1 key, 0.598 -> 0.471 at lmax 6, 0.504 -> 0.361 at Cf 64; the
+    pointwise kernel 0.844 -> 0.774, 1.199 -> 1.061, 1.002 -> 0.797.  With the sigmoids
+    folded in (not shipped, see ``pointwise_recomputes_gate``) the split products
+    wanted 64 rows at Cf <= 32 and 32 rows at Cf 64 (0.94 and 0.96 ms, against 1.30
+    and 1.51 on the rows here)."""
+    return gate_config(layout, backward=True)
 
 
 def _is_empty(n) -> bool:
@@ -322,7 +325,7 @@ def _relay_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, 
     if 0 in steps and not fold:
         _gate(z, gw, layer, sg, n_edges, n_focus, layout, gate_split=gate_split)
     if 1 in steps:
-        cfg = pointwise_cfg or pointwise_config(layout, gate_split is not None)
+        cfg = pointwise_cfg or pointwise_config(layout)
         gw_main, gw_lo, gw_up = _gate_weights(gw, gate_split)
         wrap_triton(gate_backward_kernel)[((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)](
             h, z, gw if fold else sg, gw_main, gz, gw if amax is None else amax, gw_lo, gw_up,  # gw: unused

@@ -87,8 +87,7 @@ def probe_key(name, edges, n_focus, cf, lmax, rounds, fused_variants=True):
     # at its default rows and at the other row count
     def other_rows(cfg):
         return dict(cfg, BLOCK_M=64 if cfg["BLOCK_M"] == 32 else 32)
-    pw_other = other_rows(launch.pointwise_config(layout, compensated=False))
-    pw_other3 = other_rows(launch.pointwise_config(layout, compensated=True))
+    pw_other = other_rows(launch.pointwise_config(layout))
     variants["relay fold"] = relay((1, 2), fold=True)
     variants["relay.pointwise fold"] = relay((1,), fold=True)
     variants[f"relay.pointwise fold M{pw_other['BLOCK_M']}"] = relay((1,), fold=True, pw=pw_other)
@@ -109,7 +108,7 @@ def probe_key(name, edges, n_focus, cf, lmax, rounds, fused_variants=True):
     variants["relay.gemm L3"] = relay3((2,))
     variants["relay fold L3"] = relay3((1, 2), fold=True)
     variants["relay.pointwise fold L3"] = relay3((1,), fold=True)
-    variants[f"relay.pointwise fold M{pw_other3['BLOCK_M']} L3"] = relay3((1,), fold=True, pw=pw_other3)
+    variants[f"relay.pointwise fold M{pw_other["BLOCK_M"]} L3"] = relay3((1,), fold=True, pw=pw_other)
     # the whole forward (every layer) for scale: exact, and level 3
     fwd_args = (inp.u0, inp.alpha, inp.w0, inp.w1, inp.gw, layout, True)
     variants["forward, all layers"] = lambda _=None: launch.stack_forward(*fwd_args)
