@@ -108,7 +108,7 @@ def probe_key(name, edges, n_focus, cf, lmax, rounds, fused_variants=True):
     variants["relay.gemm L3"] = relay3((2,))
     variants["relay fold L3"] = relay3((1, 2), fold=True)
     variants["relay.pointwise fold L3"] = relay3((1,), fold=True)
-    variants[f"relay.pointwise fold M{pw_other["BLOCK_M"]} L3"] = relay3((1,), fold=True, pw=pw_other)
+    variants[f"relay.pointwise fold M{pw_other['BLOCK_M']} L3"] = relay3((1,), fold=True, pw=pw_other)
     # the whole forward (every layer) for scale: exact, and level 3
     fwd_args = (inp.u0, inp.alpha, inp.w0, inp.w1, inp.gw, layout, True)
     variants["forward, all layers"] = lambda _=None: launch.stack_forward(*fwd_args)
