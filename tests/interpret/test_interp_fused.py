@@ -54,8 +54,9 @@ def test_fused_backward_is_bitwise_equal_for_every_candidate_tile(cfg):
 
 
 def test_fused_backward_allocates_neither_the_sigmoid_nor_the_gz_surface(monkeypatch):
-    """The relay allocates an (F, E, G) sigmoid and an (F, E, ROW) gz surface; the
-    fused backward allocates neither (its h is the only (F, E, ROW) buffer)."""
+    """The relay allocates an (F, E, ROW) gz surface (and an (F, E, G) sigmoid surface
+    where its pointwise kernel does not form the sigmoids itself); the fused backward
+    allocates neither (its h is the only (F, E, ROW) buffer)."""
     from mixstack import launch
     case = Case(F=1, E=129, Cf=16, lmax=2, n_layers=3)
     made = []
@@ -81,7 +82,9 @@ def test_fused_backward_allocates_neither_the_sigmoid_nor_the_gz_surface(monkeyp
     launch.stack_backward(grad_out, y, z, *inputs[1:], case.layout, True)
     relay_made = list(made)
     surface, sig = (case.F, case.E, case.row), (case.F, case.E, case.layout.gate_width)
-    assert relay_made.count(surface) == 2 and sig in relay_made           # h and gz, and sg
+    # h and gz, and sg unless the relay's pointwise kernel forms the sigmoids itself
+    assert relay_made.count(surface) == 2
+    assert (sig in relay_made) != launch.pointwise_recomputes_gate(case.layout)
     assert fused_made.count(surface) == 1 and sig not in fused_made       # h only
     # ... and its per-program scratch is far smaller than a surface at production sizes:
     # programs x BLOCK_M x widest block, independent of E.
