@@ -144,8 +144,7 @@ def probe_key(name, edges, n_focus, cf, lmax, rounds, fused_variants=True):
                 equal[tag] = bool(torch.equal(h, ref))
     tasks = {tag: timing.Task(run=fn, setup=restore) for tag, fn in variants.items()}
     res = timing.time_interleaved(tasks, rounds=rounds, warmup=2, clock=timing.clock_for(dev))
-    rows = {tag: {"median_ms": s.median * 1e3, "p20_ms": s.p20 * 1e3, "p80_ms": s.p80 * 1e3}
-            for tag, s in res.items()}
+    rows = {tag: s.to_dict() for tag, s in res.items()}
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return {"edges": edges, "F": n_focus, "Cf": cf, "lmax": lmax, "compensated_config": comp_cfg,

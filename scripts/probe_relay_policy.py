@@ -45,8 +45,7 @@ def probe_shape(shape, rounds, dev):
             grads[tag] = run()[0]
     same = {level: bool(torch.equal(grads[f"{level} fold"], grads[f"{level} surface"])) for level in ("exact", "L3")}
     res = timing.time_interleaved(tasks, rounds=rounds, warmup=2, clock=timing.clock_for(dev))
-    times = {tag: {"median_ms": s.median * 1e3, "p20_ms": s.p20 * 1e3, "p80_ms": s.p80 * 1e3}
-             for tag, s in res.items()}
+    times = {tag: s.to_dict() for tag, s in res.items()}
     return {"times": times, "same_bits": same,
             "policy": {lvl: launch.pointwise_recomputes_gate(layout, c) for lvl, c in (("exact", False), ("L3", True))}}
 
