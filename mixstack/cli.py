@@ -75,9 +75,11 @@ def _parser() -> argparse.ArgumentParser:
                        "record the results in the user's table (MIXSTACK_CACHE_DIR). Without options: "
                        "the keys of S1-S4, every family; keys with an entry are skipped.")
     t.add_argument("--shape", action="append", metavar="ID", help="a standard shape S1..S4; repeatable")
-    t.add_argument("--focus-dim", type=int, help="custom key: channels Cf (with --lmax)")
-    t.add_argument("--lmax", type=int, help="custom key: lmax (with --focus-dim)")
-    t.add_argument("--focus", type=int, default=2, help="custom key: focus streams F (default 2)")
+    t.add_argument("--focus-dim", type=int, nargs="+", metavar="CF",
+                   help="custom keys: channels Cf (with --lmax); several values sweep every combination")
+    t.add_argument("--lmax", type=int, nargs="+", metavar="L", help="custom keys: lmax (with --focus-dim)")
+    t.add_argument("--focus", type=int, nargs="+", default=[2], metavar="F",
+                   help="custom keys: focus streams F (default 2)")
     t.add_argument("--no-alpha", action="store_true", help="custom key: apply_alpha=False")
     t.add_argument("--family", action="append", metavar="NAME",
                    help="stack_fwd, stack_bwd_relay, stack_bwd_fused, stack_compensated; repeatable "

@@ -3,6 +3,8 @@ deploy to the local GPU (parsed by ``mixstack.cli``, which dispatches here)."""
 
 from __future__ import annotations
 
+import itertools
+
 import sys
 
 from .cli import _MODEL_OPTIONS, _print_table
@@ -52,9 +54,10 @@ def tune_keys(args) -> list | None:
         keys.append(shapes.shape_by_name(name).tuning_key())
     if (args.focus_dim is None) != (args.lmax is None):
         raise ValueError("a custom key needs both --focus-dim and --lmax")
-    if args.focus_dim is not None:
-        keys.append(tuning.shape_key(focus_dim=args.focus_dim, lmax=args.lmax, n_focus=args.focus,
-                                     apply_alpha=not args.no_alpha))
+    for cf, lmax, focus in itertools.product(args.focus_dim or (), args.lmax or (), args.focus):
+        key = tuning.shape_key(focus_dim=cf, lmax=lmax, n_focus=focus, apply_alpha=not args.no_alpha)
+        if key not in keys:                         # S1 and S3 share a key; so may a custom one
+            keys.append(key)
     return keys or None
 
 

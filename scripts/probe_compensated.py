@@ -45,12 +45,13 @@ MODES = {"prepass": 0, "row-scale": 1, "unscaled": 2, "head-only": 3, "exact": 4
 def probe_gemm_kernel(a_ptr, whi_ptr, wlo_ptr, w32_ptr, rowup_ptr, out_ptr, rows, w_up,
                       K: tl.constexpr, N: tl.constexpr, MODE: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    NT: tl.constexpr = N // BLOCK_N
+    NT: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
     pid = tl.program_id(0).to(tl.int64)
     m = (pid // NT) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     n = (pid % NT) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     m_mask = m < rows
+    n_mask = n < N                      # N need not be a multiple of BLOCK_N (K = 224 at S2)
     if MODE == 0:
         amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for t in tl.range(0, K // BLOCK_K):
@@ -70,14 +71,15 @@ def probe_gemm_kernel(a_ptr, whi_ptr, wlo_ptr, w32_ptr, rowup_ptr, out_ptr, rows
         a = tl.load(a_ptr + m[:, None] * K + (k + rk)[None, :], mask=m_mask[:, None], other=0.0)
         w_offs = (k + rk)[:, None] * N + n[None, :]
         if MODE == 4:
-            head = tl.dot(a, tl.load(w32_ptr + w_offs), head, input_precision="ieee")
+            head = tl.dot(a, tl.load(w32_ptr + w_offs, mask=n_mask[None, :], other=0.0), head,
+                          input_precision="ieee")
         elif MODE == 3:
-            head = tl.dot(a.to(tl.float16), tl.load(whi_ptr + w_offs), head)
+            head = tl.dot(a.to(tl.float16), tl.load(whi_ptr + w_offs, mask=n_mask[None, :], other=0.0), head)
         else:
             a_hi, a_lo = split_fp16(a * down[:, None])
-            w_hi = tl.load(whi_ptr + w_offs)
+            w_hi = tl.load(whi_ptr + w_offs, mask=n_mask[None, :], other=0.0)
             head = tl.dot(a_hi, w_hi, head)
-            tail = tl.dot(a_hi, tl.load(wlo_ptr + w_offs), tail)
+            tail = tl.dot(a_hi, tl.load(wlo_ptr + w_offs, mask=n_mask[None, :], other=0.0), tail)
             tail = tl.dot(a_lo, w_hi, tail)
     if MODE == 4:
         acc = head
@@ -85,7 +87,7 @@ def probe_gemm_kernel(a_ptr, whi_ptr, wlo_ptr, w32_ptr, rowup_ptr, out_ptr, rows
         acc = head * w_up
     else:
         acc = (head + tail * (1.0 / TAIL_SCALE)) * (up * w_up)[:, None]
-    tl.store(out_ptr + m[:, None] * N + n[None, :], acc, mask=m_mask[:, None])
+    tl.store(out_ptr + m[:, None] * N + n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
 def probe_block(rows, k, cfg, rounds):
@@ -102,7 +104,7 @@ def probe_block(rows, k, cfg, rounds):
     out = torch.empty(rows, k, device=dev)
     want = (a.double() @ w[0, 0].double())
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    grid = (triton.cdiv(rows, bm) * (k // bn),)
+    grid = (triton.cdiv(rows, bm) * triton.cdiv(k, bn),)
 
     def run(mode):
         def go(_=None):

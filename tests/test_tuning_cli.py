@@ -108,6 +108,22 @@ def test_cli_tune_prints_a_summary_and_records_then_skips(capsys, fake_gpu, tuni
     assert len(fake_gpu) == 4
 
 
+def test_cli_tune_sweeps_every_combination_of_custom_key_values(capsys, fake_gpu, tuning_env):
+    args = ["tune", "--focus-dim", "32", "64", "--lmax", "2", "--focus", "1", "2", "--family", "stack_bwd_relay",
+            "--rounds", "2", "--warmup", "0"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    for key in ("Cf32 l2 F1", "Cf32 l2 F2", "Cf64 l2 F1", "Cf64 l2 F2"):
+        assert f"| stack_bwd_relay | {key} alpha | tuned |" in out, out
+    assert len(fake_gpu) == 4
+    assert main(["tune", "--focus-dim", "32", "--lmax", "2", "3", "--family", "stack_bwd_relay",
+                 "--rounds", "2", "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "| stack_bwd_relay | Cf32 l2 F2 alpha | covered |" in out
+    assert "| stack_bwd_relay | Cf32 l3 F2 alpha | tuned |" in out
+    assert len(fake_gpu) == 5
+
+
 def test_cli_tune_reports_a_failure_and_exits_1(capsys, fake_gpu, monkeypatch):
     def failing(family, key, device=None):
         return FakeProbe(family, key, errors={"baseline": RuntimeError("boom")})
@@ -120,6 +136,7 @@ def test_cli_tune_reports_a_failure_and_exits_1(capsys, fake_gpu, monkeypatch):
 
 @pytest.mark.parametrize("args, why", [
     (["--focus-dim", "32"], "--lmax"),
+    (["--focus-dim", "32", "--lmax", "7"], "lmax"),
     (["--family", "stack_bwd_fast"], "unknown tuning family"),
     (["--shape", "S9"], "unknown shape"),
     (["--rounds", "0"], "--rounds"),

@@ -31,3 +31,48 @@ def test_the_probe_modes_are_the_split_gemm_with_the_scales_from_different_place
     assert errors["head-only"] > 100 * CONTRACT
     assert all(r["median_ms"] > 0 for r in result.values())
 
+
+
+_CEILING = _PATH.with_name("probe_exact_ceiling.py")
+
+
+def _ceiling():
+    spec = importlib.util.spec_from_file_location("probe_exact_ceiling", _CEILING)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_exact_ceiling_probe_times_exact_products_on_partial_tiles():
+    probe = _ceiling()
+    # K = N = 96 with 64-wide N tiles and 37 rows: partial tiles in both directions
+    block = probe.time_block(96, 37, [(16, 64, 32, 4, 1), (32, 32, 32, 4, 1)], rounds=1, device="cpu")
+    names = set(block["variants"])
+    assert names == {"cublas", "M16 N64 K32 w4 s1", "M32 N32 K32 w4 s1"}, names
+    for name, r in block["variants"].items():
+        assert r["rel_err"] < 1e-6, (name, r)             # exact fp32 products, every column written
+        assert r["median_ms"] > 0
+    best = block["best_triton"]
+    assert best != "cublas"
+    assert all(block["variants"][best]["tflops"] >= r["tflops"]
+               for n, r in block["variants"].items() if n != "cublas")
+
+
+def test_the_exact_ceiling_bound_is_the_layers_gemm_flops_at_the_best_rates():
+    probe = _ceiling()
+    s4 = probe.shape_by_name("S4")                        # m0 = 256, m1 = 384, rows = 300003
+    rows = s4.edges * s4.focus
+
+    def block(k, tflops, cublas):
+        return {"K": k, "rows": rows, "best_triton": "t",
+                "variants": {"t": {"tflops": tflops}, "slow": {"tflops": tflops / 2}, "cublas": {"tflops": cublas}}}
+    bounds = probe.lower_bounds([block(256, 40.0, 50.0), block(384, 20.0, 25.0)], ["S4"],
+                                probe.parse_compile("S4=20"))
+    (b,) = bounds
+    gemm = lambda k, rate: 4 * 2 * rows * k * k / (rate * 1e12) * 1e3
+    assert abs(b["gemm_bound_ms_triton_ieee"] - (gemm(256, 40.0) + gemm(384, 20.0))) < 1e-9
+    assert abs(b["gemm_bound_ms_cublas"] - (gemm(256, 50.0) + gemm(384, 25.0))) < 1e-9
+    assert b["target_ms"] == 0.65 * 20
+    assert probe.blocks_of(["S1", "S3", "S4"]) == {(128, 600006): ["S1"], (192, 600006): ["S1"],
+                                                   (128, 1292000): ["S3"], (192, 1292000): ["S3"],
+                                                   (256, 300003): ["S4"], (384, 300003): ["S4"]}
