@@ -151,6 +151,8 @@ def _signature(launch: Launch):
             signature[n] = "i32" if -2 ** 31 <= v < 2 ** 31 else "i64"
             if v % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, float):
+            signature[n] = "fp32"                   # Triton's run-time type of a Python float
         else:
             raise TypeError(f"{launch.name}: cannot type argument {n}={v!r}")
     return signature, constexprs, attrs

@@ -79,3 +79,15 @@ def test_the_compensated_gemm_runs_on_tensor_cores():
     r = resources.compile_report(gemm, 90)
     assert r.sass["HGMMA"] + r.sass["HMMA"] >= 3       # head, and the two tail products
     assert r.sass["FFMA"] < 1024 and r.spill_bytes == 0
+
+
+def test_the_signature_types_tensors_ints_and_floats_as_triton_does():
+    def kernel(x_ptr, n, one, scale, BLOCK):
+        pass
+    kernel.fn = kernel
+    x = torch.empty(8, device="meta")
+    launch_ = resources.Launch(kernel, (x, 48, 1, 0.5), {"BLOCK": 16, "num_warps": 4})
+    signature, constexprs, attrs = resources._signature(launch_)
+    assert signature == {"x_ptr": "*fp32", "n": "i32", "one": "constexpr", "scale": "fp32", "BLOCK": "constexpr"}
+    assert constexprs == {(2,): 1, (4,): 16}
+    assert attrs == {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}

@@ -30,6 +30,12 @@ def test_the_probe_modes_are_the_split_gemm_with_the_scales_from_different_place
     # the head-only product is the fp16 ceiling, not a compensated result
     assert errors["head-only"] > 100 * CONTRACT
     assert all(r["median_ms"] > 0 for r in result.values())
+    # the persistent launch computes the same tiles: every one written (outputs start NaN), same bits
+    for mode in ("row-scale", "head-only"):
+        persistent = result[f"{mode} persistent"]
+        assert persistent["same_bits_as_tiled"] is True, mode
+        assert persistent["rel_err"] == errors[mode]
+        assert persistent["programs"] == 3              # fewer programs than the 3 x 2 tiles: they stride
 
 
 
