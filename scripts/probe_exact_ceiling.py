@@ -26,6 +26,7 @@ every variant of a block interleaved in rotating order.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import pathlib
@@ -54,7 +55,9 @@ CONFIGS = (
 QUICK = CONFIGS[2:4] + CONFIGS[:1] + CONFIGS[11:12]
 
 
+@functools.cache
 def _probe_module():
+    """``probe_compensated.py`` loaded once (its kernels keep their compile caches)."""
     spec = importlib.util.spec_from_file_location("probe_compensated", _PROBE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -73,13 +76,13 @@ def blocks_of(names):
 
 def time_block(k: int, rows: int, configs, rounds: int, device) -> dict:
     """Every config's exact product and cuBLAS's on one block, interleaved: ms, TFLOP/s, error."""
-    kernel = _probe_module().probe_gemm_kernel
+    probe = _probe_module()
+    kernel, exact = probe.probe_gemm_kernel, probe.MODES["exact"]
     g = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(rows, k, device=device, generator=g)
     w = torch.randn(k, k, device=device, generator=g) / k ** 0.5
     out = torch.empty(rows, k, device=device)
     want = a.double() @ w.double()
-    exact = _probe_module().MODES["exact"]
 
     def triton_run(cfg):
         bm, bn, bk, warps, stages = cfg
