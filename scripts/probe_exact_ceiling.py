@@ -104,6 +104,7 @@ def time_block(k: int, rows: int, configs, rounds: int, device) -> dict:
     torch.set_float32_matmul_precision("highest")          # cuBLAS without TF32
     try:
         for name, fn in list(variants.items()):
+            out.fill_(float("nan"))                     # a tile a variant leaves unwritten shows
             try:
                 fn()
             except (triton.runtime.errors.OutOfResources, RuntimeError) as exc:   # shared memory, registers
