@@ -7,18 +7,19 @@ import pathlib
 
 from mixstack.tuning.families import CONTRACT
 
-_PATH = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "probe_compensated.py"
+_SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "scripts"
 
 
-def _probe():
-    spec = importlib.util.spec_from_file_location("probe_compensated", _PATH)
+def _script(name: str):
+    """``scripts/<name>.py`` loaded as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, _SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_the_probe_modes_are_the_split_gemm_with_the_scales_from_different_places():
-    probe = _probe()
+    probe = _script("probe_compensated")
     cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1}
     result = probe.probe_block(37, 64, cfg, rounds=1)           # 37 rows: a partial tile
     errors = {mode: r["rel_err"] for mode, r in result.items()}
@@ -39,18 +40,8 @@ def test_the_probe_modes_are_the_split_gemm_with_the_scales_from_different_place
 
 
 
-_CEILING = _PATH.with_name("probe_exact_ceiling.py")
-
-
-def _ceiling():
-    spec = importlib.util.spec_from_file_location("probe_exact_ceiling", _CEILING)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_exact_ceiling_probe_times_exact_products_on_partial_tiles():
-    probe = _ceiling()
+    probe = _script("probe_exact_ceiling")
     # K = N = 96 with 64-wide N tiles and 37 rows: partial tiles in both directions
     block = probe.time_block(96, 37, [(16, 64, 32, 4, 1), (32, 32, 32, 4, 1)], rounds=1, device="cpu")
     names = set(block["variants"])
@@ -65,7 +56,7 @@ def test_the_exact_ceiling_probe_times_exact_products_on_partial_tiles():
 
 
 def test_the_exact_ceiling_bound_is_the_layers_gemm_flops_at_the_best_rates():
-    probe = _ceiling()
+    probe = _script("probe_exact_ceiling")
     s4 = probe.shape_by_name("S4")                        # m0 = 256, m1 = 384, rows = 300003
     rows = s4.edges * s4.focus
 
