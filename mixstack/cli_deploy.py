@@ -55,10 +55,8 @@ def tune_keys(args) -> list | None:
     if (args.focus_dim is None) != (args.lmax is None):
         raise ValueError("a custom key needs both --focus-dim and --lmax")
     for cf, lmax, focus in itertools.product(args.focus_dim or (), args.lmax or (), args.focus):
-        key = tuning.shape_key(focus_dim=cf, lmax=lmax, n_focus=focus, apply_alpha=not args.no_alpha)
-        if key not in keys:                         # S1 and S3 share a key; so may a custom one
-            keys.append(key)
-    return keys or None
+        keys.append(tuning.shape_key(focus_dim=cf, lmax=lmax, n_focus=focus, apply_alpha=not args.no_alpha))
+    return keys or None                              # repeated keys: tuning.tune measures each once
 
 
 def _tune_progress(enabled: bool):
