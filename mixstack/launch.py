@@ -78,10 +78,21 @@ def gate_config(layout: StackLayout, backward: bool = False) -> dict:
     Compiled offline for sm_90 (``mixstack.resources``) by Triton 3.6 (the
     H200's) and 3.7, the Cf = 64 backward config (64 x 4) takes 255 registers
     and spills 392 bytes: it was timed fastest all the same.
+
+    At lmax <= 2 the degree loop runs once or twice, and with 64 x 4 (32 x 4 in the
+    forward) ptxas gives up on registers: 32 of them and a 3.6-9.6 KB stack frame per
+    thread (the pointwise kernel at lmax 1, the forward gate at lmax 2; Cf 48 and 64,
+    both levels, Triton 3.6 and 3.7; ``tests/test_resources.py``).  The H200 sweep saw
+    it: Cf 64, F 2, lmax 1's relay took 33.4 ms on the tuner's set against 12.5 at
+    lmax 2, a layout with over twice its GEMM FLOPs.  32 x 8 compiles there without
+    spills (up to 158 registers), so lmax <= 2 takes it (not yet timed on a GPU).
+    Widths above 64 are not cured by any config tried (16-64 rows, 4-8 warps) at lmax 1.
     """
     cp = triton.next_power_of_2(layout.focus_dim)
     if cp > 64:
         return {"BLOCK_M": 16, "num_warps": 8, "num_stages": 1}
+    if cp == 64 and layout.lmax <= 2:
+        return {"BLOCK_M": 32, "num_warps": 8, "num_stages": 1}
     rows = 64 if backward and cp == 64 else 32
     return {"BLOCK_M": rows, "num_warps": 4, "num_stages": 1}
 

@@ -37,7 +37,12 @@ KEYS = {  # name: (edges, F, Cf, lmax)
     "cf32_l3_f2": (2 ** 18, 2, 32, 3),
     "cf32_l6_f2": (2 ** 17 + 2 ** 16, 2, 32, 6),
     "cf64_l3_f1": (2 ** 18, 1, 64, 3),
+    # the tuner's sets at Cf 64, lmax 1 and 2 (where 64 rows x 4 warps made ptxas collapse
+    # the pointwise kernel and the forward gate, ``launch.gate_config``)
+    "cf64_l1_f2": (2 ** 18, 2, 64, 1),
+    "cf64_l2_f2": (187245, 2, 64, 2),
 }
+PW_BEFORE = {"BLOCK_M": 64, "num_warps": 4, "num_stages": 1}
 FUSED = {"cf32_l3_f2": [(32, 128, 4, 2), (32, 64, 4, 2), (64, 64, 4, 2), (64, 128, 8, 2)],
          "cf32_l6_f2": [(32, 128, 4, 2), (64, 64, 4, 2)],
          "cf64_l3_f1": [(32, 128, 4, 2), (64, 64, 4, 2)]}
@@ -91,6 +96,10 @@ def probe_key(name, edges, n_focus, cf, lmax, rounds, fused_variants=True):
     variants["relay fold"] = relay((1, 2), fold=True)
     variants["relay.pointwise fold"] = relay((1,), fold=True)
     variants[f"relay.pointwise fold M{pw_other['BLOCK_M']}"] = relay((1,), fold=True, pw=pw_other)
+    # the pointwise kernel at the config every Cf-64 key had before ``launch.gate_config``
+    # steered lmax <= 2 away from ptxas's collapse (same bits: a launch config, not the math)
+    variants["relay M64 w4"] = relay((0, 1, 2), pw=PW_BEFORE)
+    variants["relay.pointwise M64 w4"] = relay((1,), pw=PW_BEFORE)
     comp_cfg = tuning.tuned_config("stack_compensated", focus_dim=cf, lmax=lmax, n_focus=n_focus,
                                    apply_alpha=True, device=dev)
     split = launch.split_weights(w0t, w1t)
@@ -109,12 +118,13 @@ def probe_key(name, edges, n_focus, cf, lmax, rounds, fused_variants=True):
     variants["relay fold L3"] = relay3((1, 2), fold=True)
     variants["relay.pointwise fold L3"] = relay3((1,), fold=True)
     variants[f"relay.pointwise fold M{pw_other['BLOCK_M']} L3"] = relay3((1,), fold=True, pw=pw_other)
+    variants["relay.pointwise M64 w4 L3"] = relay3((1,), pw=PW_BEFORE)
     # the whole forward (every layer) for scale: exact, and level 3
     fwd_args = (inp.u0, inp.alpha, inp.w0, inp.w1, inp.gw, layout, True)
     variants["forward, all layers"] = lambda _=None: launch.stack_forward(*fwd_args)
     variants["forward L3, all layers"] = lambda _=None: launch.stack_forward(*fwd_args, comp_cfg, compensated=True)
     scratches = {}
-    for bm, bn, w, s in FUSED[name] if fused_variants else ():
+    for bm, bn, w, s in FUSED.get(name, ()) if fused_variants else ():
         cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
         tag = f"fused M{bm} N{bn} w{w} s{s}"
         programs = launch._fused_programs(h, (edges + bm - 1) // bm * n_focus)
@@ -132,7 +142,7 @@ def probe_key(name, edges, n_focus, cf, lmax, rounds, fused_variants=True):
     restore(); variants["relay"](); sync(); ref = h.clone()
     restore(); variants["relay L3"](); sync(); ref3 = h.clone()
     equal = {}      # exact fused: bitwise against the relay; level 3: relative difference to the L3 relay
-    for tag, want in (("relay fold", ref), ("relay fold L3", ref3)):    # a schedule: the same bits
+    for tag, want in (("relay fold", ref), ("relay fold L3", ref3), ("relay M64 w4", ref)):    # a schedule: the same bits
         restore(); variants[tag](); sync()
         equal[tag] = bool(torch.equal(h, want))
     for tag in variants:
