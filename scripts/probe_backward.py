@@ -142,7 +142,8 @@ def probe_key(name, edges, n_focus, cf, lmax, rounds, fused_variants=True):
     restore(); variants["relay"](); sync(); ref = h.clone()
     restore(); variants["relay L3"](); sync(); ref3 = h.clone()
     equal = {}      # exact fused: bitwise against the relay; level 3: relative difference to the L3 relay
-    for tag, want in (("relay fold", ref), ("relay fold L3", ref3), ("relay M64 w4", ref)):    # a schedule: the same bits
+    # another schedule (fold) or launch config (M64 w4) of the same math: the same bits
+    for tag, want in (("relay fold", ref), ("relay fold L3", ref3), ("relay M64 w4", ref)):
         restore(); variants[tag](); sync()
         equal[tag] = bool(torch.equal(h, want))
     for tag in variants:
