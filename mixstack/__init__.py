@@ -1,22 +1,21 @@
 """mixstack: the gated SO(2) mixing stack of equivariant interatomic potentials, exact and fast.
 
-Public API (SPEC §2): ``mixing_stack``, ``MixingStack``, ``reference``,
-``set_level`` / ``get_level`` / ``use_level``, ``dispatch_log``; ``tuning`` and
-``tune`` (SPEC §5); ``freeze`` and ``load`` (SPEC §6).  The potential
-(``mixstack.potential``) and the ASE calculator (``mixstack.calculator``) are
+Public API (docs/contract.md §2): ``mixing_stack``, ``MixingStack``,
+``reference``, ``set_level`` / ``get_level`` / ``use_level``, ``dispatch_log``;
+``tuning`` (the tables) and ``tune`` (the sweep, docs/contract.md §5);
+``freeze`` and ``load`` (docs/contract.md §6).  The potential and its ASE
+calculator (``mixstack.potential``, ``mixstack.potential.calculator``) are
 imported on demand, so ``import mixstack`` stays light (no ASE).
 """
 
-from . import reference
-from .api import mixing_stack
-from .deploy import freeze, load
-from .dispatch import dispatch_log
-from .levels import get_level, set_level, use_level
-from .module import MixingStack
-from . import tuning
-from .tuning import tune
-
-__version__ = "0.1.0"
+from . import reference, tuning
+from .dispatch.levels import get_level, set_level, use_level
+from .dispatch.log import dispatch_log
+from .export import freeze, load
+from .functional import mixing_stack
+from .nn import MixingStack
+from .tuner import tune
+from .version import __version__
 
 __all__ = [
     "MixingStack", "dispatch_log", "freeze", "get_level", "load", "mixing_stack", "reference", "set_level",

@@ -15,6 +15,11 @@ import torch
 LMAX_RANGE = range(1, 7)
 
 
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= ``n`` (>= 1): the register width of a Cf-wide tile."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
 @dataclass(frozen=True)
 class StackLayout:
     """Sizes of a mixing-stack row for one ``(lmax, focus_dim)`` pair."""

@@ -1,10 +1,10 @@
 """The mixing stack in plain PyTorch: level 0 and the oracle of every test.
 
-``mixing_stack`` is the operator of SPEC §1 written with ordinary tensor ops,
+``mixing_stack`` is the operator of docs/contract.md §1 written with ordinary tensor ops,
 for any float dtype and device, differentiable to any order by autograd.
 ``forward`` also returns the gated pre-activations ``z`` that the accelerated
 backward reads, and ``backward`` spells out the first-order gradients of
-SPEC §1 from those saved values.  ``backward`` is itself made of ordinary ops,
+docs/contract.md §1 from those saved values.  ``backward`` is itself made of ordinary ops,
 so autograd differentiates it again: it is the differentiable fallback the
 custom operator uses for weight gradients and for double backward.
 """
@@ -80,7 +80,7 @@ def mixing_stack(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alph
 
 def backward(grad_out, y, z_all, u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int,
              apply_alpha: bool, weights: bool = False):
-    """First-order gradients of SPEC §1 from the saved ``z`` and unscaled result ``y``.
+    """First-order gradients of docs/contract.md §1 from the saved ``z`` and unscaled result ``y``.
 
     Returns ``(grad_u0, grad_alpha, grad_w0, grad_w1, grad_gw)``; ``grad_alpha``
     is ``None`` without alpha and the weight gradients are ``None`` unless

@@ -17,7 +17,7 @@
 #   (default: the compiled baseline's force-error bisect, then the memory at the
 #   peak of a model frame; "probe_freeze.py --matrix" is the AOTI-crash matrix).
 #   FREEZE=0 skips the freeze tests' process (on the lent H200 it runs ~3 min before the
-#   known AOTInductor loader crash, issue 5).
+#   known AOTInductor loader crash of that image).
 #   BUDGET (seconds, default 540) bounds the whole script: each part gets what
 #   is left, so the packing at the end always runs.  Everything under $OUT is
 #   packed into $OUT/gpu_check.tgz (a device call returns at most 8 files);
@@ -55,19 +55,19 @@ part_tests() {
 part_tune() {
   local limit=$(left)
   if [ -n "${TUNE_SECONDS:-}" ] && [ "$TUNE_SECONDS" -lt "$limit" ]; then limit=$TUNE_SECONDS; fi
-  timeout "$limit" python3 -m mixstack.cli tune ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.log" | tail -n 30
+  timeout "$limit" python3 -m mixstack tune ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.log" | tail -n 30
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("tune rc=$r")
 }
 part_stack() {
   mkdir -p "$OUT/bench"
   local args=("$@")
   if [ "${#args[@]}" -eq 0 ]; then args=(--shape S1 --shape S2 --shape S3 --shape S4 --levels 0,0c,1,2,3); fi
-  timeout "$(left)" python3 -m mixstack.cli bench "${args[@]}" --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -n 40
+  timeout "$(left)" python3 -m mixstack bench "${args[@]}" --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -n 40
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench stack rc=$r")
 }
 part_model() {
   mkdir -p "$OUT/model"
-  timeout "$(left)" python3 -m mixstack.cli bench model ${MODEL_ARGS:---levels 0c,0,1c,2c,3c} --out "$OUT/model" 2>&1 | tee "$OUT/model.log" | tail -n 20
+  timeout "$(left)" python3 -m mixstack bench model ${MODEL_ARGS:---levels 0c,0,1c,2c,3c} --out "$OUT/model" 2>&1 | tee "$OUT/model.log" | tail -n 20
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench model rc=$r")
 }
 part_probes() {

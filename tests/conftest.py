@@ -23,11 +23,11 @@ import tempfile  # noqa: E402
 
 os.environ["MIXSTACK_CACHE_DIR"] = tempfile.mkdtemp(prefix="mixstack-test-cache-")
 
-import mixstack  # noqa: E402
-from mixstack import levels  # noqa: E402
-
 import helpers  # noqa: E402
 from tuning_fakes import tuning_env  # noqa: E402,F401  (the tuning tests' private tables)
+
+import mixstack  # noqa: E402
+from mixstack.dispatch import levels  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +44,7 @@ _RUNS: dict = {}
 @pytest.fixture(scope="session")
 def cached_run():
     """``cached_run(case, level, weights=False, device="cpu")``: ``helpers.run_stack`` on the
-    case's seeded inputs, computed once per session.
+    case's seeded inputs, computed once per test run.
 
     Interpreted kernels are slow, so the accuracy, dispatch and level-equality
     tests share one run per (case, level, weights, device); tests that need an

@@ -1,4 +1,4 @@
-"""The public API of SPEC §2 and §3 on CPU: levels, dispatch log, input validation,
+"""The public API of docs/contract.md §2 and §3 on CPU: levels, dispatch log, input validation,
 empty inputs, the ``MixingStack`` module and the CPU fallback of the Triton levels."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import collections
 import re
 import threading
 
+import helpers
 import pytest
 import torch
-
-import helpers
-import mixstack
 from helpers import Case
+
+import mixstack
 from mixstack import config
 
 # ---------------------------------------------------------------- levels
@@ -239,7 +239,7 @@ def test_non_floating_dtype_is_a_type_error_naming_argument_and_dtype(name, dtyp
 
 
 def test_mixed_floating_dtypes_are_a_clear_error_naming_argument():
-    """SPEC §2: bad input gets a clear error naming the argument and the dtype expected and
+    """docs/contract.md §2: bad input gets a clear error naming the argument and the dtype expected and
     received.  A float64 weight next to float32 activations must not surface as a matmul
     RuntimeError (level 0) or a Triton compile error (levels 1-3)."""
     name = "w0"
@@ -348,3 +348,24 @@ def test_module_rejects_bad_construction_and_bad_input():
     mod = mixstack.MixingStack(n_focus=2, focus_dim=4, lmax=2, n_layers=2)
     with pytest.raises(ValueError, match=r"\bu0\b"):
         mod(torch.randn(2, 3, 27), torch.rand(3, 2))
+
+
+def test_without_triton_mixstack_imports_and_runs_level_0():
+    """Triton ships for Linux only: elsewhere ``import mixstack`` must work and run level 0."""
+    import subprocess
+    import sys
+    code = (
+        "import sys\n"
+        "sys.modules['triton'] = None          # what `import triton` meets without it\n"
+        "import torch, mixstack\n"
+        "m = mixstack.MixingStack(n_focus=1, focus_dim=16, lmax=1, n_layers=2)\n"
+        "u0, alpha = torch.randn(1, 5, m.layout.row), torch.rand(5, 1)\n"
+        "with mixstack.use_level(2), mixstack.dispatch_log() as log:\n"
+        "    out = m(u0, alpha)\n"
+        "assert dict(log) == {'fwd:reference': 1}, log\n"
+        "print(tuple(out.shape))\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "(5, 1, 64)"

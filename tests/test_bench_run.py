@@ -1,5 +1,6 @@
 """The CPU bench end to end: results files, skipped levels, accuracy, failures, progress."""
 
+import csv
 import json
 import sys
 
@@ -33,7 +34,7 @@ def record():
 
 def test_results_folder_holds_json_markdown_and_png(record, tmp_path):
     paths = report.write(record, tmp_path / "out")
-    assert set(paths) == {"json", "markdown", "plot"}
+    assert set(paths) == {"json", "markdown", "csv", "plot"}
     data = json.loads(paths["json"].read_text())
     assert data["schema"] == runner.SCHEMA and data["command"] == "mixstack bench test"
     for key in ("date", "mixstack", "git_revision", "python", "torch", "triton", "cuda", "driver",
@@ -56,6 +57,13 @@ def test_results_folder_holds_json_markdown_and_png(record, tmp_path):
     assert "| tiny | L0-eager | bwd |" in md
     assert data["env"]["torch"] in md and data["env"]["date"] in md
     assert paths["plot"].read_bytes()[:8] == PNG_MAGIC
+    rows = list(csv.DictReader(paths["csv"].open()))
+    medians = {r["metric"]: float(r["value"]) for r in rows if r["metric"].startswith("time_median_")}
+    assert medians == pytest.approx({f"time_median_{t['pass']}": t["median_ms"] for t in data["timings"]})
+    assert {"rel_error_out", "rel_error_grad_u0"} <= {r["metric"] for r in rows}   # (peak memory: CUDA only)
+    for r in rows:                      # every measurement carries where and with what it was made
+        assert r["date"] == data["env"]["date"] and r["torch"] == data["env"]["torch"]
+        assert r["gpu"] == data["env"]["device"]["name"] and r["case"] == "tiny" and r["bench"] == "stack"
 
 
 def test_gpu_levels_are_skipped_on_cpu_with_the_reason(record):

@@ -119,7 +119,7 @@ def test_python_dash_m_runs_the_cli():
     """``scripts/gpu_check.sh`` runs ``python -m mixstack.cli``: the module must call main."""
     import subprocess
     import sys
-    done = subprocess.run([sys.executable, "-m", "mixstack.cli", "info", "--device", "cpu"],
+    done = subprocess.run([sys.executable, "-m", "mixstack", "info", "--device", "cpu"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "device: cpu" in done.stdout

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mixstack import launch
 from mixstack.layout import StackLayout
+from mixstack.ops import configs, launchers
 
 # pointer argument -> the constexpr flags under which the kernel dereferences it ("!F": F unset)
 GEMM_USES = {"res_ptr": ("RESIDUAL",), "out_ptr": ("STORE_OUT",), "z_ptr": ("STORE_Z",),
@@ -33,7 +33,7 @@ def _record(monkeypatch):
                 calls.append((self.kernel.fn.__name__, dict(zip(self.kernel.arg_names, args)), kwargs))
             return launch_
 
-    monkeypatch.setattr(launch, "wrap_triton", Recorder)
+    monkeypatch.setattr(launchers, "wrap_triton", Recorder)
     return calls
 
 
@@ -50,9 +50,9 @@ def test_unused_pointer_arguments_are_never_an_activation_surface(monkeypatch, c
     w0 = torch.randn(3, n_focus, lay.m0, lay.m0)
     w1 = torch.randn(3, n_focus, lay.m1, lay.m1)
     gw = torch.randn(2, n_focus, 16, lay.gate_width)
-    out, z, y = launch.stack_forward(u0, alpha, w0, w1, gw, lay, True, compensated=compensated)
+    out, z, y = launchers.stack_forward(u0, alpha, w0, w1, gw, lay, True, compensated=compensated)
     grad = torch.randn(n_edges, lay.row)[:, None].expand(n_edges, n_focus, lay.row)
-    launch.stack_backward(grad, y, z, alpha, w0, w1, gw, lay, True, compensated=compensated)
+    launchers.stack_backward(grad, y, z, alpha, w0, w1, gw, lay, True, compensated=compensated)
     checked = 0
     for name, args, flags in calls:
         uses = {"block_gemm_kernel": GEMM_USES, "gate_kernel": GATE_USES,
@@ -68,9 +68,9 @@ def test_a_launch_config_cannot_change_the_k_tile():
     """The K tile fixes the order of the GEMMs' K sum: a config naming another one is
     refused, one naming the same one (the level-1 config does) is accepted."""
     lay = StackLayout(3, 32)
-    cfg = dict(launch.default_gemm_config(lay))
-    assert launch.gemm_block_k(lay, cfg) == launch.block_k(lay) == 32
-    assert launch.gemm_block_k(lay, {"BLOCK_M": 64, "BLOCK_N": 64}) == 32
+    cfg = dict(configs.default_gemm_config(lay))
+    assert configs.gemm_block_k(lay, cfg) == configs.block_k(lay) == 32
+    assert configs.gemm_block_k(lay, {"BLOCK_M": 64, "BLOCK_N": 64}) == 32
     with pytest.raises(ValueError, match="fixed at 32"):
-        launch.gemm_block_k(lay, dict(cfg, BLOCK_K=64))
-    assert launch.gemm_block_k(StackLayout(2, 48), cfg | {"BLOCK_K": 16}) == 16
+        configs.gemm_block_k(lay, dict(cfg, BLOCK_K=64))
+    assert configs.gemm_block_k(StackLayout(2, 48), cfg | {"BLOCK_K": 16}) == 16

@@ -79,7 +79,7 @@ def test_bench_model_rejects_operator_options_and_unknown_cells(capsys, tmp_path
     assert main(["bench", "model", "--shape", "S1", "--out", str(tmp_path)]) == 2
     assert "--shape: options of `mixstack bench`" in capsys.readouterr().err
     assert main([*TINY, "--cell", "graphite", "--out", str(tmp_path)]) == 2
-    assert "unknown cell graphite" in capsys.readouterr().err
+    assert "--cell graphite: unknown cell" in capsys.readouterr().err
     assert main([*TINY, "--lmax", "9", "--out", str(tmp_path)]) == 2
     assert "lmax must be in 1..6" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())

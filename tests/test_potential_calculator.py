@@ -12,8 +12,8 @@ from ase.build import bulk  # noqa: E402
 from ase.calculators.calculator import PropertyNotImplementedError  # noqa: E402
 from ase.md.verlet import VelocityVerlet  # noqa: E402
 
-from mixstack.calculator import MixstackCalculator  # noqa: E402
 from mixstack.potential import SO2Potential, atoms_inputs  # noqa: E402
+from mixstack.potential.calculator import MixstackCalculator  # noqa: E402
 
 KW = dict(lmax=1, focus_dim=16, n_focus=2, n_blocks=2, n_layers=2, cutoff=4.0)
 

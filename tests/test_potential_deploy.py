@@ -1,4 +1,4 @@
-"""``mixstack.freeze`` / ``mixstack.load`` (SPEC §6) on the CPU, and ``mixstack freeze``.
+"""``mixstack.freeze`` / ``mixstack.load`` (docs/contract.md §6) on the CPU, and ``mixstack freeze``.
 
 The round trip compiles one small potential with AOTInductor (the level-0
 branch; gcc; tens of seconds) and checks that the frozen program — energy,
@@ -18,7 +18,7 @@ pytest.importorskip("ase")
 from ase.build import bulk  # noqa: E402
 
 import mixstack  # noqa: E402
-from mixstack import deploy, tuning  # noqa: E402
+from mixstack import export, tuner, tuning  # noqa: E402
 from mixstack.potential import SO2Potential, atoms_inputs  # noqa: E402
 
 KW = dict(lmax=1, focus_dim=16, n_focus=2, n_blocks=2, n_layers=2, cutoff=3.0, energy_scale=10.0)
@@ -67,7 +67,7 @@ def test_frozen_program_matches_the_live_module_at_other_sizes(frozen, structure
     inputs = atoms_inputs(atoms, program.cutoff, dtype=program.dtype)
     live, got = model(*inputs), program(*inputs)
     assert [t.shape for t in got] == [t.shape for t in live]
-    for name, g, w in zip(deploy.OUTPUT_NAMES, got, live):
+    for name, g, w in zip(export.OUTPUT_NAMES, got, live):
         _close(g, w, TOL[name])
     assert live[1].norm() > 0 or structure == "cu-fcc-1"          # zero there by symmetry
 
@@ -86,7 +86,7 @@ def test_frozen_file_carries_its_cutoff_level_and_why_tuning_was_skipped(frozen)
 
 @pytest.mark.slow
 def test_calculator_runs_the_frozen_file_like_the_live_module(frozen):
-    from mixstack.calculator import MixstackCalculator
+    from mixstack.potential.calculator import MixstackCalculator
     model, path, _ = frozen
     a, b = _diamond((1, 2, 1), seed=9), _diamond((1, 2, 1), seed=9)
     a.calc, b.calc = MixstackCalculator(path), MixstackCalculator(model)
@@ -108,39 +108,39 @@ def test_traced_program_keeps_the_mixstack_operators_for_forward_and_backward(mo
     goes through ``mixstack::stack_backward`` (the Triton relay / fused kernels on CUDA), not
     through a decomposition.  On the CPU the operators' bodies run their reference branch, so
     the traced program must still equal the live module."""
-    from mixstack import api
-    monkeypatch.setattr(api.dispatch, "forward_level", lambda u0, layout: 1)   # take the operator path
+    from mixstack import functional
+    monkeypatch.setattr(functional, "forward_level", lambda u0, layout: 1)   # take the operator path
     model = SO2Potential(**KW, seed=3).eval()
-    program = deploy.trace(model, _diamond())
+    program = export.trace(model, _diamond())
     targets = [str(n.target) for n in program.graph.nodes]
     assert targets.count("mixstack.stack_forward.default") == 2
     assert targets.count("mixstack.stack_backward.default") == 2
     inputs = atoms_inputs(_diamond((2, 1, 1), seed=4), model.cutoff)
-    for name, g, w in zip(deploy.OUTPUT_NAMES, program.module()(*inputs), model(*inputs)):
+    for name, g, w in zip(export.OUTPUT_NAMES, program.module()(*inputs), model(*inputs)):
         _close(g, w, TOL[name])
 
 
 def test_stack_keys_collect_every_distinct_stack():
     model = SO2Potential(lmax=2, focus_dim=16, n_focus=3, n_blocks=2)
     key = tuning.shape_key(focus_dim=16, lmax=2, n_focus=3, apply_alpha=True)
-    assert deploy.stack_keys(model) == [key]
+    assert export.stack_keys(model) == [key]
     holder = torch.nn.ModuleList([model, mixstack.MixingStack(n_focus=1, focus_dim=32, lmax=3)])
-    assert deploy.stack_keys(holder) == [key, tuning.shape_key(focus_dim=32, lmax=3, n_focus=1,
+    assert export.stack_keys(holder) == [key, tuning.shape_key(focus_dim=32, lmax=3, n_focus=1,
                                                                apply_alpha=True)]
 
 
 def test_tuning_runs_only_on_cuda_at_level_two_and_up(monkeypatch, caplog):
     calls = []
-    monkeypatch.setattr(tuning, "tune_missing",
+    monkeypatch.setattr(tuner, "tune_missing",
                         lambda keys, families=None, **kw: calls.append((list(keys), families)) or [])
     keys = [tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)]
-    with caplog.at_level(logging.INFO, logger="mixstack.deploy"):
-        assert deploy.tune_for_freeze(keys, torch.device("cpu"), 2).startswith("skipped: the module is on cpu")
-        assert "level 1 does not read" in deploy.tune_for_freeze(keys, torch.device("cuda"), 1)
-        assert deploy.tune_for_freeze([], torch.device("cuda"), 2) == "skipped: the module holds no mixing stack"
+    with caplog.at_level(logging.INFO, logger="mixstack.export"):
+        assert export.tune_for_freeze(keys, torch.device("cpu"), 2).startswith("skipped: the module is on cpu")
+        assert "level 1 does not read" in export.tune_for_freeze(keys, torch.device("cuda"), 1)
+        assert export.tune_for_freeze([], torch.device("cuda"), 2) == "skipped: the module holds no mixing stack"
         assert calls == []
-        assert deploy.tune_for_freeze(keys, torch.device("cuda"), 2).startswith("tuned")
-        assert deploy.tune_for_freeze(keys, torch.device("cuda"), 3).startswith("tuned")
+        assert export.tune_for_freeze(keys, torch.device("cuda"), 2).startswith("tuned")
+        assert export.tune_for_freeze(keys, torch.device("cuda"), 3).startswith("tuned")
     exact = ["stack_fwd", "stack_bwd_relay", "stack_bwd_fused"]
     assert calls == [(keys, exact), (keys, exact + ["stack_compensated"])]   # level 3 validates level 3
     assert "tuning skipped: the module is on cpu" in caplog.text
@@ -161,11 +161,11 @@ def test_cli_freeze_builds_the_model_and_example_it_is_asked_for(monkeypatch, tm
     from mixstack.cli import main
     seen = {}
 
-    def fake_freeze(module, example, path, *, tune=True):
+    def fake_freeze(module, example, path, *, tune=True, progress=None):
         seen.update(module=module, example=example, path=path, tune=tune)
         return path
 
-    monkeypatch.setattr(deploy, "freeze", fake_freeze)
+    monkeypatch.setattr(export, "freeze", fake_freeze)
     out = tmp_path / "m.pt2"
     assert main(["freeze", str(out), "--lmax", "3", "--focus-dim", "32", "--blocks", "1",
                  "--structure", "cu-bcc", "--no-tune"]) == 0

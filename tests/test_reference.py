@@ -1,15 +1,15 @@
 """The reference (level 0, the oracle of every other test) and the custom operator's
-CPU branch, in float64: against SPEC §1 written out independently, against
+CPU branch, in float64: against docs/contract.md §1 written out independently, against
 autograd, and under gradcheck / gradgradcheck."""
 
 from __future__ import annotations
 
+import helpers
 import pytest
 import torch
-
-import helpers
-import mixstack
 from helpers import Case
+
+import mixstack
 
 # Tiny shapes; Cf need not be a multiple of 16 on the reference path.
 GRAD_CASES = [
@@ -25,7 +25,7 @@ CHECK_CASES = [                                                     # gradcheck-
 
 
 def _spec_forward(u0, alpha, w0, w1, gw, lmax, cf, apply_alpha):
-    """SPEC §1 transcribed per focus stream and per subtile (independent of mixstack.reference)."""
+    """docs/contract.md §1 transcribed per focus stream and per subtile (independent of mixstack.reference)."""
     n_focus, n_edges, row = u0.shape
     m0 = (lmax + 1) * cf
     n_gated = w0.shape[0] - 1
@@ -98,7 +98,7 @@ def test_reference_backward_without_weights_gives_same_u0_grad_and_no_weight_gra
 
 
 def test_reference_backward_grad_alpha_is_right_where_alpha_is_zero():
-    """grad_alpha = sum_c g * y (SPEC §1) must not depend on alpha being non-zero.
+    """grad_alpha = sum_c g * y (docs/contract.md §1) must not depend on alpha being non-zero.
     The custom op's backward uses these formulas on CPU (and the relay mirrors them)."""
     case = Case(F=2, E=4, Cf=2, lmax=1, n_layers=2, apply_alpha=True)
     u0, alpha, w0, w1, gw = helpers.make_inputs(case, dtype=torch.float64)

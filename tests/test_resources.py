@@ -1,14 +1,15 @@
 """The offline resource report: the launches it records are the launchers' own, and the
-level-1 launch configs compile spill-free for sm_90 (the H100/H200), as launch.py claims
-(all but the Cf-64 pointwise backward at lmax >= 3; see ``launch.gate_config``)."""
+level-1 launch configs compile spill-free for sm_90 (the H100/H200), as launchers.py claims
+(all but the Cf-64 pointwise backward at lmax >= 3; see ``configs.gate_config``)."""
 
 import pytest
 import torch
 
-from mixstack import config, launch, resources
+from mixstack import compiler_report, config
 from mixstack.layout import StackLayout
+from mixstack.ops import launchers
 
-needs_tools = pytest.mark.skipif(not resources.tools_available(),
+needs_tools = pytest.mark.skipif(not compiler_report.tools_available(),
                                  reason="this Triton bundles no ptxas/cuobjdump/nvdisasm")
 not_interpreted = pytest.mark.skipif(config.triton_interpret(),
                                      reason="compiles the kernels: run without TRITON_INTERPRET")
@@ -20,43 +21,43 @@ def _names(launches):
 
 def test_the_relay_path_records_every_launch_without_computing_anything():
     lay = StackLayout(3, 32)
-    launches = resources.stack_launches(lay, 2, True, n_layers=4, edges=1000)
+    launches = compiler_report.stack_launches(lay, 2, True, n_layers=4, edges=1000)
     names = _names(launches)
     # forward: per gated layer m0 GEMM, gate, m1 GEMM; then the identity layer
     assert names[:10] == ["block_gemm_kernel", "gate_kernel", "block_gemm_kernel"] * 3 + ["block_gemm_kernel"]
     # backward: alpha gradient, identity layer, then per gated layer (the gate recompute,
     # unless the pointwise kernel forms the sigmoids itself), pointwise, GEMM
     per_layer = ["gate_backward_kernel", "block_gemm_kernel"]
-    if not launch.pointwise_recomputes_gate(lay, compensated=False):
+    if not launchers.pointwise_recomputes_gate(lay, compensated=False):
         per_layer.insert(0, "gate_kernel")
     assert names[10:] == ["alpha_grad_kernel", "block_gemm_kernel"] + per_layer * 3
     assert all(t.device.type == "meta" for x in launches for t in x.args if isinstance(t, torch.Tensor))
-    assert launch.wrap_triton is not None and launch.wrap_triton.__module__.startswith("torch")   # restored
+    assert launchers.wrap_triton is not None and launchers.wrap_triton.__module__.startswith("torch")   # restored
 
 
 def test_the_fused_and_compensated_paths_record_their_kernels():
     lay = StackLayout(2, 16)
     cfg = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
-    fused = resources.stack_launches(lay, 1, False, n_layers=3, edges=100, fused_cfg=cfg)
+    fused = compiler_report.stack_launches(lay, 1, False, n_layers=3, edges=100, fused_cfg=cfg)
     segments = [x.kwargs["SEGMENT"] for x in fused if x.name == "fused_backward_kernel"]
     assert segments == [0, 1, 0, 1]
     assert "gate_backward_kernel" not in _names(fused)
-    comp = resources.stack_launches(lay, 1, False, n_layers=3, edges=100, gemm_cfg=cfg, compensated=True)
+    comp = compiler_report.stack_launches(lay, 1, False, n_layers=3, edges=100, gemm_cfg=cfg, compensated=True)
     # w0, w1 forward (the forward gate stays exact); w0^T, w1^T, gw backward
     assert _names(comp).count("split_weights_kernel") == 5
     assert all(x.kwargs["COMPENSATED"] for x in comp if x.name in ("block_gemm_kernel", "gate_backward_kernel"))
     gates = [x for x in comp if x.name == "gate_kernel"]
     assert gates and not any(x.kwargs["COMPENSATED"] for x in gates if x.kwargs["WRITE_U"])   # forward: exact
     assert all(x.kwargs["COMPENSATED"] for x in gates if not x.kwargs["WRITE_U"])    # backward recompute
-    assert len(resources.distinct(fused)) < len(fused)
+    assert len(compiler_report.distinct(fused)) < len(fused)
 
 
 @needs_tools
 @not_interpreted
 @pytest.mark.parametrize("lmax, cf, n_focus", [(3, 32, 2), (3, 64, 1)], ids=["S1-key", "S4-key"])
 def test_level_1_configs_compile_without_spills_for_sm90(lmax, cf, n_focus):
-    launches = resources.distinct(resources.stack_launches(StackLayout(lmax, cf), n_focus, True))
-    reports = [resources.compile_report(x, 90) for x in launches]
+    launches = compiler_report.distinct(compiler_report.stack_launches(StackLayout(lmax, cf), n_focus, True))
+    reports = [compiler_report.compile_report(x, 90) for x in launches]
     assert {r.name for r in reports} == {"block_gemm_kernel", "gate_kernel", "gate_backward_kernel",
                                          "alpha_grad_kernel"}
     for r in reports:
@@ -78,12 +79,12 @@ def test_the_gate_kernels_at_lmax_1_and_2_compile_without_spills_for_sm90(lmax, 
     # (Triton 3.6 and 3.7) fall back to 32 registers and a 3.6-9.6 KB stack frame here;
     # 32 x 8 is spill-free under 3.6 and spills 8 B in one kernel under 3.7
     cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3} if compensated else None
-    launches = resources.stack_launches(StackLayout(lmax, cf), 2, True, edges=1000, gemm_cfg=cfg,
+    launches = compiler_report.stack_launches(StackLayout(lmax, cf), 2, True, edges=1000, gemm_cfg=cfg,
                                         compensated=compensated)
-    gates = [x for x in resources.distinct(launches) if x.name.startswith("gate")]
+    gates = [x for x in compiler_report.distinct(launches) if x.name.startswith("gate")]
     assert {x.name for x in gates} == {"gate_kernel", "gate_backward_kernel"}
     for launch_ in gates:
-        r = resources.compile_report(launch_, 90)
+        r = compiler_report.compile_report(launch_, 90)
         assert r.registers > 32 and r.spill_bytes <= 64, (launch_.kwargs, r)
 
 
@@ -91,10 +92,10 @@ def test_the_gate_kernels_at_lmax_1_and_2_compile_without_spills_for_sm90(lmax, 
 @not_interpreted
 def test_the_compensated_gemm_runs_on_tensor_cores():
     cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-    launches = resources.stack_launches(StackLayout(1, 16), 1, False, n_layers=2, edges=100, gemm_cfg=cfg,
+    launches = compiler_report.stack_launches(StackLayout(1, 16), 1, False, n_layers=2, edges=100, gemm_cfg=cfg,
                                         compensated=True)
     gemm = next(x for x in launches if x.name == "block_gemm_kernel")
-    r = resources.compile_report(gemm, 90)
+    r = compiler_report.compile_report(gemm, 90)
     assert r.sass["HGMMA"] + r.sass["HMMA"] >= 3       # head, and the two tail products
     assert r.sass["FFMA"] < 1024 and r.spill_bytes == 0
 
@@ -104,8 +105,8 @@ def test_the_signature_types_tensors_ints_and_floats_as_triton_does():
         pass
     kernel.fn = kernel
     x = torch.empty(8, device="meta")
-    launch_ = resources.Launch(kernel, (x, 48, 1, 0.5), {"BLOCK": 16, "num_warps": 4})
-    signature, constexprs, attrs = resources._signature(launch_)
+    launch_ = compiler_report.Launch(kernel, (x, 48, 1, 0.5), {"BLOCK": 16, "num_warps": 4})
+    signature, constexprs, attrs = compiler_report._signature(launch_)
     assert signature == {"x_ptr": "*fp32", "n": "i32", "one": "constexpr", "scale": "fp32", "BLOCK": "constexpr"}
     assert constexprs == {(2,): 1, (4,): 16}
     assert attrs == {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}

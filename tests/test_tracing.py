@@ -1,4 +1,4 @@
-"""Deployment tracing on CPU (SPEC §6): ``torch.compile(fullgraph=True, dynamic=True)``,
+"""Deployment tracing on CPU (docs/contract.md §6): ``torch.compile(fullgraph=True, dynamic=True)``,
 ``torch.export`` with a dynamic edge count, and ``torch.library.opcheck`` of both ops.
 
 CPU tensors, no interpreter: the ops run their reference branch, which is what
@@ -7,13 +7,13 @@ lets their registration, fake implementations and autograd be traced here.
 
 from __future__ import annotations
 
+import helpers
 import pytest
 import torch
+from helpers import Case
 from torch._dynamo.utils import counters
 
-import helpers
 import mixstack
-from helpers import Case
 from mixstack import config
 
 pytestmark = pytest.mark.skipif(

@@ -1,14 +1,14 @@
-"""``mixstack.tune`` / ``tuning.tune_missing`` over many keys, and ``mixstack tune``, with a fake probe."""
+"""``mixstack.tune`` / ``tuner.tune_missing`` over many keys, and ``mixstack tune``, with a fake probe."""
 
 import pytest
 import torch
+from tuning_fakes import DEVICE, FakeProbe
 
 import mixstack
-from mixstack import tuning
+from mixstack import tuner, tuning
 from mixstack.cli import main
-from mixstack.tuning import driver, probes
-from mixstack.tuning.sweep import TuneError
-from tuning_fakes import DEVICE, FakeProbe
+from mixstack.tuner import driver, probes
+from mixstack.tuner.sweep import TuneError
 
 KEY = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)
 KEY64 = tuning.shape_key(focus_dim=64, lmax=3, n_focus=1, apply_alpha=True)
@@ -33,8 +33,9 @@ def _tune(keys, **kw):
     return mixstack.tune(keys, rounds=2, warmup=0, clock=clock or (lambda fn: fn() or 1.0), **kw)
 
 
-def test_tune_is_exported_with_the_tuning_package():
-    assert mixstack.tune is tuning.tune and "tune" in mixstack.__all__ and "tuning" in mixstack.__all__
+def test_tune_is_the_tuners_and_the_tables_do_not_import_it():
+    assert mixstack.tune is tuner.tune and "tune" in mixstack.__all__ and "tuning" in mixstack.__all__
+    assert not hasattr(tuning, "tune")          # the tables sit below the sweep that fills them
 
 
 def test_the_default_keys_are_those_of_s1_to_s4():
@@ -50,10 +51,10 @@ def test_tune_sweeps_each_family_in_order_and_skips_covered_keys(tuning_env):
         for f in ("stack_fwd", "stack_bwd_relay", "stack_bwd_fused", "stack_compensated")]
     assert made == [(r.family, r.key) for r in res]
     made.clear()
-    again = tuning.tune_missing([KEY, KEY64], make_probe=_probes(made=made), rounds=2, warmup=0)
+    again = tuner.tune_missing([KEY, KEY64], make_probe=_probes(made=made), rounds=2, warmup=0)
     assert {r.status for r in again} == {"covered"}
     made.clear()
-    tuning.tune_missing([KEY], make_probe=_probes(made=made), device_name=DEVICE)
+    tuner.tune_missing([KEY], make_probe=_probes(made=made), device_name=DEVICE)
     assert made == []                                       # skipped before any input is made
 
 

@@ -1,4 +1,4 @@
-"""The sweep's six rules (SPEC §5), driven by a fake probe and a fake clock: no GPU."""
+"""The sweep's six rules (docs/contract.md §5), driven by a fake probe and a fake clock: no GPU."""
 
 import dataclasses
 import json
@@ -6,14 +6,14 @@ import json
 import pytest
 import torch
 from triton.runtime.errors import OutOfResources
+from tuning_fakes import DEVICE, FakeClock, FakeProbe, base_outputs, flip_last_bit
 
 import mixstack
 from mixstack import tuning
 from mixstack.bench.timing import rotation
+from mixstack.tuner.sweep import NotEngagedError, TuneError, tune_key
 from mixstack.tuning import families
 from mixstack.tuning.families import label
-from mixstack.tuning.sweep import NotEngagedError, TuneError, tune_key
-from tuning_fakes import DEVICE, FakeClock, FakeProbe, base_outputs, flip_last_bit
 
 KEY = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)
 FUSED = "stack_bwd_fused"

@@ -2,11 +2,12 @@
 
 import pytest
 import torch
+from tuning_fakes import DEVICE, entry_for, write_table
 
-from mixstack import launch, tuning
+from mixstack import tuning
+from mixstack.ops import configs
 from mixstack.tuning import registry, store
 from mixstack.tuning.keys import ShapeKey
-from tuning_fakes import DEVICE, entry_for, write_table
 
 KEY = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)
 CFG_A = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
@@ -68,7 +69,7 @@ def test_gemm_candidates_are_a_pruned_set_without_the_level_1_config(cf, lmax):
         assert 4 <= len(cands) <= 12
         assert all(set(c) == {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"} for c in cands)
         assert len({tuple(c.values()) for c in cands}) == len(cands)
-        default = launch.default_gemm_config(key.layout)
+        default = configs.default_gemm_config(key.layout)
         assert {f: default[f] for f in cands[0]} not in cands        # never the baseline itself
 
 

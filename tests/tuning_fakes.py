@@ -19,8 +19,9 @@ import pytest
 import torch
 
 import mixstack
-from mixstack import config, dispatch
+from mixstack import config
 from mixstack.bench.timing import Task
+from mixstack.dispatch import log as dispatch
 from mixstack.tuning import families, registry, store, validity
 from mixstack.tuning.families import label
 

@@ -2,7 +2,7 @@
 
 - ``timing``: the one timing loop (variants interleaved in rotating order), shared with the tuner;
 - ``counts``: counted FLOPs and minimum bytes of a pass;
-- ``shapes``: the SPEC §7 shapes, small CPU shapes, random inputs;
+- ``shapes``: the docs/contract.md §8 shapes, small CPU shapes, random inputs;
 - ``runner``: runs variants x shapes x passes with peak memory, accuracy and dispatch paths;
 - ``report``: JSON, Markdown and PNG results files;
 - ``env``: the environment record (device, versions, git, date) of results and ``mixstack info``.

@@ -14,8 +14,8 @@ The forward runs each gated layer's block GEMMs and gate product, then the
 identity layer's GEMMs.  The backward (gradients of ``u0`` and ``alpha``
 only, the force path) runs the transposed GEMMs of every layer, and per gated
 layer the gate product twice: once to recompute the sigmoids from the saved
-``s`` (they are never saved, SPEC §1) and once for the gate-logit term
-``gl @ gw^T``.  (The backward floors in ``h200-measurements.md`` count one
+``s`` (they are never saved, docs/contract.md §1) and once for the gate-logit term
+``gl @ gw^T``.  (The backward floors in ``BENCHMARKS.md, Floors and ceilings`` count one
 gate product per gated layer; this count charges the recompute too, since
 every implementation of the contract must do it.)
 
@@ -23,7 +23,7 @@ Minimum bytes are the compulsory DRAM traffic of the contract in float32:
 every tensor the operator must read is read once, every tensor it must
 write is written once, and nothing else moves — an ideal fused kernel that
 keeps all intermediates (layer activations ``u_k``, gate sigmoids, ``gz``)
-on chip.  The saved pre-activations ``z`` are counted because SPEC §1 makes
+on chip.  The saved pre-activations ``z`` are counted because docs/contract.md §1 makes
 the forward write them and the backward read them.  Per pass:
 
     forward  reads u0, alpha, the weights;     writes the result, z

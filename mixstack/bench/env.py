@@ -1,7 +1,7 @@
 """The environment record: what every result file carries and ``mixstack info`` shows.
 
 A figure without the GPU, the software versions, the git revision and the
-date is not reproducible (SPEC §7), so the bench writes this record into every
+date is not reproducible (docs/contract.md §8), so the bench writes this record into every
 JSON file.  Everything here is probed only when called, never at import, and
 every probe that can fail (no GPU, no ``nvidia-smi``, not a git checkout)
 gives ``None`` instead of an error.
@@ -20,8 +20,10 @@ import sys
 
 import torch
 
-from .. import __version__, config, levels
-from ..dispatch import kernels_can_run
+from .. import config
+from ..dispatch import levels
+from ..dispatch.guards import kernels_can_run
+from ..version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -67,16 +69,25 @@ def triton_version() -> str | None:
 def resolve_device(device=None) -> torch.device:
     """``device`` (a CUDA one with its index), or CUDA when available, else CPU.
 
-    Raises ``ValueError`` for a CUDA device that torch cannot see.
+    Raises ``ValueError`` for a device name torch does not know, a device type other
+    than ``cpu`` and ``cuda``, and a CUDA device that torch cannot see.
     """
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from exc
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device} is not supported: use cpu, cuda or cuda:N")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {device} was asked for, but torch sees no CUDA device")
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
+        elif device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device} was asked for, but torch sees "
+                             f"{torch.cuda.device_count()} CUDA device(s)")
     return device
 
 

@@ -42,11 +42,10 @@ from typing import Callable
 
 import torch
 
-from ..dispatch import dispatch_log
-from ..levels import use_level
-from . import env
+from ..dispatch.levels import use_level
+from ..dispatch.log import dispatch_log
+from . import env, runner
 from .report import header_lines, markdown_table, require_extra
-from . import runner
 from .runner import _peak_above, exact_fp32
 from .timing import Clock, Task, clock_for, time_interleaved
 
@@ -92,7 +91,7 @@ def default_config(device=None, *, quick: bool = False) -> ModelBenchConfig:
     if device.type == "cuda":
         return ModelBenchConfig(atoms=(500,) if quick else SIZES, rounds=3 if quick else 10,
                                 warmup=1 if quick else 2, device=str(device))
-    notes = ["CPU: ~64-atom cells and a small model; the SPEC sizes need a CUDA device"]
+    notes = ["CPU: ~64-atom cells and a small model; the standard sizes need a CUDA device"]
     base = ("0",) if quick else ("0c", "0")
     if quick:
         notes.append("L0-compile is left out of --quick on the CPU (its compile time); "
@@ -309,6 +308,29 @@ def summary_rows(record: dict) -> list[dict]:
     return rows
 
 
+def long_rows(record: dict) -> list[dict]:
+    """One CSV row per measurement of a ``bench model`` record (see ``report.long_rows``)."""
+    from .report import env_columns
+    head = env_columns(record)
+    rows = []
+    for cell in record["cells"]:
+        for v in cell["variants"]:
+            base = {**head, "bench": "model", "case": cell["label"], "variant": v["variant"]}
+            t = v.get("timing")
+            if t:
+                for stat in ("median", "p20", "p80"):
+                    rows.append({**base, "metric": f"frame_time_{stat}", "value": t[f"{stat}_ms"], "unit": "ms"})
+            if v.get("peak_mib") is not None:
+                rows.append({**base, "metric": "peak_memory", "value": v["peak_mib"], "unit": "MiB"})
+            for kind, devs in (("baseline", v.get("deviation")), ("f64", v.get("deviation_f64"))):
+                for name, value in (devs or {}).items():
+                    if value is not None:
+                        rows.append({**base, "metric": f"deviation_{kind}_{name}", "value": value,
+                                     "unit": "eV/atom" if name == "energy_per_atom" else
+                                     ("eV/Å" if name == "force_max" else "1")})
+    return rows
+
+
 def markdown(record: dict) -> str:
     m = record["config"]["model"]
     parts = ["# mixstack bench model\n", "\n".join(f"- {x}" for x in header_lines(record)) + "\n",
@@ -355,8 +377,8 @@ def plot(record: dict, path) -> Path:
 
 
 def write(record: dict, out_dir, *, with_plot: bool = True) -> dict[str, Path]:
-    """``bench_model.json``, ``bench_model.md`` and (optionally) ``bench_model.png`` in ``out_dir``."""
+    """``bench_model.json``, ``.md``, ``.csv`` and (optionally) ``bench_model.png`` in ``out_dir``."""
     from . import report
     return report.write(record, out_dir, with_plot=with_plot,
                         names=(JSON_NAME, MARKDOWN_NAME, PLOT_NAME), render_markdown=markdown,
-                        render_plot=plot)
+                        render_plot=plot, render_rows=long_rows)

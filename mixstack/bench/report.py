@@ -1,14 +1,16 @@
-"""Results files of ``mixstack bench``: JSON, a Markdown table and a PNG plot.
+"""Results files of ``mixstack bench``: JSON, a Markdown table, a long-format CSV and a PNG plot.
 
-The JSON record (``runner.run_bench``) holds every sample; the Markdown and
-the plot are views of it, and both carry the device, the software versions
-and the date, as SPEC §7 asks of every figure.  matplotlib is an optional
+The JSON record (``runner.run_bench``) holds every sample; the Markdown, the
+CSV (one row per measurement, for tidy analysis) and the plot are views of it,
+and each carries the device, the software versions and the date, as
+docs/contract.md §8 asks of every figure.  matplotlib is an optional
 dependency (``mixstack[bench]``), imported only when a plot is drawn, with
 the Agg backend so that no display is needed.
 """
 
 from __future__ import annotations
 
+import csv
 import datetime as _dt
 import importlib
 import json
@@ -98,6 +100,30 @@ def summary_rows(record: dict) -> list[dict]:
     return rows
 
 
+# Rounds whose p20-p80 spread exceeds this fraction of the median are flagged as noisy.
+NOISY_SPREAD = 0.10
+
+
+def consistency_warnings(record: dict) -> list[str]:
+    """Figures that contradict themselves: rounds spread beyond ``NOISY_SPREAD`` of the
+    median, or a backward alone slower than forward + backward (a busy machine).  Such
+    figures should be measured again on an idle machine."""
+    out = []
+    by_key = {}
+    for t in record["timings"]:
+        by_key[(t["shape"], t["variant"], t["pass"])] = t
+        if t["rel_spread"] > NOISY_SPREAD:
+            out.append(f"{t['variant']} {PASS_LABELS[t['pass']]} on {t['shape']}: the rounds spread "
+                       f"{100 * t['rel_spread']:.0f}% of the median; measure again on an idle machine")
+    for (shape, variant, pass_), t in by_key.items():
+        both = by_key.get((shape, variant, "both"))
+        if pass_ == "bwd" and both and t["median_ms"] > both["median_ms"]:
+            out.append(f"{variant} on {shape}: the backward alone ({t['median_ms']:.3g} ms) measured "
+                       f"slower than forward + backward ({both['median_ms']:.3g} ms); measure again "
+                       "on an idle machine")
+    return out
+
+
 def detail_rows(record: dict) -> list[dict]:
     """One row per (shape, variant, pass): statistics, rates and roof fractions."""
     return [{
@@ -108,6 +134,47 @@ def detail_rows(record: dict) -> list[dict]:
         "of fp32 roof": _pct(t["fp32_roof_fraction"]), "min MB": f"{t['min_bytes'] / 1e6:.4g}",
         "GB/s": f"{t['gbps']:.4g}", "of copy roof": _pct(t["copy_roof_fraction"]),
     } for t in record["timings"]]
+
+
+# Columns every long-format CSV row starts with: where and with what it was measured.
+CSV_ENV_COLUMNS = ("date", "gpu", "torch", "triton", "cuda", "mixstack", "git")
+
+
+def env_columns(record: dict) -> dict:
+    """The ``CSV_ENV_COLUMNS`` values of a bench record."""
+    e = record["env"]
+    return {"date": e["date"], "gpu": e["device"]["name"], "torch": e["torch"], "triton": e["triton"],
+            "cuda": e["cuda"], "mixstack": e["mixstack"], "git": e["git_revision"]}
+
+
+def long_rows(record: dict) -> list[dict]:
+    """One row per measurement of a ``mixstack bench`` record: timings (median, p20, p80 in
+    ms, per pass), peak memory and the float64 errors, each with its environment."""
+    head = env_columns(record)
+    rows = []
+    for t in record["timings"]:
+        for stat in ("median", "p20", "p80"):
+            rows.append({**head, "bench": "stack", "case": t["shape"], "variant": t["variant"],
+                         "metric": f"time_{stat}_{t['pass']}", "value": t[f"{stat}_ms"], "unit": "ms"})
+    for shape in record["shapes"]:
+        for v in shape["variants"]:
+            base = {**head, "bench": "stack", "case": shape["name"], "variant": v["variant"]}
+            if v["peak_mib"] is not None:
+                rows.append({**base, "metric": "peak_memory", "value": v["peak_mib"], "unit": "MiB"})
+            for name, err in v["rel_error"].items():
+                rows.append({**base, "metric": f"rel_error_{name}", "value": err, "unit": "1"})
+    return rows
+
+
+def write_csv(rows: list[dict], path: str | os.PathLike) -> Path:
+    """``rows`` (dicts with the same keys) as a CSV file with a header line."""
+    path = Path(path)
+    with path.open("w", newline="") as fh:
+        if rows:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    return path
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -142,6 +209,9 @@ def markdown(record: dict) -> str:
               for p, why in s.get("failed_passes", {}).items()]
     if extra:
         parts.append("\n## Not run\n\n" + "\n".join(f"- {x}" for x in extra) + "\n")
+    warnings = consistency_warnings(record)
+    if warnings:
+        parts.append("\n## Warnings\n\n" + "\n".join(f"- {x}" for x in warnings) + "\n")
     return "\n".join(parts)
 
 
@@ -194,21 +264,25 @@ def plot(record: dict, path: str | os.PathLike) -> Path:
 
 def write(record: dict, out_dir: str | os.PathLike, *, with_plot: bool = True,
           names: tuple[str, str, str] | None = None, render_markdown=None,
-          render_plot=None) -> dict[str, Path]:
-    """Write ``bench.json``, ``bench.md`` and (optionally) ``bench.png`` into ``out_dir``.
+          render_plot=None, render_rows=None) -> dict[str, Path]:
+    """Write ``bench.json``, ``bench.md``, ``bench.csv`` and (optionally) ``bench.png`` into
+    ``out_dir``.
 
-    The JSON and Markdown are written first, so a missing matplotlib (the
-    ImportError from ``plot``) never loses the measurements.  ``names``,
-    ``render_markdown`` and ``render_plot``: another bench's file names and renderers.
+    The JSON, Markdown and CSV are written first, so a missing matplotlib (the
+    ImportError from ``plot``) never loses the measurements.  ``names`` (JSON,
+    Markdown, plot; the CSV is named after the JSON), ``render_markdown``,
+    ``render_plot`` and ``render_rows``: another bench's file names and renderers.
     """
     json_name, md_name, plot_name = names or (JSON_NAME, MARKDOWN_NAME, PLOT_NAME)
     to_markdown = render_markdown or markdown
     to_plot = render_plot or plot
+    to_rows = render_rows or long_rows
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / json_name, "markdown": out / md_name}
     paths["json"].write_text(json.dumps(record, indent=1) + "\n")
     paths["markdown"].write_text(to_markdown(record))
+    paths["csv"] = write_csv(to_rows(record), out / (Path(json_name).stem + ".csv"))
     if with_plot:
         paths["plot"] = to_plot(record, out / plot_name)
     return paths

@@ -1,6 +1,6 @@
 """Run the benchmark: every variant of every shape, timed, with memory, accuracy and paths.
 
-Variants are the columns of SPEC §7: ``L0-eager`` (``mixstack.mixing_stack``
+Variants are the columns of docs/contract.md §8: ``L0-eager`` (``mixstack.mixing_stack``
 at level 0), ``L0-compile`` (``torch.compile`` of ``mixstack.reference``),
 ``L1``, ``L2`` and ``L3`` (``mixstack.mixing_stack`` at that level).  For each
 shape the runner
@@ -36,10 +36,11 @@ from typing import Callable
 
 import torch
 
-from .. import reference
-from ..api import mixing_stack
-from ..dispatch import dispatch_log
-from ..levels import use_level
+from .. import reference, tuning
+from ..dispatch.levels import use_level
+from ..dispatch.log import dispatch_log
+from ..functional import mixing_stack
+from ..ops.configs import fused_supported
 from . import counts, env
 from .shapes import SMALL, STANDARD, BenchShape, StackInputs, make_inputs
 from .timing import Clock, Task, clock_for, time_interleaved
@@ -101,7 +102,7 @@ def parse_variants(text: str) -> tuple[str, ...]:
 
 
 def default_config(device=None, *, quick: bool = False) -> BenchConfig:
-    """The embedded defaults: SPEC §7 shapes and every level on a GPU; small
+    """The embedded defaults: docs/contract.md §8 shapes and every level on a GPU; small
     shapes at level 0 on a CPU (about a minute); ``quick`` for a smoke run."""
     device = env.resolve_device(device)
     if device.type == "cuda":
@@ -189,8 +190,7 @@ def _scope(key: str, shape: BenchShape) -> Callable[[], contextlib.AbstractConte
     the fused backward's registration (the backward looks its config up when it runs)."""
     if key != "2f":
         return contextlib.nullcontext
-    from .. import launch, tuning
-    if not launch.fused_supported(shape.layout):
+    if not fused_supported(shape.layout):
         raise ValueError(f"{shape.name}: Cf = {shape.focus_dim} is outside the fused backward's regime")
     return lambda: tuning.registration("stack_bwd_fused", shape.tuning_key(), dict(FUSED_BENCH_CONFIG))
 

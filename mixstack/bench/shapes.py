@@ -1,6 +1,6 @@
 """Benchmark shapes and their random inputs.
 
-``STANDARD`` holds the shapes of SPEC §7 (n_layers = 4, alpha on), which need a
+``STANDARD`` holds the shapes of docs/contract.md §8 (n_layers = 4, alpha on), which need a
 GPU; ``SMALL`` holds shapes that run in seconds on a CPU, so that
 ``mixstack bench`` finishes anywhere.  ``make_inputs`` draws random non-zero
 inputs whose activations stay O(1) through the layers: the weights come from
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..layout import LMAX_RANGE, StackLayout
-from ..module import MixingStack
+from ..nn import MixingStack
 
 
 @dataclass(frozen=True)

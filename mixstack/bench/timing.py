@@ -114,7 +114,7 @@ def beats(candidate: Samples, baseline: Samples, margin: float = 0.02) -> bool:
     """True when ``candidate`` is faster than ``baseline`` by more than noise.
 
     The candidate's median must undercut the baseline's by a fraction larger
-    than both ``margin`` and the baseline's own relative spread (SPEC §5.3).
+    than both ``margin`` and the baseline's own relative spread (docs/contract.md §5.3).
     """
     need = max(margin, baseline.rel_spread)
     return candidate.median < baseline.median * (1.0 - need)

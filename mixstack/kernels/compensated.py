@@ -7,13 +7,13 @@ Each fp32 operand ``x`` is split into a head and a tail of fp16,
 
 with fp32 accumulation; the tail-tail product (2^-22 relative) is dropped.
 The head product and the two tail products keep separate accumulators: one
-shared accumulator doubles the error (upstream-lessons.md §3, §9).
+shared accumulator doubles the error (BENCHMARKS.md, Floors and ceilings).
 
 Why fp16 with scaling and not bf16x3 or 3xTF32: two bf16 halves hold 16
 mantissa bits, which measured 4.4e-6 relative error on this GEMM, outside
 the 2e-6 contract; Triton's ``tf32x3`` ran 34 TFLOP/s against 51-52 for the
 fp16 split at the same 1.4-2.0e-7 error, and fp16 with the weights split once
-outside reached 95-98 (h200-measurements.md).  fp16's price is its range
+outside reached 95-98 (BENCHMARKS.md, Floors and ceilings).  fp16's price is its range
 (2^-14 .. 65504), which the scaling below takes care of.
 
 Range: every split operand is first brought into [1, 2) by an exact power of
@@ -40,7 +40,7 @@ two, undone on the result (exact again):
 import triton
 import triton.language as tl
 
-from .korder import degree_order_k
+from .degree_order import degree_order_k
 
 TAIL_SCALE = tl.constexpr(2048.0)     # 2^11: one fp16 mantissa beyond the head
 
@@ -80,7 +80,7 @@ def compensated_dot(a_ptr, a_rows, col0, e_mask, whi_ptr, wlo_ptr, w_up, kdim, n
     """``A[rows, col0 : col0 + kdim] @ W[:, n]`` for one block from split operands.
 
     ``whi_ptr`` / ``wlo_ptr``: the block's fp16 weight head and tail (row-major,
-    ``kdim x kdim``, scaled by ``1 / w_up``).  K in the degree order of ``korder``.
+    ``kdim x kdim``, scaled by ``1 / w_up``).  K in the degree order of ``degree_order``.
     ``amax`` (``AMAX_GIVEN``): each row's largest magnitude in the block, as its
     writer recorded it; otherwise a first pass over the row's K tiles finds it.
     """

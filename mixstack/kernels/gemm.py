@@ -21,7 +21,7 @@ in-kernel transposed load of W ran the S1 backward at 22.7 ms against 7.8 ms
 for the forward's GEMMs (H200, 2026-11-30).
 
 The K loop accumulates ``acc = tl.dot(a, w, acc)`` in exact IEEE fp32
-(never TF32) in a fixed K order, the degree order of ``korder``; launch
+(never TF32) in a fixed K order, the degree order of ``degree_order``; launch
 configs change the schedule only.  ``COMPENSATED`` (level 3) runs the
 split fp16 tensor-core products of ``compensated.compensated_dot`` instead,
 with ``w0_ptr``/``w1_ptr`` the fp16 heads of the split weights, ``w0lo_ptr``/
@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from .compensated import compensated_dot, row_amax
-from .korder import degree_order_k
+from .degree_order import degree_order_k
 
 
 @triton.jit
@@ -48,7 +48,7 @@ def degree_order_dot(a_ptr, a_rows, col0, e_mask, w_ptr, kdim, n, n_mask, second
 
     The one exact K loop of the stack: the relay's GEMMs and the fused
     backward's GEMM phase both run it, so they sum in the same order (level
-    3's ``compensated_dot`` walks the same ``korder``).  ``second``: the
+    3's ``compensated_dot`` walks the same ``degree_order``).  ``second``: the
     |m| = 1 block.  ``w_ptr``: the block's (kdim x kdim) weight, row-major.
     """
     rk = tl.arange(0, BLOCK_K)

@@ -5,7 +5,7 @@ real-harmonic coefficients ``m = -l..l`` (see ``wigner``), ``C = focus_dim``
 channels.  One interaction block, per edge ``j -> i``:
 
 1. rotate the neighbour's features into the edge frame and keep ``m in {0, ±1}``
-   in the SPEC row layout (``wigner_rows``);
+   in the row layout (docs/contract.md §1) (``wigner_rows``);
 2. scale them by learned radial functions (per focus stream, degree, |m| and
    channel, times the cutoff envelope) and add an edge scalar built from the
    two atoms' ``l = 0`` channels to the m = 0 subtiles;
@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from .. import tuning
-from ..api import mixing_stack
+from ..functional import mixing_stack
 from ..layout import LMAX_RANGE, StackLayout
 
 

@@ -3,7 +3,7 @@
 An SO(2) convolution rotates each edge onto the z axis, where a rotation
 about the edge is a rotation about z: there the |m| = 1 coefficients of every
 degree turn as one complex number and the m = 0 coefficients do not move, so
-any map of the SPEC row layout that commutes with that turn (block weights
+any map of the row layout (docs/contract.md §1) that commutes with that turn (block weights
 ``[[U, V], [-V, U]]``, per-degree gates, scalar functions of the m = 0 part)
 is equivariant once the result is rotated back.
 

@@ -1,4 +1,4 @@
-"""Tuning tables and the sweep that fills them (SPEC §5).
+"""Tuning tables: what every call looks up (docs/contract.md §5).
 
 A table maps a *family* and a *shape key* to an entry: a launch config (dict),
 or ``None`` meaning "measured: the baseline wins"; ``lookup`` answers
@@ -14,10 +14,9 @@ Triton version and kernel sources they were measured on.
 | ``validity`` | device name, Triton version, kernel-source hash |
 | ``store`` | JSON files: read, report and ignore bad ones, atomic locked writes |
 | ``registry`` | ``register``, ``lookup``, the kept tables |
-| ``sweep`` | ``tune_key``: the one sweep |
-| ``probes`` | ``StackProbe``: the sweep's runs of ``mixing_stack`` on a GPU |
-| ``driver`` | ``tune``, ``tune_missing``: many keys and families |
 
+The sweep that measures and fills the tables is ``mixstack.tuner`` (it runs the
+operator, so it sits above it); ``mixstack.tune`` is its entry point.
 Launchers ask ``tuned_config(...)`` (a config dict, or ``None`` for "use the
 level-1 config / the relay"); nothing here runs at import.
 """
@@ -26,8 +25,19 @@ from __future__ import annotations
 
 from .families import FAMILIES, SWEEP_ORDER, candidates
 from .keys import ShapeKey, shape_key
-from .registry import (MISSING, covered, find, lookup, record, register, registration, registrations,
-                       reload, saved_registrations, unregister)
+from .registry import (
+    MISSING,
+    covered,
+    find,
+    lookup,
+    record,
+    register,
+    registration,
+    registrations,
+    reload,
+    saved_registrations,
+    unregister,
+)
 from .store import TuningTableWarning
 from .validity import device_name, kernel_source_hash
 
@@ -44,21 +54,8 @@ def tuned_config(family: str, *, focus_dim: int, lmax: int, n_focus: int, apply_
     return cfg if isinstance(cfg, dict) else None
 
 
-def tune(keys=None, **kwargs):
-    """Sweep and record; see ``mixstack.tuning.driver.tune``."""
-    from .driver import tune as _tune
-    return _tune(keys, **kwargs)
-
-
-def tune_missing(keys, *, families=None, **kwargs):
-    """Tune the keys without an entry (freeze's hook); see ``driver.tune_missing``."""
-    from .driver import tune_missing as _tune_missing
-    return _tune_missing(keys, families=families, **kwargs)
-
-
 __all__ = [
     "FAMILIES", "MISSING", "SWEEP_ORDER", "ShapeKey", "TuningTableWarning", "candidates", "covered",
     "device_name", "find", "kernel_source_hash", "lookup", "record", "register", "registration",
-    "registrations", "reload", "saved_registrations", "shape_key", "tune", "tune_missing",
-    "tuned_config", "unregister",
+    "registrations", "reload", "saved_registrations", "shape_key", "tuned_config", "unregister",
 ]

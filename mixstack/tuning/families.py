@@ -9,10 +9,10 @@
 
 Each family names the dispatch-log paths (``mixstack.dispatch_log``) that a
 candidate run and a baseline run must show, and the ones they must not: the
-sweep refuses to time a run that did not take the path it claims (SPEC §5.1).
+sweep refuses to time a run that did not take the path it claims (docs/contract.md §5.1).
 It also names how a candidate is accepted: bit for bit against the baseline
 (levels 1-2), or, for the compensated family, by the accuracy contract
-against float64 (SPEC §3: relative error of the result and every gradient at
+against float64 (docs/contract.md §3: relative error of the result and every gradient at
 most ``CONTRACT`` on several edge counts, every element finite).
 """
 
@@ -21,19 +21,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import triton
-
+from ..layout import next_power_of_2
+from ..ops.configs import block_k as layout_block_k
+from ..ops.configs import default_gemm_config, fused_supported
 from .keys import ShapeKey
 
 GEMM_FIELDS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 FUSED_FIELDS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 
 # Hand-picked (BLOCK_M, BLOCK_N, num_warps, num_stages) around the H200 winners
-# of a 242-config sweep of one ieee block GEMM (h200-measurements.md: (64,128,
+# of a 242-config sweep of one ieee block GEMM (BENCHMARKS.md, Floors and ceilings: (64,128,
 # 32,4,3) at K = 128, (64,64,32,4,3) at K = 192, 42 TFLOP/s; BM = 128 with 3
 # stages and 4 warps spilled, 4-5x slower), then filtered per key by
 # ``_gemm_sensible``.  The K tile is not tuned: it fixes the order of the K
-# sum, so another K tile would change results (launch.block_k chooses it).
+# sum, so another K tile would change results (``ops.configs.block_k`` chooses it).
 _GEMM = (
     (64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4),
     (64, 128, 8, 3), (64, 64, 8, 3), (32, 64, 4, 3), (32, 128, 4, 3), (32, 64, 4, 4),
@@ -49,10 +50,10 @@ _FUSED = tuple((bm, bn, w, s) for bm in (32, 64) for bn in (64, 128) for w in (4
 _FUSED_WIDE = tuple((16, bn, w, 2) for bn in (64, 128) for w in (4, 8))
 SMEM_BUDGET = 160 * 1024   # bytes of operand tiles in flight; above it the pipeliner is refused or slow
 # Level 3: tensor-core tiles around the fp16x3 winners of the H200 GEMM sweep
-# ((64,128,32,4,4) at K = 128, (64,64,32,4,4) at K = 192; h200-measurements.md),
+# ((64,128,32,4,4) at K = 128, (64,64,32,4,4) at K = 192; BENCHMARKS.md, Floors and ceilings),
 # and always one-stage variants: the Triton pipeliner has turned some
 # warps/stages combinations of fp16x3 kernels into silent NaN rows
-# (upstream-lessons.md §3), which the float64 check must be able to fall back from.
+# (BENCHMARKS.md, Floors and ceilings), which the float64 check must be able to fall back from.
 _COMPENSATED = (
     (64, 128, 4, 1), (64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 1), (64, 64, 4, 3), (64, 64, 4, 4),
     (128, 64, 8, 1), (128, 64, 8, 3), (128, 128, 8, 1), (128, 128, 8, 2), (32, 64, 4, 1), (32, 64, 4, 3),
@@ -61,9 +62,8 @@ CONTRACT = 2e-6            # relative error of the result and of every gradient 
 
 
 def block_k(key: ShapeKey) -> int:
-    """The K tile the GEMM kernel uses for this key (``launch.block_k``: one definition)."""
-    from ..launch import block_k as launch_block_k     # not at import: launch imports tuning
-    return launch_block_k(key.layout)
+    """The K tile the GEMM kernel uses for this key (``ops.configs.block_k``: one definition)."""
+    return layout_block_k(key.layout)
 
 
 def _gemm_sensible(bm: int, bn: int, warps: int, stages: int, key: ShapeKey) -> bool:
@@ -76,12 +76,11 @@ def _gemm_sensible(bm: int, bn: int, warps: int, stages: int, key: ShapeKey) -> 
     if stages * (bm + bn) * bk * 4 > SMEM_BUDGET:
         return False
     widest = max(key.layout.m0, key.layout.m1)
-    return bn <= max(64, triton.next_power_of_2(widest))   # no tile much wider than the widest block
+    return bn <= max(64, next_power_of_2(widest))   # no tile much wider than the widest block
 
 
 def _default_gemm_config(key: ShapeKey) -> dict:
-    """The level-1 config launch.py uses for this key: the baseline, never a candidate."""
-    from ..launch import default_gemm_config
+    """The level-1 config the launchers use for this key: the baseline, never a candidate."""
     return {f: default_gemm_config(key.layout)[f] for f in GEMM_FIELDS}
 
 
@@ -101,13 +100,12 @@ def _compensated_candidates(key: ShapeKey) -> list[dict]:
     out = []
     for bm, bn, w, s in _COMPENSATED:
         smem = s * (bm * bk * 4 + 2 * bk * bn * 2)      # fp32 A tile, fp16 W head and tail
-        if smem <= SMEM_BUDGET and bn <= max(64, triton.next_power_of_2(widest)):
+        if smem <= SMEM_BUDGET and bn <= max(64, next_power_of_2(widest)):
             out.append(dict(zip(GEMM_FIELDS, (bm, bn, w, s))))
     return out
 
 
 def _fused_candidates(key: ShapeKey) -> list[dict]:
-    from ..launch import fused_supported
     if not fused_supported(key.layout):              # outside the fused regime: the relay always runs
         return []
     extra = _FUSED_WIDE if key.layout.focus_dim >= 64 else ()

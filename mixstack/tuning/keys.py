@@ -1,9 +1,9 @@
 """Shape keys: what a tuning-table entry is measured for.
 
-A key holds the sizes that change which launch config wins (SPEC §5):
+A key holds the sizes that change which launch config wins (docs/contract.md §5):
 ``focus_dim``, ``lmax``, ``n_focus`` and ``apply_alpha``.  The edge count and
 the depth are not in it: winners are stable above ~2e5 edges (upstream
-sweeps, upstream-lessons §5.4) and every layer launches the same kernels.
+sweeps, BENCHMARKS.md, Floors and ceilings) and every layer launches the same kernels.
 
 Keys may grow fields later (an edge-count bucket, say).  Such a field arrives
 through ``shape_key(**extra)`` and is stored in ``extra``; a field left at its

@@ -2,18 +2,22 @@
 
 An entry measured on one GPU model, one Triton version or one version of the
 kernels says nothing about another (a tile on the wrong side of the spill point
-runs ~10x slower; upstream-lessons §5.2), so every entry carries all three and
-is ignored where any differs.  The kernel-source hash of a family's entry
+runs ~10x slower; BENCHMARKS.md, Floors and ceilings), so every entry carries all
+three and is ignored where any differs.  The kernel-source hash of a family's entry
 covers the kernel modules that family's runs launch (``Family.kernels``) and
 every kernel module those import, found by reading their ``from .x import``
 lines: editing a kernel body invalidates the entries that ran it, without
 anyone having to remember to bump a version (FlagGems keys its cache the same
 way), and leaves the other families' entries standing (an edit to the fused
-backward does not void a measured level-3 GEMM config).
+backward does not void a measured level-3 GEMM config).  The hash reads the
+code, not the text: comments, docstrings and layout are left out (each file
+is hashed as its syntax tree without docstrings), so a corrected comment does
+not throw away measured entries; any change to what compiles does.
 """
 
 from __future__ import annotations
 
+import ast
 import datetime as _dt
 import functools
 import hashlib
@@ -23,6 +27,7 @@ import re
 import torch
 
 from .. import config
+from ..version import __version__
 
 KERNELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
 INTERPRETER_DEVICE = "triton-interpreter"
@@ -50,10 +55,23 @@ def kernel_modules(roots, kernels_dir: str | None = None) -> list[str]:
     return sorted(n + ".py" for n in seen)
 
 
+def code_of(source: bytes) -> bytes:
+    """What a kernel module compiles to, as text: its syntax tree without docstrings
+    (comments and layout never reach the tree)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, annotate_fields=False, include_attributes=False).encode()
+
+
 def kernel_source_hash(kernels_dir: str | None = None, family: str | None = None) -> str:
-    """sha256 over the names and bytes of the kernel sources, in name order: those of
-    ``family`` (``kernel_modules`` of its ``Family.kernels``), or every ``*.py`` of the
-    kernels folder when ``family`` is ``None``."""
+    """sha256 over the names and code (``code_of``) of the kernel sources, in name order:
+    those of ``family`` (``kernel_modules`` of its ``Family.kernels``), or every ``*.py``
+    of the kernels folder when ``family`` is ``None``."""
     kernels_dir = kernels_dir or KERNELS_DIR
     if family is None:
         names = sorted(n for n in os.listdir(kernels_dir) if n.endswith(".py"))
@@ -63,7 +81,7 @@ def kernel_source_hash(kernels_dir: str | None = None, family: str | None = None
     h = hashlib.sha256()
     for name in names:
         with open(os.path.join(kernels_dir, name), "rb") as fh:
-            data = fh.read()
+            data = code_of(fh.read())
         h.update(name.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
     return h.hexdigest()
 
@@ -103,7 +121,6 @@ def current(family: str) -> dict:
 
 def stamp(device: str, family: str) -> dict:
     """Validity and provenance fields of a ``family`` entry measured now on ``device``."""
-    from .. import __version__      # not at import: launch.py imports tuning while mixstack initialises
     return {
         "device": device, **current(family), "torch": torch.__version__, "mixstack": __version__,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -3,12 +3,12 @@ and level-1/level-2 bit identity.  Skipped without CUDA."""
 
 from __future__ import annotations
 
+import helpers
 import pytest
 import torch
-
-import helpers
-import mixstack
 from helpers import Case, assert_close_rel
+
+import mixstack
 
 pytestmark = [
     pytest.mark.gpu,
@@ -113,15 +113,15 @@ def test_gpu_the_relay_has_the_same_bits_with_or_without_the_sigmoid_surface(cas
     """The pointwise kernel forming the gate sigmoids itself is a schedule: compiled for
     the GPU (FMA dots exact, tensor-core dots at level 3, different row tiles than the gate
     kernel) it must give the surface relay's bits."""
-    from mixstack import launch
+    from mixstack.ops import launchers
     lay = case.layout
     u0, alpha, w0, w1, gw = helpers.make_inputs(case, device=DEV)
-    out, z, y = launch.stack_forward(u0, alpha, w0, w1, gw, lay, case.apply_alpha, compensated=compensated)
+    out, z, y = launchers.stack_forward(u0, alpha, w0, w1, gw, lay, case.apply_alpha, compensated=compensated)
     grad_out = torch.randn_like(out)
     grads = {}
     for fold in (False, True):
-        monkeypatch.setattr(launch, "pointwise_recomputes_gate", lambda layout, compensated=False, fold=fold: fold)
-        grads[fold] = launch.stack_backward(grad_out, y, z, alpha, w0, w1, gw, lay, case.apply_alpha,
+        monkeypatch.setattr(launchers, "pointwise_recomputes_gate", lambda layout, compensated=False, fold=fold: fold)
+        grads[fold] = launchers.stack_backward(grad_out, y, z, alpha, w0, w1, gw, lay, case.apply_alpha,
                                             compensated=compensated)
     assert torch.equal(grads[True][0], grads[False][0])
     assert torch.equal(grads[True][1], grads[False][1])

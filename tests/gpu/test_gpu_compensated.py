@@ -5,11 +5,11 @@ without CUDA."""
 
 from __future__ import annotations
 
+import helpers
 import pytest
 import torch
-
-import helpers
 from helpers import Case
+
 from mixstack import tuning
 from mixstack.tuning.families import CONTRACT
 

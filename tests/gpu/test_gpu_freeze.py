@@ -21,9 +21,8 @@ from ase.build import bulk  # noqa: E402
 from helpers import rel_err  # noqa: E402
 
 import mixstack  # noqa: E402
-from mixstack import deploy, tuning  # noqa: E402
+from mixstack import export, tuning  # noqa: E402
 from mixstack.potential import SO2Potential, atoms_inputs  # noqa: E402
-
 
 
 def _cu(repeat, seed):
@@ -40,11 +39,11 @@ def test_frozen_potential_on_cuda_holds_the_operators_and_matches_the_live_modul
     other = atoms_inputs(_cu((3, 3, 2), 2), model.cutoff, device="cuda")
     with contextlib.ExitStack() as stack:
         stack.enter_context(mixstack.use_level(level))
-        for key in deploy.stack_keys(model):
+        for key in export.stack_keys(model):
             stack.enter_context(tuning.registration("stack_fwd", key, None))
             stack.enter_context(tuning.registration("stack_bwd_relay", key, None))
             stack.enter_context(tuning.registration("stack_bwd_fused", key, None))
-        targets = {str(n.target) for n in deploy.trace(model, example).graph.nodes}
+        targets = {str(n.target) for n in export.trace(model, example).graph.nodes}
         path = mixstack.freeze(model, example, tmp_path / "cu.pt2")
         want = model(*other)
     assert any("mixstack.stack_forward" in t for t in targets), sorted(targets)

@@ -46,6 +46,7 @@ def check(n_edges: int = N_EDGES, device: str = "cuda", sample=None) -> None:
     """Run level 1 forward + relay backward on ``n_edges`` edges; check sampled edges."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import helpers
+
     import mixstack
 
     case = helpers.Case(F=F, E=n_edges, Cf=CF, lmax=LMAX, n_layers=N_LAYERS, apply_alpha=True)

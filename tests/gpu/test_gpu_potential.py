@@ -20,7 +20,6 @@ import mixstack  # noqa: E402
 from mixstack.potential import SO2Potential, atoms_inputs  # noqa: E402
 
 
-
 @pytest.mark.parametrize("level", [1, 2])
 def test_potential_on_cuda_runs_the_kernels_and_matches_level0(level):
     model = SO2Potential(lmax=3, focus_dim=32, n_focus=2, cutoff=4.0, seed=1,

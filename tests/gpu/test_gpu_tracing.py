@@ -3,13 +3,13 @@ their Triton kernels).  Skipped without CUDA."""
 
 from __future__ import annotations
 
+import helpers
 import pytest
 import torch
+from helpers import Case, assert_close_rel
 from torch._dynamo.utils import counters
 
-import helpers
 import mixstack
-from helpers import Case, assert_close_rel
 
 pytestmark = [
     pytest.mark.gpu,

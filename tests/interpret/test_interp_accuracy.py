@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import functools
 
+import helpers
 import pytest
 import torch
-
-import helpers
-import mixstack
 from helpers import Case, assert_close_rel, case_id
+
+import mixstack
 
 CASES = [
     Case(F=1, E=129, Cf=16, lmax=1, n_layers=1, apply_alpha=True),    # no gated layer

@@ -6,17 +6,18 @@ The interpreter multiplies fp16 operands exactly in fp32 (``np.matmul`` with an
 fp32 result), as tensor cores do, so errors measured here are the split's own.
 """
 
+import helpers
 import pytest
 import torch
-
-import helpers
-import mixstack
 from helpers import Case
-from mixstack import launch, tuning
+
+import mixstack
+from mixstack import tuning
 from mixstack.layout import StackLayout
+from mixstack.ops import launchers
+from mixstack.tuner.probes import StackProbe
+from mixstack.tuner.sweep import contract_difference
 from mixstack.tuning.families import CONTRACT
-from mixstack.tuning.probes import StackProbe
-from mixstack.tuning.sweep import contract_difference
 
 COMP = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
 
@@ -61,7 +62,7 @@ def test_level3_without_an_entry_runs_level2_and_says_so():
 def _block_gemm(a, w0, w1, layout, split):
     """``a @ blockdiag(w0[0], w1[0])`` through the stack's GEMM kernel, one focus stream."""
     out = torch.empty_like(a)
-    launch._gemm(a, w0, w1, 0, a.shape[1], 1, layout, {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4,
+    launchers.block_gemm(a, w0, w1, 0, a.shape[1], 1, layout, {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4,
                                                          "num_stages": 1},
                  blocks=(0, 1), out=out, split=split)
     return out
@@ -82,7 +83,7 @@ def test_the_compensated_gemm_keeps_the_contract_at_extreme_scales(a_scale, w_sc
     a[0, 6] *= 1e-3
     w0 = torch.randn(1, 1, layout.m0, layout.m0, generator=g) * w_scale
     w1 = torch.randn(1, 1, layout.m1, layout.m1, generator=g) * w_scale
-    got = _block_gemm(a, w0, w1, layout, launch.split_weights(w0, w1))
+    got = _block_gemm(a, w0, w1, layout, launchers.split_weights(w0, w1))
     want = _block_gemm64(a, w0, w1, layout)
     row_err = ((got.double() - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
     assert row_err <= CONTRACT, row_err
@@ -91,7 +92,7 @@ def test_the_compensated_gemm_keeps_the_contract_at_extreme_scales(a_scale, w_sc
 
 def test_the_split_weights_are_a_scaled_head_and_tail():
     w = torch.tensor([[3.0e-7, -1.0e-7], [2.5e-7, 1.2345678e-7]]).view(1, 1, 2, 2)
-    hi, lo, _, _, up = launch.split_weights(w, w)
+    hi, lo, _, _, up = launchers.split_weights(w, w)
     assert hi.dtype == lo.dtype == torch.float16
     assert up[0, 0, 0].item() == 2.0 ** -22                     # 3e-7 lies in [2^-22, 2^-21)
     back = (hi.double() + lo.double() / 2048) * up[0, 0, 0].double()
@@ -137,13 +138,13 @@ def test_the_writers_record_exactly_the_row_maxima_of_what_they_wrote(case):
     largest magnitude they stored."""
     lay, m0 = case.layout, case.layout.m0
     u0, alpha, w0, w1, gw = helpers.make_inputs(case, 0)
-    _, z, _ = launch.stack_forward(u0, alpha, w0, w1, gw, lay, True)
+    _, z, _ = launchers.stack_forward(u0, alpha, w0, w1, gw, lay, True)
     sg = u0.new_empty((case.F, case.E, lay.gate_width))
     u_next = torch.full_like(u0, float("nan"))
     amax = torch.zeros(case.F, case.E, 2)
-    launch._gate(z, gw, 0, sg, case.E, case.F, lay, u=u0, u_next=u_next, amax=amax)
-    launch._gemm(u0, w0, w1, 0, case.E, case.F, lay, COMP, blocks=(1,), z=torch.empty_like(z), sg=sg,
-                 gate=True, res=u0, out=u_next, split=launch.split_weights(w0, w1), amax_out=amax)
+    launchers.gate(z, gw, 0, sg, case.E, case.F, lay, u=u0, u_next=u_next, amax=amax)
+    launchers.block_gemm(u0, w0, w1, 0, case.E, case.F, lay, COMP, blocks=(1,), z=torch.empty_like(z), sg=sg,
+                 gate=True, res=u0, out=u_next, split=launchers.split_weights(w0, w1), amax_out=amax)
     assert torch.equal(amax[..., 0], u_next[..., :m0].abs().amax(-1))
     assert torch.equal(amax[..., 1], u_next[..., m0:].abs().amax(-1))
 
@@ -151,7 +152,7 @@ def test_the_writers_record_exactly_the_row_maxima_of_what_they_wrote(case):
     gz = torch.full_like(h, float("nan"))
     amax.fill_(-1.0)
     w0t, w1t = (w.transpose(-1, -2).contiguous() for w in (w0, w1))
-    launch._relay_layer(h, z, gw, w0t, w1t, 0, case.E, case.F, lay, None, sg, gz, steps=(0, 1), amax=amax)
+    launchers.relay_gz(h, z, gw, 0, case.E, case.F, lay, sg, gz, amax=amax)
     assert torch.equal(amax[..., 0], gz[..., :m0].abs().amax(-1))
     assert torch.equal(amax[..., 1], gz[..., m0:].abs().amax(-1))
 
@@ -166,19 +167,19 @@ def test_the_alpha_gradient_records_the_row_maxima_of_the_scaled_incoming_gradie
     alpha = inputs[1]
     grad_out = torch.randn(case.E, lay.row)[:, None].expand(case.E, case.F, lay.row)
     seen = {}
-    real_gemm = launch._gemm
+    real_gemm = launchers.block_gemm
 
     def spy(a, *args, amax_in=None, **kw):
         if "a_edge_major" in kw and amax_in is not None:
             seen["amax"] = amax_in.clone()
         return real_gemm(a, *args, amax_in=amax_in, **kw)
 
-    _, z, y = launch.stack_forward(*inputs, lay, True)
+    _, z, y = launchers.stack_forward(*inputs, lay, True)
     try:
-        launch._gemm = spy
-        launch.stack_backward(grad_out, y, z, *inputs[1:], lay, True, COMP, compensated=True)
+        launchers.block_gemm = spy
+        launchers.stack_backward(grad_out, y, z, *inputs[1:], lay, True, COMP, compensated=True)
     finally:
-        launch._gemm = real_gemm
+        launchers.block_gemm = real_gemm
     scaled = (grad_out * alpha[:, :, None]).transpose(0, 1)          # (F, E, ROW), as the GEMM reads it
     assert torch.equal(seen["amax"][..., 0], scaled[..., :m0].abs().amax(-1))
     assert torch.equal(seen["amax"][..., 1], scaled[..., m0:].abs().amax(-1))
@@ -195,8 +196,8 @@ def test_recorded_row_maxima_give_the_bits_of_the_kernels_own_pre_pass(case):
     grad_out = helpers.make_grad_out(case, 1)
     runs = []
     for writer_amax in (True, False):
-        out, z, y = launch.stack_forward(*inputs, lay, True, COMP, compensated=True, writer_amax=writer_amax)
-        h, grad_alpha = launch.stack_backward(grad_out, y, z, *inputs[1:], lay, True, COMP, compensated=True,
+        out, z, y = launchers.stack_forward(*inputs, lay, True, COMP, compensated=True, writer_amax=writer_amax)
+        h, grad_alpha = launchers.stack_backward(grad_out, y, z, *inputs[1:], lay, True, COMP, compensated=True,
                                               writer_amax=writer_amax)
         runs.append((out, z, y, h, grad_alpha))
     for recorded, found in zip(*runs):
@@ -216,10 +217,10 @@ def test_the_compensated_fused_backward_meets_the_contract(case):
     lay = case.layout
     inputs = helpers.make_inputs(case, 0)
     grad_out = helpers.make_grad_out(case, 1)
-    _, z, y = launch.stack_forward(*inputs, lay, case.apply_alpha, COMP, compensated=True)
+    _, z, y = launchers.stack_forward(*inputs, lay, case.apply_alpha, COMP, compensated=True)
     got = {}
     for name, fused_cfg in (("relay", None), ("fused", FUSED_CFG)):
-        got[name] = launch.stack_backward(grad_out, y, z, *inputs[1:], lay, case.apply_alpha, COMP,
+        got[name] = launchers.stack_backward(grad_out, y, z, *inputs[1:], lay, case.apply_alpha, COMP,
                                           fused_cfg=fused_cfg, compensated=True)[0]
     _, grads64 = helpers.reference64(case, inputs, grad_out)
     want = grads64["u0"]
@@ -243,14 +244,13 @@ def test_the_gates_products_at_level3_keep_the_contract_at_extreme_scales(s_scal
     gw = torch.randn(1, n_focus, cf, g, generator=gen) * gw_scale / cf ** 0.5
     h = torch.randn(n_focus, n_edges, lay.row, generator=gen) * h_scale
     sg = torch.empty(n_focus, n_edges, g)
-    launch._gate(z, gw, 0, sg, n_edges, n_focus, lay, gate_split=launch.split_matrices(gw))
+    launchers.gate(z, gw, 0, sg, n_edges, n_focus, lay, gate_split=launchers.split_matrices(gw))
     s64, gw64 = z[0, ..., :cf].double(), gw[0].double()
     sg64 = torch.sigmoid(s64 @ gw64)
     assert helpers.rel_err(sg, sg64) <= CONTRACT
 
     gz = torch.full_like(h, float("nan"))
-    launch._relay_layer(h, z, gw, None, None, 0, n_edges, n_focus, lay, None, sg, gz, steps=(1,),
-                        gate_split=launch.split_matrices(gw))
+    launchers.relay_gz(h, z, gw, 0, n_edges, n_focus, lay, sg, gz, gate_split=launchers.split_matrices(gw))
     h64, z64, sgk = h.double(), z[0].double(), sg.double()    # the kernel's sigmoids: the contraction alone
     gsg = (h64[..., cf:m0] * z64[..., cf:m0] + h64[..., m0:m0 + g] * z64[..., m0:m0 + g]
            + h64[..., m0 + g:] * z64[..., m0 + g:])

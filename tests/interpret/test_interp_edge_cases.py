@@ -3,12 +3,12 @@ NaN/Inf propagation, fallbacks, zero alpha (interpreted Triton kernels)."""
 
 from __future__ import annotations
 
+import helpers
 import pytest
 import torch
-
-import helpers
-import mixstack
 from helpers import Case
+
+import mixstack
 
 SMALL = Case(F=2, E=5, Cf=16, lmax=1, n_layers=2, apply_alpha=True)
 DETERMINISM_CASES = [
@@ -105,7 +105,7 @@ def test_level1_unsupported_shape_or_dtype_falls_back_to_reference(why):
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_level1_grad_alpha_is_right_where_alpha_is_zero():
-    """grad_alpha = sum_c g * y (SPEC §1) holds at alpha = 0 too; level 0 gets it right,
+    """grad_alpha = sum_c g * y (docs/contract.md §1) holds at alpha = 0 too; level 0 gets it right,
     so level 1 must too (raising the level never changes a result beyond rounding).
     A softmax weight can underflow to exactly 0; a NaN there poisons every gradient."""
     case = SMALL

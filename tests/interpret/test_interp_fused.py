@@ -1,13 +1,14 @@
 """The fused backward through the interpreter: bit-for-bit the relay, and every
-dispatch guard of SPEC §4 tested with a winning table entry registered."""
-
-import pytest
-import torch
+dispatch guard of docs/contract.md §4 tested with a winning table entry registered."""
 
 import helpers
-import mixstack
+import pytest
+import torch
 from helpers import Case
+
+import mixstack
 from mixstack import tuning
+from mixstack.ops import launchers
 
 FUSED = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
 
@@ -57,7 +58,6 @@ def test_fused_backward_allocates_neither_the_sigmoid_nor_the_gz_surface(monkeyp
     """The relay allocates an (F, E, ROW) gz surface (and an (F, E, G) sigmoid surface
     where its pointwise kernel does not form the sigmoids itself); the fused backward
     allocates neither (its h is the only (F, E, ROW) buffer)."""
-    from mixstack import launch
     case = Case(F=1, E=129, Cf=16, lmax=2, n_layers=3)
     made = []
     real_new_empty = torch.Tensor.new_empty
@@ -72,19 +72,19 @@ def test_fused_backward_allocates_neither_the_sigmoid_nor_the_gz_surface(monkeyp
         return real_empty_like(t, *a, **k)
 
     inputs = helpers.make_inputs(case)
-    out, z, y = launch.stack_forward(*inputs, case.layout, True)
+    out, z, y = launchers.stack_forward(*inputs, case.layout, True)
     grad_out = helpers.make_grad_out(case)
     monkeypatch.setattr(torch.Tensor, "new_empty", new_empty)
     monkeypatch.setattr(torch, "empty_like", empty_like)
-    launch.stack_backward(grad_out, y, z, *inputs[1:], case.layout, True, fused_cfg=FUSED)
+    launchers.stack_backward(grad_out, y, z, *inputs[1:], case.layout, True, fused_cfg=FUSED)
     fused_made = list(made)
     made.clear()
-    launch.stack_backward(grad_out, y, z, *inputs[1:], case.layout, True)
+    launchers.stack_backward(grad_out, y, z, *inputs[1:], case.layout, True)
     relay_made = list(made)
     surface, sig = (case.F, case.E, case.row), (case.F, case.E, case.layout.gate_width)
     # h and gz, and sg unless the relay's pointwise kernel forms the sigmoids itself
     assert relay_made.count(surface) == 2
-    assert (sig in relay_made) != launch.pointwise_recomputes_gate(case.layout)
+    assert (sig in relay_made) != launchers.pointwise_recomputes_gate(case.layout)
     assert fused_made.count(surface) == 1 and sig not in fused_made       # h only
     # ... and its per-program scratch is far smaller than a surface at production sizes:
     # programs x BLOCK_M x widest block, independent of E.

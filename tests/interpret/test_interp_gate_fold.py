@@ -1,15 +1,15 @@
 """The relay's pointwise kernel may form the gate sigmoids itself instead of reading a
-sigmoid surface a separate gate launch wrote (``launch.pointwise_recomputes_gate``).
+sigmoid surface a separate gate launch wrote (``launchers.pointwise_recomputes_gate``).
 That is a schedule, not new math: both go through ``gate.gate_sigmoids``, so ``gz``,
 its recorded row maxima and the whole backward have the same bits either way, exact and
 at level 3, on partial tiles and with padded register columns (Cf = 48)."""
 
+import helpers
 import pytest
 import torch
-
-import helpers
 from helpers import Case
-from mixstack import launch
+
+from mixstack.ops import launchers
 
 CASES = [Case(F=2, E=37, Cf=32, lmax=2, n_layers=3), Case(F=1, E=1, Cf=48, lmax=1, n_layers=2),
          Case(F=1, E=129, Cf=64, lmax=2, n_layers=2)]
@@ -20,16 +20,16 @@ CASES = [Case(F=2, E=37, Cf=32, lmax=2, n_layers=3), Case(F=1, E=1, Cf=48, lmax=
 def test_the_pointwise_kernels_own_sigmoids_give_the_relays_bits(case, compensated):
     lay = case.layout
     u0, alpha, w0, w1, gw = helpers.make_inputs(case, 0)
-    _, z, _ = launch.stack_forward(u0, alpha, w0, w1, gw, lay, True)
-    gate_split = launch.split_matrices(gw) if compensated else None
+    _, z, _ = launchers.stack_forward(u0, alpha, w0, w1, gw, lay, True)
+    gate_split = launchers.split_matrices(gw) if compensated else None
     h = torch.randn(case.F, case.E, lay.row, generator=torch.Generator().manual_seed(1))
     results = []
     for fold in (False, True):
         sg = None if fold else torch.full((case.F, case.E, lay.gate_width), float("nan"))
         gz = torch.full_like(h, float("nan"))
         amax = torch.full((case.F, case.E, 2), -1.0) if compensated else None
-        launch._relay_layer(h, z, gw, None, None, 0, case.E, case.F, lay, None, sg, gz, steps=(0, 1),
-                            amax=amax, gate_split=gate_split, fold=fold)
+        launchers.relay_gz(h, z, gw, 0, case.E, case.F, lay, sg, gz, amax=amax, gate_split=gate_split,
+                           fold=fold)
         results.append((gz, amax))
     (gz_surface, amax_surface), (gz_fold, amax_fold) = results
     assert not gz_fold.isnan().any()
@@ -43,12 +43,12 @@ def test_the_whole_backward_is_the_same_with_or_without_the_sigmoid_surface(monk
     case = CASES[0]
     lay = case.layout
     u0, alpha, w0, w1, gw = helpers.make_inputs(case, 2)
-    out, z, y = launch.stack_forward(u0, alpha, w0, w1, gw, lay, True, compensated=compensated)
+    out, z, y = launchers.stack_forward(u0, alpha, w0, w1, gw, lay, True, compensated=compensated)
     grad_out = torch.randn_like(out)
     grads = {}
     for fold in (False, True):
-        monkeypatch.setattr(launch, "pointwise_recomputes_gate", lambda layout, compensated=False, fold=fold: fold)
-        grads[fold] = launch.stack_backward(grad_out, y, z, alpha, w0, w1, gw, lay, True,
+        monkeypatch.setattr(launchers, "pointwise_recomputes_gate", lambda layout, compensated=False, fold=fold: fold)
+        grads[fold] = launchers.stack_backward(grad_out, y, z, alpha, w0, w1, gw, lay, True,
                                             compensated=compensated)
     assert torch.equal(grads[True][0], grads[False][0])
     assert torch.equal(grads[True][1], grads[False][1])

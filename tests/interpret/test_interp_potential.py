@@ -3,9 +3,9 @@ kernels' relay backward in eval mode and matches level 0."""
 
 from __future__ import annotations
 
+import helpers
 import pytest
 
-import helpers
 import mixstack
 
 pytest.importorskip("ase")

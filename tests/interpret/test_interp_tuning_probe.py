@@ -6,7 +6,7 @@ import torch
 import mixstack
 from mixstack import tuning
 from mixstack.bench.timing import time_interleaved
-from mixstack.tuning.probes import StackProbe
+from mixstack.tuner.probes import StackProbe
 
 KEY = tuning.shape_key(focus_dim=16, lmax=1, n_focus=1, apply_alpha=True)
 ROW = KEY.layout.row
@@ -70,15 +70,15 @@ def test_the_backward_task_times_the_backward_with_the_forward_in_setup(relay_pr
 def test_a_familys_validity_hash_covers_every_kernel_its_runs_launch(family, monkeypatch):
     """An entry stays valid while the kernel modules its family names are unchanged, so a
     module its runs launch but the family does not name would let a stale entry stand."""
-    import mixstack.launch
+    import mixstack.ops.launchers
     from mixstack.tuning import families, validity
     launched = set()
-    real = mixstack.launch.wrap_triton
+    real = mixstack.ops.launchers.wrap_triton
 
     def spy(kernel):
         launched.add(kernel.fn.__module__.rsplit(".", 1)[-1] + ".py")
         return real(kernel)
-    monkeypatch.setattr(mixstack.launch, "wrap_triton", spy)
+    monkeypatch.setattr(mixstack.ops.launchers, "wrap_triton", spy)
     probe = StackProbe(family, KEY, edges=33, partial_edges=17)
     fam = families.family(family)
     with tuning.saved_registrations(), mixstack.use_level(fam.candidate_level):

@@ -1,6 +1,6 @@
 """The acceleration level: process default, scoped thread-local override, environment.
 
-Levels (SPEC §3): 0 pure PyTorch; 1 exact-fp32 Triton kernels with fixed
+Levels (docs/contract.md §3): 0 pure PyTorch; 1 exact-fp32 Triton kernels with fixed
 launch configs and the relay backward; 2 adds tuned configs and the fused
 backward where tuned (bitwise equal to 1); 3 adds compensated tensor-core GEMMs.
 Precedence: ``use_level`` scope, then ``set_level``, then ``MIXSTACK_LEVEL``,
@@ -14,7 +14,7 @@ import threading
 
 import torch
 
-from . import config
+from .. import config
 
 LEVELS = (0, 1, 2, 3)
 

@@ -4,7 +4,8 @@ Everything here is plain Python over tensor metadata, so it runs unchanged
 eagerly and inside a ``triton_op`` body being traced (kernels go through
 ``wrap_triton``; configs become constants of the traced graph).
 
-Surfaces (all float32): the forward writes ``z (n_gated, F, E, ROW)``, the
+Launch configs come from ``configs`` (the level-1 defaults) or, at level >= 2,
+from the caller (a tuned table entry).  Surfaces (all float32): the forward writes ``z (n_gated, F, E, ROW)``, the
 edge-major result and, with alpha, the unscaled result ``y``, using two
 ping-pong ``(F, E, ROW)`` activation buffers and a ``(F, E, G)`` gate-sigmoid
 surface.  The relay backward keeps one running gradient ``h (F, E, ROW)``
@@ -19,112 +20,23 @@ import torch
 import triton
 from torch.library import wrap_triton
 
-from .kernels.compensated import split_weights_kernel
-from .kernels.fused import fused_backward_kernel
-from .kernels.gate import gate_backward_kernel, gate_kernel
-from .kernels.gemm import block_gemm_kernel
-from .kernels.reduce import alpha_grad_kernel
-from .layout import StackLayout
-
-# Level-1 launch configs: conservative, spill-free on every supported shape.
-# (64, 64, 32, 4 warps, 3 stages) with a pipelined K loop ran an ieee block
-# GEMM of this shape at ~42 TFLOP/s on an H200 (h200-measurements.md), and
-# beat (64,128,4,3), (128,64,8,3), (64,64,4,4), (128,128,8,2), (32,64,4,3) on
-# the whole S1/S2 stack (H200, 2026-11-30).  The K tile is 32 wide (16 where
-# Cf is not a multiple of 32): at S4 (Cf = 64) a 64-wide K tile with 8 warps
-# took 35.6 ms for fwd+bwd against 30.3 ms (H200, 2026-11-30).
-GEMM_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-ALPHA_GRAD_CONFIG = {"BLOCK_R": 32, "BLOCK_C": 64, "num_warps": 4}
-
-
-def block_k(layout: StackLayout) -> int:
-    """The default K tile: it divides Cf, so K runs over whole subtiles in
-    degree order and the loop needs no mask."""
-    return 32 if layout.focus_dim % 32 == 0 else 16
-
-
-def gemm_block_k(layout: StackLayout, cfg: dict) -> int:
-    """The K tile of a GEMM launch: always ``block_k``.  It fixes the order of the K sum
-    (the degree order of ``korder``, which the compensated loop walks too), so a launch
-    config that asks for another one is refused rather than allowed to change results."""
-    exact = block_k(layout)
-    if cfg.get("BLOCK_K", exact) != exact:
-        raise ValueError(f"the GEMM's K tile is fixed at {exact} for Cf = {layout.focus_dim} (it sets "
-                         f"the order of the K sum); a launch config asked for BLOCK_K = {cfg['BLOCK_K']}")
-    return exact
-
-
-def default_gemm_config(layout: StackLayout) -> dict:
-    """The level-1 GEMM launch config for this layout."""
-    return dict(GEMM_CONFIG, BLOCK_K=block_k(layout))
-
-
-def fused_supported(layout: StackLayout) -> bool:
-    """The fused backward's regime: Cf a power of two whose subtile fits one
-    register tile of the gate (16, 32 or 64)."""
-    return layout.focus_dim in (16, 32, 64)
-
-
-def gate_config(layout: StackLayout, backward: bool = False) -> dict:
-    """Launch config of the gate kernel (forward/recompute) or its backward.
-
-    Measured on an H200 (2026-11-30; S1, S2, S4; BLOCK_M/warps in {16, 32, 64,
-    128} x {4, 8}): the forward gate is flat within 5% across configs, 32 rows
-    x 4 warps among the best everywhere; the pointwise backward is best at 32
-    rows x 4 warps for Cf = 32 (0.91 ms at S1 against 1.31 for 32 x 8) and 64
-    rows x 4 warps for Cf = 64 (1.24 ms at S4 against 1.62-1.82).  A 128-wide
-    tile takes 16 rows x 8 warps (spill-free in the sm_90 ptxas report; not
-    timed).  Unrolling the degree loop spilled 116-224 registers at Cf = 64.
-    Compiled offline for sm_90 (``mixstack.resources``) by Triton 3.6 (the
-    H200's) and 3.7, the Cf = 64 backward config (64 x 4) takes 255 registers
-    and spills 392 bytes: it was timed fastest all the same.
-
-    At lmax <= 2 the degree loop runs once or twice, and with 64 x 4 (32 x 4 in the
-    forward) ptxas gives up on registers: 32 of them and a 3.6-9.6 KB stack frame per
-    thread (the pointwise kernel at lmax 1, the forward gate at lmax 2; Cf 48 and 64,
-    both levels, Triton 3.6 and 3.7; ``tests/test_resources.py``).  The H200 sweep saw
-    it: Cf 64, F 2, lmax 1's relay took 33.4 ms on the tuner's set against 12.5 at
-    lmax 2, a layout with over twice its GEMM FLOPs.  32 x 8 compiles there without
-    spills (up to 158 registers), so lmax <= 2 takes it (not yet timed on a GPU).
-    Widths above 64 are not cured by any config tried (16-64 rows, 4-8 warps) at lmax 1.
-    """
-    cp = triton.next_power_of_2(layout.focus_dim)
-    if cp > 64:
-        return {"BLOCK_M": 16, "num_warps": 8, "num_stages": 1}
-    if cp == 64 and layout.lmax <= 2:
-        return {"BLOCK_M": 32, "num_warps": 8, "num_stages": 1}
-    rows = 64 if backward and cp == 64 else 32
-    return {"BLOCK_M": rows, "num_warps": 4, "num_stages": 1}
-
-
-def pointwise_recomputes_gate(layout: StackLayout, compensated: bool = False) -> bool:
-    """Whether the relay's pointwise kernel forms the gate sigmoids itself (in registers,
-    from ``s`` and ``gw``) instead of a gate launch writing a sigmoid surface ``(F, E, G)``
-    for it to read.  Both give the same bits (one helper, ``gate.gate_sigmoids``).
-
-    Measured on an H200 in the whole backward, both ways in one run
-    (``scripts/probe_relay_policy.py``, 2026-12-01), ms: exact, S1 9.59 folded against
-    9.63, S3 20.20 against 20.42, S4 **18.84** against 16.29 (the folded kernel spills
-    at Cf 64); level 3, S1 **6.93** against 6.72, S3 **13.47** against 13.16, S4 8.75
-    against 8.72.  So: folded exact where Cf <= 32 (as fast, one surface fewer), never
-    at level 3.  (One layer alone, ``probe_backward.py`` had the level-3 fold 0.2 ms a
-    layer ahead: alone, each launch meets a cold L2; in the stack the gate launch's
-    sigmoids are still in L2 when the pointwise kernel reads them.)"""
-    return not compensated and triton.next_power_of_2(layout.focus_dim) <= 32
-
-
-def pointwise_config(layout: StackLayout) -> dict:
-    """Launch config of the relay's pointwise kernel: ``gate_config``'s backward rows,
-    at every level.
-
-    What level 3's split fp16 gate products bought in the backward, per gated layer on
-    an H200 (``probe_backward.py``, 2026-12-01; ms, exact -> split): the gate launch
-    0.385 -> 0.388 at the S1 key, 0.598 -> 0.471 at lmax 6, 0.504 -> 0.361 at Cf 64; the
-    pointwise kernel 0.844 -> 0.774, 1.199 -> 1.061, 1.002 -> 0.797.  With the sigmoids
-    folded in (not shipped, see ``pointwise_recomputes_gate``) the split products
-    wanted 64 rows at Cf <= 32 and 32 rows at Cf 64 (0.94 and 0.96 ms, against 1.30
-    and 1.51 on the rows here)."""
-    return gate_config(layout, backward=True)
+from ..kernels.compensated import split_weights_kernel
+from ..kernels.fused import fused_backward_kernel
+from ..kernels.gate import gate_backward_kernel, gate_kernel
+from ..kernels.gemm import block_gemm_kernel
+from ..kernels.reduce import alpha_grad_kernel
+from ..layout import StackLayout
+from .configs import (
+    ALPHA_GRAD_CONFIG,
+    FUSED_PROGRAMS_PER_SM,
+    INTERPRETER_PROGRAMS,
+    block_k,
+    default_gemm_config,
+    gate_config,
+    gemm_block_k,
+    pointwise_config,
+    pointwise_recomputes_gate,
+)
 
 
 def _is_empty(n) -> bool:
@@ -158,9 +70,10 @@ def _weight_args(w0, w1, split):
     return split if split is not None else (w0, w0, w1, w0, w0)
 
 
-def _gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, res=None, out=None, z=None,
-          y=None, sg=None, alpha=None, a_edge_major=False, alpha_on_a=False,
-          gate=False, alpha_on_out=False, out_edge_major=False, split=None, amax_in=None, amax_out=None):
+def block_gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, res=None, out=None, z=None,
+               y=None, sg=None, alpha=None, a_edge_major=False, alpha_on_a=False,
+               gate=False, alpha_on_out=False, out_edge_major=False, split=None, amax_in=None,
+               amax_out=None):
     """Launch ``block_gemm_kernel`` over ``blocks`` (``(0,)``, ``(1,)`` or ``(0, 1)``);
     ``split`` (level 3): ``split_weights(w0, w1)``, run the compensated products,
     with ``amax_in`` ``(F, E, 2)`` the rows' per-block maxima of ``a`` as its writer
@@ -204,7 +117,7 @@ def _gate_weights(gw, gate_split):
     return gate_split if gate_split is not None else (gw, gw, gw)
 
 
-def _gate(z, gw, layer, sg, n_edges, n_focus, layout, u=None, u_next=None, amax=None, gate_split=None):
+def gate(z, gw, layer, sg, n_edges, n_focus, layout, u=None, u_next=None, amax=None, gate_split=None):
     """The gate kernel; ``amax`` (level 3, with ``u_next``): record the m = 0 block's row maxima;
     ``gate_split`` (level 3): ``split_matrices(gw)``, the logits on split fp16 products."""
     cfg = gate_config(layout)
@@ -254,13 +167,13 @@ def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
     for k in range(n_gated):
         u_next = buffers[k % 2]
         amax_next = maxima[k % 2].zero_() if record else None
-        _gemm(u, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(0,), z=z, split=split,
+        block_gemm(u, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(0,), z=z, split=split,
               amax_in=amax)
-        _gate(z, gw, k, sg, n_edges, n_focus, layout, u=u, u_next=u_next, amax=amax_next)
-        _gemm(u, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(1,), z=z, sg=sg, gate=True,
+        gate(z, gw, k, sg, n_edges, n_focus, layout, u=u, u_next=u_next, amax=amax_next)
+        block_gemm(u, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(1,), z=z, sg=sg, gate=True,
               res=u, out=u_next, split=split, amax_in=amax, amax_out=amax_next)
         u, amax = u_next, amax_next
-    _gemm(u, w0, w1, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=u, out=out,
+    block_gemm(u, w0, w1, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=u, out=out,
           y=y if apply_alpha else None, alpha=alpha if apply_alpha else None,
           alpha_on_out=apply_alpha, out_edge_major=True, split=split, amax_in=amax)
     return out, z, y
@@ -305,7 +218,7 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
     w1t = w1.transpose(-1, -2).contiguous()
     split = split_weights(w0t, w1t) if compensated else None
     gate_split = split_matrices(gw) if compensated and n_gated and fused_cfg is None else None
-    _gemm(grad_out, w0t, w1t, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1),
+    block_gemm(grad_out, w0t, w1t, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1),
           res=grad_out, out=h, alpha=alpha if apply_alpha else None, a_edge_major=True,
           alpha_on_a=apply_alpha, split=split, amax_in=amax if apply_alpha else None)
     if n_gated and fused_cfg is None:
@@ -318,62 +231,58 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
         scratch = h.new_empty((programs, bm, max(layout.m0, layout.m1)))
     for k in range(n_gated - 1, -1, -1):
         if fused_cfg is not None:
-            _fused_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, fused_cfg, scratch, split=split)
+            fused_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, fused_cfg, scratch, split=split)
             continue
-        _relay_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, gemm_cfg, sg, gz, split=split,
+        relay_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, gemm_cfg, sg, gz, split=split,
                      amax=amax, gate_split=gate_split, fold=fold)
     return h, grad_alpha
 
 
-def _relay_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, sg, gz, steps=(0, 1, 2),
-                 split=None, amax=None, gate_split=None, fold=False, pointwise_cfg=None):
-    """One gated layer of the relay: the gate sigmoids (``fold``: formed inside the pointwise
-    kernel; else recomputed into ``sg`` by a gate launch), write ``gz``,
-    ``h += gz @ W^T`` (``split``: compensated; ``amax``: ``gz``'s row maxima, recorded by
-    the pointwise kernel for it; ``gate_split``: ``split_matrices(gw)``, the gate's products
-    compensated as in the forward).  ``steps`` and ``pointwise_cfg`` (profiling only) launch a
-    subset and override the pointwise kernel's launch config."""
-    if 0 in steps and not fold:
-        _gate(z, gw, layer, sg, n_edges, n_focus, layout, gate_split=gate_split)
-    if 1 in steps:
-        cfg = pointwise_cfg or pointwise_config(layout)
-        gw_main, gw_lo, gw_up = _gate_weights(gw, gate_split)
-        wrap_triton(gate_backward_kernel)[((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)](
-            h, z, gw if fold else sg, gw_main, gz, gw if amax is None else amax, gw_lo, gw_up,  # gw: unused
-            layer, n_edges, n_focus,
-            LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
-            WRITE_AMAX=amax is not None, RECOMPUTE_SG=fold, COMPENSATED=gate_split is not None,
-            BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        )
-    if 2 in steps:
-        _gemm(gz, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=h, out=h,
-              split=split, amax_in=amax)
+def relay_gz(h, z, gw, layer, n_edges, n_focus, layout, sg, gz, amax=None, gate_split=None, fold=False):
+    """The relay's pointwise part of one gated layer: the gate sigmoids (``fold``: formed
+    inside the pointwise kernel; else recomputed into ``sg`` by a gate launch), then
+    ``gz`` from ``h`` and ``z`` (``amax``: ``gz``'s row maxima, recorded for the
+    compensated GEMM; ``gate_split``: ``split_matrices(gw)``, the gate's products
+    compensated as in the forward)."""
+    if not fold:
+        gate(z, gw, layer, sg, n_edges, n_focus, layout, gate_split=gate_split)
+    cfg = pointwise_config(layout)
+    gw_main, gw_lo, gw_up = _gate_weights(gw, gate_split)
+    wrap_triton(gate_backward_kernel)[((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)](
+        h, z, gw if fold else sg, gw_main, gz, gw if amax is None else amax, gw_lo, gw_up,  # gw: unused
+        layer, n_edges, n_focus,
+        LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
+        WRITE_AMAX=amax is not None, RECOMPUTE_SG=fold, COMPENSATED=gate_split is not None,
+        BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
 
 
-# Persistent programs of the fused backward per SM: each owns a scratch of
-# BLOCK_M x segment floats (~25 MB in all at S1 with 64 rows), L2-resident.
-FUSED_PROGRAMS_PER_SM = 4
-_INTERPRETER_PROGRAMS = 3      # few programs under the interpreter: the persistent loop is exercised
+def relay_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, sg, gz, split=None,
+                amax=None, gate_split=None, fold=False):
+    """One gated layer of the relay: ``relay_gz``, then ``h += gz @ W^T`` over both blocks
+    (``split``: the compensated products)."""
+    relay_gz(h, z, gw, layer, n_edges, n_focus, layout, sg, gz, amax=amax, gate_split=gate_split, fold=fold)
+    block_gemm(gz, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=h, out=h,
+               split=split, amax_in=amax)
 
 
 def _fused_programs(t, n_tiles: int) -> int:
     if t.device.type == "cuda":
         sms = torch.cuda.get_device_properties(t.device).multi_processor_count
         return max(1, min(n_tiles, sms * FUSED_PROGRAMS_PER_SM))
-    return max(1, min(n_tiles, _INTERPRETER_PROGRAMS))
+    return max(1, min(n_tiles, INTERPRETER_PROGRAMS))
 
 
-def _fused_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, cfg, scratch, segments=(0, 1),
-                 split=None):
+def fused_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, cfg, scratch, split=None):
     """One gated layer of the fused backward: the m = 0 pass, then the |m| = 1 pass
     (the m = 0 pass reads the |m| = 1 columns of ``h`` before they change).
     ``split`` (level 3): ``split_weights(w0t, w1t)``, the GEMM phase runs the
-    compensated products.  ``segments`` (profiling only) runs one pass alone."""
+    compensated products."""
     bm = cfg["BLOCK_M"]
     n_tiles = (n_edges + bm - 1) // bm * n_focus
     programs = scratch.shape[0]
     w0t, w0lo, w1t, w1lo, wup = _weight_args(w0t, w1t, split)
-    for segment in segments:
+    for segment in (0, 1):
         wrap_triton(fused_backward_kernel)[(programs,)](
             h, z, gw, w0t, w1t, scratch, w0lo, w1lo, wup, layer, n_edges, n_focus, n_tiles,
             LMAX=layout.lmax, CF=layout.focus_dim, SEGMENT=segment, COMPENSATED=split is not None,

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from .api import mixing_stack
+from .functional import mixing_stack
 from .layout import LMAX_RANGE, StackLayout
 
 

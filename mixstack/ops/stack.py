@@ -31,9 +31,11 @@ import torch
 from torch import Tensor
 from torch.library import triton_op
 
-from . import launch, reference, tuning
-from .dispatch import kernels_can_run, record, unsupported_reason
-from .layout import StackLayout
+from .. import reference, tuning
+from ..dispatch.guards import kernels_can_run, unsupported_reason
+from ..dispatch.log import record
+from ..layout import StackLayout
+from . import configs, launchers
 
 
 def _kernels_for(t: Tensor, layout: StackLayout) -> bool:
@@ -55,11 +57,11 @@ def stack_forward(u0: Tensor, alpha: Tensor, w0: Tensor, w1: Tensor, gw: Tensor,
         comp_cfg = _tuned("stack_compensated", u0, n_focus, layout, apply_alpha, level, log=False)
         if comp_cfg is not None:
             record("fwd:compensated")
-            return launch.stack_forward(u0, alpha, w0, w1, gw, layout, apply_alpha, comp_cfg,
+            return launchers.stack_forward(u0, alpha, w0, w1, gw, layout, apply_alpha, comp_cfg,
                                         compensated=True)
         record("fwd:triton")
         gemm_cfg = _tuned("stack_fwd", u0, n_focus, layout, apply_alpha, level)
-        return launch.stack_forward(u0, alpha, w0, w1, gw, layout, apply_alpha, gemm_cfg)
+        return launchers.stack_forward(u0, alpha, w0, w1, gw, layout, apply_alpha, gemm_cfg)
     record("fwd:reference")
     out, z, y = reference.forward_state(u0, alpha, w0, w1, gw, lmax=lmax, focus_dim=focus_dim,
                                         apply_alpha=apply_alpha)
@@ -78,14 +80,14 @@ def stack_backward(grad_out: Tensor, y: Tensor, z: Tensor, alpha: Tensor, w0: Te
         comp_cfg = _tuned("stack_compensated", grad_out, n_focus, layout, apply_alpha, level, log=False)
         if comp_cfg is not None:
             record("bwd:compensated")
-            return launch.stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha,
+            return launchers.stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha,
                                          comp_cfg, compensated=True)
         gemm_cfg = _tuned("stack_bwd_relay", grad_out, n_focus, layout, apply_alpha, level)
         fused_cfg = None
-        if launch.fused_supported(layout):
+        if configs.fused_supported(layout):
             fused_cfg = _tuned("stack_bwd_fused", grad_out, n_focus, layout, apply_alpha, level, log=False)
         record("bwd:relay" if fused_cfg is None else "bwd:fused")
-        return launch.stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha,
+        return launchers.stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha,
                                      gemm_cfg, fused_cfg)
     record("bwd:reference")
     g, ga, *_ = reference.backward(grad_out, y, z, None, alpha, w0, w1, gw, lmax=lmax,

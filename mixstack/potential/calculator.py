@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import torch
 
 try:
+    import numpy as np
     from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
     from ase.stress import full_3x3_to_voigt_6_stress
 except ImportError as exc:                      # pragma: no cover - exercised without ase only
-    raise ImportError("mixstack.calculator needs ASE; install it with "
+    raise ImportError("mixstack.potential.calculator needs ASE and NumPy; install them with "
                       "`pip install mixstack[potential]`") from exc
 
-from .potential.neighbors import atoms_inputs
+from .neighbors import atoms_inputs
 
 
 class MixstackCalculator(Calculator):
@@ -42,7 +42,7 @@ class MixstackCalculator(Calculator):
     def __init__(self, model_or_path, device=None, **kwargs):
         super().__init__(**kwargs)
         if isinstance(model_or_path, (str, os.PathLike)):
-            from .deploy import load
+            from ..export import load
             self.potential = load(model_or_path)
             if device is not None and torch.device(device).type != self.potential.device.type:
                 raise ValueError(f"{model_or_path} was compiled for {self.potential.device}, "

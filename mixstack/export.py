@@ -1,10 +1,10 @@
-"""``mixstack.freeze`` and ``mixstack.load``: a potential as one AOTInductor ``.pt2`` file (SPEC §6).
+"""``mixstack.freeze`` and ``mixstack.load``: a potential as one AOTInductor ``.pt2`` file (docs/contract.md §6).
 
 ``freeze(module, example, path)``
 
 1. collects the mixing-stack shape keys of ``module`` (every submodule with a
    ``stack_shape_key()`` method, and every ``mixstack.MixingStack``);
-2. tunes the keys without a table entry (``tuning.tune_missing``) when the
+2. tunes the keys without a table entry (``tuner.tune_missing``) when the
    module lives on CUDA and the active level is >= 2 — the only case where
    a tuned config changes what runs (the compensated family at level 3
    only); otherwise it logs why tuning was skipped;
@@ -37,12 +37,16 @@ import contextlib
 import json
 import logging
 import os
+import sys
+import time
 from pathlib import Path
 
 import torch
 
-from . import levels, tuning
-from .module import MixingStack
+from . import tuner, tuning
+from .dispatch import levels
+from .nn import MixingStack
+from .version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +82,7 @@ def tune_for_freeze(keys, device: torch.device, level: int) -> str:
     else:
         # a family matters only at the level its candidates run at (compensated: 3)
         names = [f for f in tuning.SWEEP_ORDER if tuning.families.family(f).candidate_level <= level]
-        results = tuning.tune_missing(keys, families=names)
+        results = tuner.tune_missing(keys, families=names)
         done = ", ".join(f"{r.family} {r.key.short()}: {r.status}" for r in results)
         log.info("freeze: tuned %d key(s): %s", len(keys), done)
         return f"tuned: {done}"
@@ -142,8 +146,24 @@ def trace(module: torch.nn.Module, example) -> "torch.export.ExportedProgram":
                                prefer_deferred_runtime_asserts_over_guards=True)
 
 
+def _stage_reporter(progress):
+    """``progress`` as a callable of one line: ``"auto"`` writes to stderr when it is a
+    terminal (an interactive user sees the minutes go by), else only logs."""
+    if progress == "auto":
+        progress = (lambda msg: print(f"mixstack.freeze: {msg}", file=sys.stderr, flush=True)) \
+            if sys.stderr.isatty() else None
+    start = time.perf_counter()
+
+    def report(msg: str) -> None:
+        line = f"[{time.perf_counter() - start:6.1f} s] {msg}"
+        log.info("freeze: %s", line)
+        if progress is not None:
+            progress(line)
+    return report
+
+
 def freeze(module: torch.nn.Module, example, path, *, tune: bool = True,
-           inductor_configs: dict | None = None) -> Path:
+           inductor_configs: dict | None = None, progress="auto") -> Path:
     """Tune (where it matters), export and AOT-compile ``module`` into the ``.pt2`` file ``path``.
 
     ``module``: a potential with ``forward(positions, cell, numbers, edge_index,
@@ -151,17 +171,25 @@ def freeze(module: torch.nn.Module, example, path, *, tune: bool = True,
     (``mixstack.potential.SO2Potential``).  ``example``: an ``ase.Atoms`` or
     those six tensors, on the module's device, with >= 2 atoms and edges.
     The trace runs at the active mixstack level.  Returns the path written.
+
+    ``progress``: a callable that receives one line per stage (tuning, tracing,
+    compiling: the last takes a minute or more); ``"auto"`` (default) prints the
+    lines to stderr when it is a terminal; ``None``: logging only.
     """
+    report = _stage_reporter(progress)
     device, level = _module_device(module), levels.get_level()
     keys = stack_keys(module)
+    if tune:
+        report(f"1/3 tuning the missing stack keys ({len(keys)} in the model)")
     tuned = tune_for_freeze(keys, device, level) if tune else "skipped: freeze(tune=False)"
+    report(f"1/3 tuning {tuned}")
     was_training = module.training
     module.eval()
+    report(f"2/3 tracing energy, forces and stress at level {level} on {device} (make_fx, torch.export)")
     try:
         program = trace(module, example)
     finally:
         module.train(was_training)
-    from . import __version__
     p = next(module.parameters())
     meta = {
         "mixstack_version": __version__, "cutoff": repr(float(module.cutoff)),
@@ -174,9 +202,10 @@ def freeze(module: torch.nn.Module, example, path, *, tune: bool = True,
     configs["aot_inductor.metadata"] = {**configs.get("aot_inductor.metadata", {}), **meta}
     path = Path(os.fspath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    log.info("freeze: compiling %s with AOTInductor (level %d, %s)", path, level, device)
+    report(f"3/3 compiling {path} with AOTInductor (a minute or more)")
     out = torch._inductor.aoti_compile_and_package(program, package_path=str(path),
                                                    inductor_configs=configs)
+    report(f"done: {out}")
     return Path(out)
 
 

@@ -1,6 +1,6 @@
 """The sweep: the one implementation behind ``mixstack tune``, ``mixstack.tune`` and freeze.
 
-``tune_key`` measures one family for one shape key, by the six rules of SPEC §5:
+``tune_key`` measures one family for one shape key, by the six rules of docs/contract.md §5:
 
 1. It sets the level itself around every run (``mixstack.use_level``: 2 for
    the baseline, the family's ``candidate_level`` for candidates, 3 for the
@@ -39,11 +39,11 @@ from typing import Callable
 
 import torch
 
-from .. import levels
 from ..bench import timing
-from ..dispatch import dispatch_log
-from . import families, registry, validity
-from .keys import ShapeKey, as_key
+from ..dispatch import levels
+from ..dispatch.log import dispatch_log
+from ..tuning import families, registry, validity
+from ..tuning.keys import ShapeKey, as_key
 
 log = logging.getLogger(__name__)
 

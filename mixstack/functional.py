@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import torch
 
-from . import dispatch, ops, reference  # noqa: F401  (ops registers the operators)
+from . import reference
+from .dispatch.guards import forward_level, triton_installed
+from .dispatch.log import record
 from .layout import validate_inputs
+
+if triton_installed():                 # Linux: the Triton levels; elsewhere level 0 runs alone
+    from .ops import stack  # noqa: F401  (registers the mixstack:: operators)
 
 
 def mixing_stack(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alpha: bool = True,
                  keep_input: bool = True):
-    """The gated SO(2) mixing stack (SPEC §1) at the active level.
+    """The gated SO(2) mixing stack (docs/contract.md §1) at the active level.
 
     ``u0 (F, E, ROW)`` focus-major activations, ``alpha (E, F)`` per-edge focus
     weights, ``w0 (n_layers, F, m0, m0)``, ``w1 (n_layers, F, m1, m1)``,
@@ -25,9 +30,9 @@ def mixing_stack(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alph
     gradients are unchanged, a double backward then raises.
     """
     shape = validate_inputs(u0, alpha, w0, w1, gw, lmax=lmax, focus_dim=focus_dim)
-    level = dispatch.forward_level(u0, shape.layout)
+    level = forward_level(u0, shape.layout)
     if level == 0:
-        dispatch.record("fwd:reference")
+        record("fwd:reference")
         out = reference.forward(u0, alpha, w0, w1, gw, lmax=lmax, focus_dim=focus_dim,
                                 apply_alpha=apply_alpha)[0]
         if out.requires_grad and not torch.compiler.is_compiling():
@@ -40,5 +45,5 @@ def mixing_stack(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alph
 
 
 def _record_reference_backward(grad):
-    dispatch.record("bwd:reference")
+    record("bwd:reference")
     return grad

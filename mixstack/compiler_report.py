@@ -3,7 +3,7 @@ memory and the instruction mix of each launch, for an NVIDIA architecture (sm_90
 
 Why: whether a launch config spills, how many programs fit on an SM and what the inner
 loops are made of decide the kernels' speed (``BENCHMARKS.md``), and GPU time is scarce.
-The launches reported are the real ones: the launchers of ``mixstack.launch`` run on
+The launches reported are the real ones: the launchers of ``mixstack.ops.launchers`` run on
 ``meta`` tensors (nothing is allocated or computed) with every kernel launch recorded
 instead of run; each distinct launch is then compiled for the target by Triton with the
 ``ptxas`` it bundles, and the bundled ``cuobjdump`` / ``nvdisasm`` read the binary.
@@ -28,6 +28,8 @@ import tempfile
 from dataclasses import dataclass, field
 
 import torch
+
+from .ops import launchers
 
 # SASS opcodes summed by the report (the first dotted part of each instruction).
 COUNTED = ("FFMA", "HMMA", "HGMMA", "LDS", "STS", "LDSM", "LDG", "STG", "LDGSTS", "BAR", "SHFL", "MUFU")
@@ -73,9 +75,8 @@ class Report:
 
 
 def record_launches(run, *args, **kwargs) -> list[Launch]:
-    """Run ``run(*args, **kwargs)`` (a launcher of ``mixstack.launch``, on meta tensors) with
+    """Run ``run(*args, **kwargs)`` (a launcher of ``mixstack.ops.launchers``, on meta tensors) with
     every kernel launch recorded instead of run; the launches, in order."""
-    from . import launch as launch_module
     launches: list[Launch] = []
 
     def recorder(kernel):
@@ -86,21 +87,20 @@ def record_launches(run, *args, **kwargs) -> list[Launch]:
                 return call
         return _Grid()
 
-    real = launch_module.wrap_triton
-    launch_module.wrap_triton = recorder
+    real = launchers.wrap_triton
+    launchers.wrap_triton = recorder
     try:
         run(*args, **kwargs)
     finally:
-        launch_module.wrap_triton = real
+        launchers.wrap_triton = real
     return launches
 
 
 def stack_launches(layout, n_focus: int, apply_alpha: bool = True, *, n_layers: int = 4,
                    edges: int = 300003, gemm_cfg=None, fused_cfg=None,
                    compensated: bool = False) -> list[Launch]:
-    """The launches of one forward and one backward of the stack (``launch.stack_forward`` /
+    """The launches of one forward and one backward of the stack (``launchers.stack_forward`` /
     ``stack_backward``) for this layout and configs, recorded on meta tensors."""
-    from . import launch as launch_module
     meta = dict(device="meta", dtype=torch.float32)
     u0 = torch.empty((n_focus, edges, layout.row), **meta)
     alpha = torch.empty((edges, n_focus), **meta)
@@ -108,12 +108,12 @@ def stack_launches(layout, n_focus: int, apply_alpha: bool = True, *, n_layers: 
     w1 = torch.empty((n_layers, n_focus, layout.m1, layout.m1), **meta)
     gw = torch.empty((n_layers - 1, n_focus, layout.focus_dim, layout.gate_width), **meta)
     out = []
-    out += record_launches(launch_module.stack_forward, u0, alpha, w0, w1, gw, layout, apply_alpha,
+    out += record_launches(launchers.stack_forward, u0, alpha, w0, w1, gw, layout, apply_alpha,
                            gemm_cfg, compensated=compensated)
     grad_out = torch.empty((edges, n_focus, layout.row), **meta)
     y = torch.empty((edges, n_focus, layout.row) if apply_alpha else (0,), **meta)
     z = torch.empty((n_layers - 1, n_focus, edges, layout.row), **meta)
-    out += record_launches(launch_module.stack_backward, grad_out, y, z, alpha, w0, w1, gw, layout,
+    out += record_launches(launchers.stack_backward, grad_out, y, z, alpha, w0, w1, gw, layout,
                            apply_alpha, gemm_cfg, fused_cfg, compensated=compensated)
     return out
 

@@ -1,4 +1,4 @@
-"""``mixstack.tune`` and ``tuning.tune_missing``: the sweep over many keys and families.
+"""``mixstack.tune`` and ``tuner.tune_missing``: the sweep over many keys and families.
 
 Both run ``sweep.tune_key`` (the one sweep) for each family of each key, in
 ``families.SWEEP_ORDER`` (the relay's GEMMs before the fused backward, which
@@ -13,9 +13,11 @@ from typing import Callable, Iterable
 
 import torch
 
-from . import families as _families
-from . import registry, validity
-from .keys import ShapeKey, as_key
+from ..bench.shapes import STANDARD
+from ..tuning import families as _families
+from ..tuning import registry, validity
+from ..tuning.keys import ShapeKey, as_key
+from . import probes
 from .sweep import DEFAULT_ROUNDS, DEFAULT_WARMUP, TuneError, TuneResult, tune_key
 
 log = logging.getLogger(__name__)
@@ -25,8 +27,7 @@ _DEPENDS_ON = {"stack_bwd_fused": "stack_bwd_relay", "stack_compensated": "stack
 
 
 def default_keys() -> list[ShapeKey]:
-    """The shape keys of the SPEC §7 shapes S1-S4 (S1 and S3 share one)."""
-    from ..bench.shapes import STANDARD
+    """The shape keys of the docs/contract.md §8 shapes S1-S4 (S1 and S3 share one)."""
     keys = [s.tuning_key() for s in STANDARD.values()]
     return list(dict.fromkeys(keys))
 
@@ -49,7 +50,7 @@ def tune(keys=None, *, families: Iterable[str] | None = None, force: bool = Fals
          device_name: str | None = None, stop_on_error: bool = True) -> list[TuneResult]:
     """Sweep ``families`` (default: ``stack_fwd``, ``stack_bwd_relay``, ``stack_bwd_fused``,
     ``stack_compensated``)
-    for ``keys`` (``tuning.shape_key(...)`` values; default: S1-S4 of SPEC §7) on the
+    for ``keys`` (``tuning.shape_key(...)`` values; default: S1-S4 of docs/contract.md §8) on the
     local GPU, and record each result in the user's table (``persist``; else for
     this process only).  Covered keys are skipped unless ``force``.
 
@@ -60,12 +61,11 @@ def tune(keys=None, *, families: Iterable[str] | None = None, force: bool = Fals
     replaces ``probes.StackProbe`` (tests); results then go to ``device_name``,
     else to the probe's ``device_name``.
     """
-    from .probes import StackProbe, tuning_device
     keys = default_keys() if keys is None else list(dict.fromkeys(as_key(k) for k in keys))
     names = resolve_families(families)
-    make_probe = make_probe or StackProbe
-    if make_probe is StackProbe:
-        device = tuning_device(device)
+    make_probe = make_probe or probes.StackProbe
+    if make_probe is probes.StackProbe:
+        device = probes.tuning_device(device)
         device_name = device_name or validity.device_name(device)
     results: list[TuneResult] = []
     for key in keys:

@@ -28,14 +28,14 @@ import contextlib
 import torch
 
 from .. import config, reference
-from ..api import mixing_stack
 from ..bench import timing
 from ..bench.shapes import BenchShape, make_inputs
-from ..dispatch import dispatch_log
-from . import families, registry, validity
-from .keys import ShapeKey, as_key
+from ..dispatch.log import dispatch_log
+from ..functional import mixing_stack
+from ..tuning import families, registry, validity
+from ..tuning.keys import ShapeKey, as_key
 
-N_LAYERS = 4                  # SPEC §7 shapes; the key has no depth (every layer launches the same kernels)
+N_LAYERS = 4                  # docs/contract.md §8 shapes; the key has no depth (every layer launches the same kernels)
 PARTIAL_EDGES = 4099          # odd: no block size divides it
 TIMING_EDGES = 2 ** 18        # at S1's width (F * ROW = 640): ~50 waves of 64-row tiles on 132 SMs
 MIN_TIMING_EDGES = 2 ** 14

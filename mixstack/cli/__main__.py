@@ -1,0 +1,7 @@
+"""``python -m mixstack.cli``: the ``mixstack`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

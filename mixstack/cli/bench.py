@@ -1,0 +1,196 @@
+"""``mixstack bench``: time, peak memory and accuracy of each level, for the operator
+(``bench`` / ``bench stack``) or for a whole potential (``bench model``)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from .common import (
+    MODEL_OPTIONS,
+    announce,
+    command_line,
+    fancy_output,
+    has_rich,
+    positive,
+    print_table,
+    progress_bar,
+    write_results,
+)
+
+# A CPU run of more row-edges than this (E x F x ROW) at level 0 takes minutes: say so first.
+CPU_SLOW_ELEMENTS = 20_000_000
+
+
+def add_parser(sub) -> None:
+    b = sub.add_parser("bench", help="time, peak memory and accuracy of each level (docs/contract.md §8)",
+                       description="Benchmark the mixing stack. Without options: shapes S1-S4 and "
+                       "every level on a GPU; two small shapes at level 0 on a CPU (about a minute). "
+                       "`mixstack bench model`: energy+forces frames of an SO2Potential on diamond and "
+                       "bcc Cu cells of about 500, 2000 and 4400 atoms.")
+    b.add_argument("target", nargs="?", choices=("stack", "model"), default="stack",
+                   help="stack: the operator (default); model: a whole potential, energy + forces")
+    b.add_argument("--shape", action="append", metavar="ID",
+                   help="a standard shape: S1..S4 (GPU sizes) or C1, C4 (CPU sizes); repeatable")
+    b.add_argument("--edges", type=int, help="a custom shape with this many edges E")
+    b.add_argument("--focus", type=int, help="custom shape / model: focus streams F (default 2)")
+    b.add_argument("--focus-dim", type=int, help="custom shape / model: channels Cf (default 32)")
+    b.add_argument("--lmax", type=int, help="custom shape / model: lmax (default 3)")
+    b.add_argument("--layers", type=int, help="custom shape / model: n_layers (default 4)")
+    b.add_argument("--cell", action="append", metavar="NAME",
+                   help="model: diamond or cu-bcc; repeatable (default both)")
+    b.add_argument("--atoms", action="append", type=int, metavar="N",
+                   help="model: about N atoms per cell; repeatable (default 500, 2000, 4400 on a GPU)")
+    b.add_argument("--blocks", type=int, help="model: interaction blocks (default 2)")
+    b.add_argument("--cutoff", type=float, help="model: cutoff in Å (default 5)")
+    b.add_argument("--no-alpha", action="store_true", help="custom shape: apply_alpha=False")
+    b.add_argument("--levels", help="variants, comma-separated: 0 (eager), 0c (torch.compile), 1, 2, "
+                   "2f (level 2 with the fused backward forced), 3; "
+                   "model also 1c, 2c, 3c (that level under torch.compile)")
+    b.add_argument("--pass", dest="passes", action="append", metavar="PASS",
+                   help="fwd, bwd (backward alone) or both (fwd+bwd); repeatable or comma-separated "
+                        "(default: all three)")
+    b.add_argument("--repeats", type=int, help="timed rounds per pass")
+    b.add_argument("--warmup", type=int, help="untimed warm-up rounds per pass")
+    b.add_argument("--check-edges", type=int, help="edges checked against float64 (default 4096)")
+    b.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
+    b.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    b.add_argument("--quick", action="store_true", help="one shape, few rounds: a smoke run")
+    b.add_argument("--out", help="results folder (default results/bench-<date>-<device>/)")
+    b.add_argument("--no-plot", action="store_true", help="write JSON, Markdown and CSV only")
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def bench_config(args):
+    """The ``BenchConfig`` the parsed ``bench`` arguments ask for."""
+    from ..bench import counts, env, runner, shapes
+
+    device = env.resolve_device(args.device)
+    cfg = runner.default_config(device, quick=args.quick)
+    chosen = [shapes.shape_by_name(s) for s in args.shape or []]
+    if args.edges is not None:
+        positive("--edges", args.edges, allow_zero=True)
+        for opt in ("focus", "focus_dim", "layers"):
+            positive(f"--{opt.replace('_', '-')}", getattr(args, opt))
+        chosen.append(shapes.BenchShape("custom", args.edges, _or(args.focus, 2), _or(args.focus_dim, 32),
+                                        _or(args.lmax, 3), _or(args.layers, 4), not args.no_alpha))
+    if chosen:
+        cfg = replace(cfg, shapes=tuple(chosen))
+    if args.levels:
+        cfg = replace(cfg, variants=runner.parse_variants(args.levels), notes=())
+    if args.passes:
+        passes = [p.strip() for item in args.passes for p in item.split(",") if p.strip()]
+        bad = [p for p in passes if p not in counts.PASSES]
+        if bad:
+            raise ValueError(f"--pass takes {', '.join(counts.PASSES)}; got {', '.join(bad)}")
+        cfg = replace(cfg, passes=tuple(dict.fromkeys(passes)))
+    for option, field, value in (("--repeats", "rounds", args.repeats), ("--warmup", "warmup", args.warmup),
+                                 ("--check-edges", "check_edges", args.check_edges)):
+        if value is not None:
+            cfg = replace(cfg, **{field: positive(option, value, allow_zero=field == "warmup")})
+    return replace(cfg, seed=args.seed)
+
+
+def model_bench_config(args):
+    """The ``ModelBenchConfig`` the parsed ``bench model`` arguments ask for."""
+    from ..bench import model_bench
+
+    stack_only = [f"--{o}" for o, v in (("shape", args.shape), ("edges", args.edges),
+                                        ("pass", args.passes), ("check-edges", args.check_edges))
+                  if v is not None]
+    if stack_only or args.no_alpha:
+        raise ValueError(f"{', '.join(stack_only or ['--no-alpha'])}: options of `mixstack bench` "
+                         "(the operator), not of `mixstack bench model`")
+    cfg = model_bench.default_config(args.device, quick=args.quick)
+    model = dict(cfg.model)
+    for opt, key in MODEL_OPTIONS.items():
+        value = getattr(args, opt)
+        if value is not None:
+            model[key] = positive(f"--{opt.replace('_', '-')}", value)
+    if not 1 <= model["lmax"] <= 6:
+        raise ValueError(f"--lmax must be in 1..6, got {model['lmax']}")
+    cfg = replace(cfg, model=model, seed=args.seed)
+    if args.cell:
+        bad = [c for c in args.cell if c not in model_bench.CELLS]
+        if bad:
+            raise ValueError(f"--cell {', '.join(bad)}: unknown cell; use {', '.join(model_bench.CELLS)}")
+        cfg = replace(cfg, cells=tuple(dict.fromkeys(args.cell)))
+    if args.atoms:
+        positive("--atoms", min(args.atoms))
+        cfg = replace(cfg, atoms=tuple(dict.fromkeys(args.atoms)))
+    if args.levels:
+        cfg = replace(cfg, variants=model_bench.parse_variants(args.levels), notes=())
+    for option, field, value in (("--repeats", "rounds", args.repeats), ("--warmup", "warmup", args.warmup)):
+        if value is not None:
+            cfg = replace(cfg, **{field: positive(option, value, allow_zero=field == "warmup")})
+    return cfg
+
+
+def cpu_warnings(cfg, device) -> list[str]:
+    """Shapes that take minutes at level 0 on a CPU (the GPU sizes S1-S4 do)."""
+    if device.type != "cpu":
+        return []
+    return [f"{s.name} has {s.edges:,} edges: on a CPU each variant takes minutes at this size "
+            f"(the C1 and C4 shapes are the CPU sizes)"
+            for s in cfg.shapes if s.edges * s.focus * s.layout.row > CPU_SLOW_ELEMENTS]
+
+
+def run(args, argv=None) -> int:
+    if args.target == "model":
+        return _run_model(args, argv)
+    from ..bench import env, report, runner
+
+    cfg = bench_config(args)
+    keys, skipped = runner.plan(cfg)
+    device = env.resolve_device(cfg.device)
+    fancy = fancy_output()
+    print(f"mixstack bench on {device}: shapes {', '.join(s.name for s in cfg.shapes)}; "
+          f"variants {', '.join(runner.VARIANTS[k] for k in keys) or 'none'}; "
+          f"passes {', '.join(runner.PASS_LABELS[p] for p in cfg.passes)}; "
+          f"{cfg.rounds} rounds after {cfg.warmup} warm-up")
+    for line in cpu_warnings(cfg, device):
+        print(f"  warning: {line}")
+    if not announce("mixstack bench", keys, skipped, cfg.notes):
+        return 2
+    if sys.stdout.isatty() and not has_rich():
+        print("  (install mixstack[bench] for a progress bar)")
+    bar, step = progress_bar(runner.total_steps(cfg), fancy)
+    with bar:
+        record = runner.run_bench(cfg, on_step=step, command=command_line(argv))
+    print()
+    print("\n".join(report.header_lines(record)))
+    print_table(report.summary_rows(record), fancy)
+    for line in report.consistency_warnings(record):
+        print(f"  warning: {line}")
+    out = args.out or report.default_dir(record)
+    failed = [f"{v['variant']} on {s['name']}: {v['failed']}" for s in record["shapes"]
+              for v in s["variants"] if v["failed"]]
+    failed += [f"timing {p} on {s['name']}: {why}" for s in record["shapes"]
+               for p, why in s["failed_passes"].items()]
+    return write_results(report.write, record, out, args.no_plot, failed)
+
+
+def _run_model(args, argv) -> int:
+    from ..bench import env, model_bench, report
+
+    cfg = model_bench_config(args)
+    keys, skipped = model_bench.plan(cfg)
+    device = env.resolve_device(cfg.device)
+    names = model_bench.VARIANTS
+    print(f"mixstack bench model on {device}: cells {', '.join(cfg.cells)} at ~{', '.join(map(str, cfg.atoms))} "
+          f"atoms; variants {', '.join(names[k] for k in keys) or 'none'}; "
+          f"{cfg.rounds} rounds after {cfg.warmup} warm-up")
+    if not announce("mixstack bench model", keys, skipped, cfg.notes):
+        return 2
+    record = model_bench.run_model_bench(cfg, command=command_line(argv))
+    print("\n".join(report.header_lines(record)))
+    print(report.markdown_table(model_bench.summary_rows(record)), end="")
+    stamp = report.default_dir(record).name.replace("bench-", "bench-model-", 1)
+    out = args.out or Path("results") / stamp
+    failed = [f"{v['variant']} on {c['label']}: {v['failed']}" for c in record["cells"]
+              for v in c["variants"] if v["failed"]]
+    return write_results(model_bench.write, record, out, args.no_plot, failed)

@@ -1,0 +1,68 @@
+"""``mixstack freeze``: tune a potential's stack keys, export it and compile it with
+AOTInductor into a ``.pt2`` file that ``mixstack.load`` runs."""
+
+from __future__ import annotations
+
+from .common import MODEL_OPTIONS, existing_file
+
+
+def add_parser(sub) -> None:
+    fz = sub.add_parser("freeze", help="export a potential with AOTInductor into a .pt2 file (docs/contract.md §6)",
+                        description="Tune the model's mixing-stack keys on the local GPU (CUDA, level "
+                        ">= 2), then torch.export the energy, forces and stress and compile them with "
+                        "AOTInductor into a .pt2 that mixstack.load (or MixstackCalculator) runs. The "
+                        "model: a checkpoint written by SO2Potential.save, or a new one from the options.")
+    fz.add_argument("out", help="the .pt2 file to write")
+    fz.add_argument("--checkpoint", help="an SO2Potential.save file (default: a new model)")
+    fz.add_argument("--structure", default="diamond",
+                    help="example structure: diamond, cu-bcc, or a file ASE reads (default diamond)")
+    for opt, text in (("--lmax", "lmax (default 2)"), ("--focus-dim", "channels Cf (default 16)"),
+                      ("--focus", "focus streams (default 2)"), ("--layers", "stack layers (default 3)"),
+                      ("--blocks", "interaction blocks (default 2)")):
+        fz.add_argument(opt, type=int, help=f"new model: {text}")
+    fz.add_argument("--cutoff", type=float, help="new model: cutoff in Å (default 5)")
+    fz.add_argument("--float64", action="store_true", help="new model: float64 weights")
+    fz.add_argument("--seed", type=int, default=0, help="new model: initialisation seed (default 0)")
+    fz.add_argument("--device", help="where to trace and compile: cpu, cuda or cuda:N (default: cpu, or the checkpoint's)")
+    fz.add_argument("--no-tune", action="store_true", help="do not tune missing keys first")
+
+
+def _example(args):
+    """The example structure: a named cell, or a file ASE reads."""
+    if args.structure in ("diamond", "cu-bcc"):
+        from ..bench.model_bench import build_cell
+        return build_cell(args.structure, 16, seed=args.seed)
+    existing_file("--structure", args.structure)
+    try:
+        from ase.io import read
+    except ImportError as exc:
+        raise ImportError("reading a structure needs ASE; `pip install mixstack[potential]`") from exc
+    try:
+        return read(args.structure)
+    except Exception as exc:                 # ASE raises many types for a file it cannot parse
+        raise ValueError(f"--structure {args.structure}: ASE could not read it "
+                         f"({type(exc).__name__}: {exc})") from exc
+
+
+def run(args, argv=None) -> int:
+    import torch
+
+    from ..bench.env import resolve_device
+    from ..export import freeze
+    from ..potential import SO2Potential
+
+    device = None if args.device is None else resolve_device(args.device)
+    if args.checkpoint:
+        model = SO2Potential.load(existing_file("--checkpoint", args.checkpoint), device=device)
+    else:
+        kw = {key: getattr(args, opt) for opt, key in MODEL_OPTIONS.items()
+              if getattr(args, opt, None) is not None}
+        model = SO2Potential(**kw, seed=args.seed, device=device,
+                             dtype=torch.float64 if args.float64 else None)
+    example = _example(args)
+    print(f"mixstack freeze: {model.__class__.__name__}({model.extra_repr()}) on "
+          f"{next(model.parameters()).device}, example {example.get_chemical_formula()} "
+          f"({len(example)} atoms)")
+    path = freeze(model, example, args.out, tune=not args.no_tune, progress=lambda msg: print(f"  {msg}", flush=True))
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,116 @@
+"""``mixstack tune``: measure launch configs, the fused backward and the level-3 GEMMs
+on the local GPU and record them in the user's table."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import sys
+
+from .common import fancy_output, positive, print_table
+
+
+def add_parser(sub) -> None:
+    t = sub.add_parser("tune", help="measure launch configs and the fused backward on this GPU (docs/contract.md §5)",
+                       description="Sweep the tuning families for shape keys on the local GPU and "
+                       "record the results in the user's table (MIXSTACK_CACHE_DIR). Without options: "
+                       "the keys of S1-S4, every family; keys with an entry are skipped.")
+    t.add_argument("--shape", action="append", metavar="ID", help="a standard shape S1..S4; repeatable")
+    t.add_argument("--focus-dim", type=int, nargs="+", metavar="CF",
+                   help="custom keys: channels Cf (with --lmax); several values sweep every combination")
+    t.add_argument("--lmax", type=int, nargs="+", metavar="L", help="custom keys: lmax (with --focus-dim)")
+    t.add_argument("--focus", type=int, nargs="+", default=[2], metavar="F",
+                   help="custom keys: focus streams F (default 2)")
+    t.add_argument("--no-alpha", action="store_true", help="custom key: apply_alpha=False")
+    t.add_argument("--family", action="append", metavar="NAME",
+                   help="stack_fwd, stack_bwd_relay, stack_bwd_fused, stack_compensated; repeatable "
+                        "(default: all four)")
+    t.add_argument("--force", action="store_true", help="measure keys that already have an entry")
+    t.add_argument("--rounds", type=int, help="timed rounds (default 20)")
+    t.add_argument("--warmup", type=int, help="untimed warm-up rounds (default 2)")
+    t.add_argument("--margin", type=float, default=0.02,
+                   help="fraction a candidate must win by, beyond the baseline's spread (default 0.02)")
+    t.add_argument("--device", help="CUDA device (default: the current one)")
+
+
+def tune_keys(args) -> list | None:
+    """The shape keys the parsed ``tune`` arguments ask for (``None``: the default S1-S4)."""
+    from .. import tuning
+    from ..bench import shapes
+
+    keys = [shapes.shape_by_name(name).tuning_key() for name in args.shape or []]
+    if (args.focus_dim is None) != (args.lmax is None):
+        raise ValueError("a custom key needs both --focus-dim and --lmax")
+    for cf, lmax, focus in itertools.product(args.focus_dim or (), args.lmax or (), args.focus):
+        keys.append(tuning.shape_key(focus_dim=cf, lmax=lmax, n_focus=focus, apply_alpha=not args.no_alpha))
+    return keys or None                              # repeated keys: the sweep measures each once
+
+
+def _progress(enabled: bool):
+    """A rich progress bar (one line per family and key) and its callback; no-ops when disabled."""
+    if not enabled:
+        return contextlib.nullcontext(), None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    bar = Progress(TextColumn("{task.description:<58}"), BarColumn(), MofNCompleteColumn(),
+                   TimeRemainingColumn())
+    tasks = {}
+
+    def step(ev):
+        desc = f"{ev.family} {ev.key.short()}: {ev.candidate}"
+        if (ev.family, ev.key) not in tasks:
+            tasks[(ev.family, ev.key)] = bar.add_task(desc, total=ev.total)
+        bar.update(tasks[(ev.family, ev.key)], completed=ev.done, total=ev.total, description=desc)
+    return bar, step
+
+
+def tune_rows(results) -> list[dict]:
+    """The summary table of ``mixstack tune``: one row per family and key."""
+    from ..tuning.families import family, label
+    rows = []
+    for r in results:
+        base, win = r.baseline_ms, r.winner_ms
+        if r.status in ("failed", "not-run", "no-candidates"):
+            entry = ""
+        else:
+            entry = label(r.config) if r.config is not None else f"None ({family(r.family).baseline_name})"
+        rows.append({
+            "family": r.family, "key": r.key.short(), "status": r.status, "entry": entry,
+            "baseline ms": "" if base is None else f"{base:.3f}",
+            "winner ms": "" if win is None else f"{win:.3f}",
+            "speedup": "" if base is None or win is None else f"{base / win:.3f}x",
+            "skipped": len(r.skipped) or "", "rejected": len(r.rejected) or "",
+        })
+    return rows
+
+
+def run(args, argv=None) -> int:
+    from .. import tuner, tuning
+    from ..tuner import probes, sweep
+    from ..tuning import store
+
+    keys = tune_keys(args)
+    names = tuner.resolve_families(args.family)
+    positive("--rounds", args.rounds)
+    positive("--warmup", args.warmup, allow_zero=True)
+    device = probes.tuning_device(args.device)
+    dev_name = tuning.device_name(device)
+    shown = keys or tuner.default_keys()
+    print(f"mixstack tune on {dev_name}: {len(shown)} key(s) ({'; '.join(k.short() for k in shown)}); "
+          f"families {', '.join(names)}; results in {store.user_path(dev_name)}")
+    fancy = fancy_output()
+    bar, step = _progress(fancy)
+    with bar:
+        results = tuner.tune(keys, families=names, force=args.force,
+                             rounds=args.rounds or sweep.DEFAULT_ROUNDS,
+                             warmup=sweep.DEFAULT_WARMUP if args.warmup is None else args.warmup,
+                             margin=args.margin, device=device, progress=step, stop_on_error=False)
+    print()
+    if results:
+        print_table(tune_rows(results), fancy)
+    for r in results:
+        for lab, why in {**r.skipped, **r.rejected}.items():
+            print(f"  note: {r.family} {r.key.short()}: {lab}: {why}")
+    failed = [r for r in results if r.status == "failed"]
+    for r in failed:
+        print(f"FAILED {r.family} {r.key.short()}: {r.error}", file=sys.stderr)
+    return 1 if failed else 0

@@ -1,0 +1,63 @@
+"""The guards that decide whether the Triton levels can run a call.
+
+A call runs the kernels when Triton is installed (Linux), its tensors are on
+CUDA (or on any device under ``TRITON_INTERPRET=1``), are float32, and its ``focus_dim`` is a multiple of 16
+up to 128 (docs/contract.md §3); anything else falls back to the reference,
+with a one-time warning that says why.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+from .. import config
+from ..layout import StackLayout
+from . import levels
+from .log import warn_once
+
+log = logging.getLogger(__name__)
+
+MAX_FOCUS_DIM = 128
+
+
+@functools.cache
+def triton_installed() -> bool:
+    """Whether Triton can be imported (it ships for Linux only; elsewhere: level 0)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def kernels_can_run(t: torch.Tensor) -> bool:
+    """Triton kernels run on CUDA tensors, or on any tensor under the interpreter."""
+    return triton_installed() and (t.device.type == "cuda" or config.triton_interpret())
+
+
+def unsupported_reason(layout: StackLayout, dtype: torch.dtype) -> str | None:
+    """Why the Triton levels cannot run this shape/dtype, or ``None`` if they can."""
+    if dtype != torch.float32:
+        return f"the Triton levels run float32 only, got {dtype}"
+    cf = layout.focus_dim
+    if cf % 16 != 0 or cf > MAX_FOCUS_DIM:
+        return f"the Triton levels need focus_dim a multiple of 16 up to {MAX_FOCUS_DIM}, got {cf}"
+    return None
+
+
+def forward_level(u0: torch.Tensor, layout: StackLayout) -> int:
+    """The level this forward call runs at: the requested one, or 0 if it cannot run."""
+    level = levels.get_level()
+    if level == 0:
+        return 0
+    if not kernels_can_run(u0):
+        return 0
+    reason = unsupported_reason(layout, u0.dtype)
+    if reason is not None:
+        warn_once(f"unsupported:{reason}", f"mixstack: falling back to the reference: {reason}")
+        log.debug("level %d falls back to the reference: %s", level, reason)
+        return 0
+    return level

@@ -1,0 +1,50 @@
+"""The log of the paths that ran, and one-time warnings for fallbacks.
+
+Path names (docs/contract.md §2): ``fwd:reference``, ``fwd:triton``,
+``fwd:compensated``, ``bwd:reference``, ``bwd:relay``, ``bwd:fused``,
+``bwd:compensated``; ``cfg:<family>`` where a tuned launch config ran.
+Nothing is logged while a compiler traces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from collections import Counter
+
+import torch
+
+_logs: list[Counter] = []
+_logs_lock = threading.Lock()
+_warned: set[str] = set()
+
+
+@contextlib.contextmanager
+def dispatch_log():
+    """Collect the paths that run inside the block into a ``collections.Counter``."""
+    counter: Counter = Counter()
+    with _logs_lock:
+        _logs.append(counter)
+    try:
+        yield counter
+    finally:
+        with _logs_lock:
+            _logs.remove(counter)
+
+
+def record(path: str) -> None:
+    """Count one run of ``path`` in every open ``dispatch_log``."""
+    if torch.compiler.is_compiling():
+        return
+    with _logs_lock:
+        for counter in _logs:
+            counter[path] += 1
+
+
+def warn_once(key: str, message: str) -> None:
+    """A fallback the user can act on: warn the first time only."""
+    if key in _warned or torch.compiler.is_compiling():
+        return
+    _warned.add(key)
+    warnings.warn(message, stacklevel=4)

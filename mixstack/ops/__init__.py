@@ -1,0 +1,12 @@
+"""The stack as operators: launch configs, launchers, and the ``torch.library`` ops.
+
+| module | what |
+|---|---|
+| ``configs`` | level-1 launch configs and the per-kernel rules (no tables) |
+| ``launchers`` | allocate the surfaces and launch the kernels of one forward / backward |
+| ``stack`` | ``mixstack::stack_forward`` / ``stack_backward`` (``triton_op``) and their autograd |
+
+Importing ``mixstack.ops.stack`` registers the operators; nothing here is
+imported at package import so that ``mixstack.tuning`` can read ``configs``
+without pulling in the operators that read the tables.
+"""

@@ -1,0 +1,117 @@
+"""Launch configs of the stack's kernels: the level-1 defaults and the per-kernel
+rules that pick a config from the layout.
+
+One place for every launch config that is not a tuned table entry (tables live
+in ``mixstack.tuning``; tuned configs override the GEMM and fused configs here
+at level >= 2).  Each constant carries the measurement that chose it.
+"""
+
+from __future__ import annotations
+
+from ..layout import StackLayout, next_power_of_2
+
+# Level-1 launch configs: conservative, spill-free on every supported shape.
+# (64, 64, 32, 4 warps, 3 stages) with a pipelined K loop ran an ieee block
+# GEMM of this shape at ~42 TFLOP/s on an H200 (BENCHMARKS.md, Floors and ceilings), and
+# beat (64,128,4,3), (128,64,8,3), (64,64,4,4), (128,128,8,2), (32,64,4,3) on
+# the whole S1/S2 stack (H200, 2026-11-30).  The K tile is 32 wide (16 where
+# Cf is not a multiple of 32): at S4 (Cf = 64) a 64-wide K tile with 8 warps
+# took 35.6 ms for fwd+bwd against 30.3 ms (H200, 2026-11-30).
+GEMM_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+ALPHA_GRAD_CONFIG = {"BLOCK_R": 32, "BLOCK_C": 64, "num_warps": 4}
+
+
+def block_k(layout: StackLayout) -> int:
+    """The default K tile: it divides Cf, so K runs over whole subtiles in
+    degree order and the loop needs no mask."""
+    return 32 if layout.focus_dim % 32 == 0 else 16
+
+
+def gemm_block_k(layout: StackLayout, cfg: dict) -> int:
+    """The K tile of a GEMM launch: always ``block_k``.  It fixes the order of the K sum
+    (the degree order of ``kernels.degree_order``, which the compensated loop walks too), so a launch
+    config that asks for another one is refused rather than allowed to change results."""
+    exact = block_k(layout)
+    if cfg.get("BLOCK_K", exact) != exact:
+        raise ValueError(f"the GEMM's K tile is fixed at {exact} for Cf = {layout.focus_dim} (it sets "
+                         f"the order of the K sum); a launch config asked for BLOCK_K = {cfg['BLOCK_K']}")
+    return exact
+
+
+def default_gemm_config(layout: StackLayout) -> dict:
+    """The level-1 GEMM launch config for this layout."""
+    return dict(GEMM_CONFIG, BLOCK_K=block_k(layout))
+
+
+def fused_supported(layout: StackLayout) -> bool:
+    """The fused backward's regime: Cf a power of two whose subtile fits one
+    register tile of the gate (16, 32 or 64)."""
+    return layout.focus_dim in (16, 32, 64)
+
+
+def gate_config(layout: StackLayout, backward: bool = False) -> dict:
+    """Launch config of the gate kernel (forward/recompute) or its backward.
+
+    Measured on an H200 (2026-11-30; S1, S2, S4; BLOCK_M/warps in {16, 32, 64,
+    128} x {4, 8}): the forward gate is flat within 5% across configs, 32 rows
+    x 4 warps among the best everywhere; the pointwise backward is best at 32
+    rows x 4 warps for Cf = 32 (0.91 ms at S1 against 1.31 for 32 x 8) and 64
+    rows x 4 warps for Cf = 64 (1.24 ms at S4 against 1.62-1.82).  A 128-wide
+    tile takes 16 rows x 8 warps (spill-free in the sm_90 ptxas report; not
+    timed).  Unrolling the degree loop spilled 116-224 registers at Cf = 64.
+    Compiled offline for sm_90 (``mixstack.resources``) by Triton 3.6 (the
+    H200's) and 3.7, the Cf = 64 backward config (64 x 4) takes 255 registers
+    and spills 392 bytes: it was timed fastest all the same.
+
+    At lmax <= 2 the degree loop runs once or twice, and with 64 x 4 (32 x 4 in the
+    forward) ptxas gives up on registers: 32 of them and a 3.6-9.6 KB stack frame per
+    thread (the pointwise kernel at lmax 1, the forward gate at lmax 2; Cf 48 and 64,
+    both levels, Triton 3.6 and 3.7; ``tests/test_resources.py``).  The H200 sweep saw
+    it: Cf 64, F 2, lmax 1's relay took 33.4 ms on the tuner's set against 12.5 at
+    lmax 2, a layout with over twice its GEMM FLOPs.  32 x 8 compiles there without
+    spills (up to 158 registers), so lmax <= 2 takes it (not yet timed on a GPU).
+    Widths above 64 are not cured by any config tried (16-64 rows, 4-8 warps) at lmax 1.
+    """
+    cp = next_power_of_2(layout.focus_dim)
+    if cp > 64:
+        return {"BLOCK_M": 16, "num_warps": 8, "num_stages": 1}
+    if cp == 64 and layout.lmax <= 2:
+        return {"BLOCK_M": 32, "num_warps": 8, "num_stages": 1}
+    rows = 64 if backward and cp == 64 else 32
+    return {"BLOCK_M": rows, "num_warps": 4, "num_stages": 1}
+
+
+def pointwise_recomputes_gate(layout: StackLayout, compensated: bool = False) -> bool:
+    """Whether the relay's pointwise kernel forms the gate sigmoids itself (in registers,
+    from ``s`` and ``gw``) instead of a gate launch writing a sigmoid surface ``(F, E, G)``
+    for it to read.  Both give the same bits (one helper, ``gate.gate_sigmoids``).
+
+    Measured on an H200 in the whole backward, both ways in one run
+    (``scripts/probe_relay_policy.py``, 2026-12-01), ms: exact, S1 9.59 folded against
+    9.63, S3 20.20 against 20.42, S4 **18.84** against 16.29 (the folded kernel spills
+    at Cf 64); level 3, S1 **6.93** against 6.72, S3 **13.47** against 13.16, S4 8.75
+    against 8.72.  So: folded exact where Cf <= 32 (as fast, one surface fewer), never
+    at level 3.  (One layer alone, ``probe_backward.py`` had the level-3 fold 0.2 ms a
+    layer ahead: alone, each launch meets a cold L2; in the stack the gate launch's
+    sigmoids are still in L2 when the pointwise kernel reads them.)"""
+    return not compensated and next_power_of_2(layout.focus_dim) <= 32
+
+
+def pointwise_config(layout: StackLayout) -> dict:
+    """Launch config of the relay's pointwise kernel: ``gate_config``'s backward rows,
+    at every level.
+
+    What level 3's split fp16 gate products bought in the backward, per gated layer on
+    an H200 (``probe_backward.py``, 2026-12-01; ms, exact -> split): the gate launch
+    0.385 -> 0.388 at the S1 key, 0.598 -> 0.471 at lmax 6, 0.504 -> 0.361 at Cf 64; the
+    pointwise kernel 0.844 -> 0.774, 1.199 -> 1.061, 1.002 -> 0.797.  With the sigmoids
+    folded in (not shipped, see ``pointwise_recomputes_gate``) the split products
+    wanted 64 rows at Cf <= 32 and 32 rows at Cf 64 (0.94 and 0.96 ms, against 1.30
+    and 1.51 on the rows here)."""
+    return gate_config(layout, backward=True)
+
+
+# Persistent programs of the fused backward per SM: each owns a scratch of
+# BLOCK_M x segment floats (~25 MB in all at S1 with 64 rows), L2-resident.
+FUSED_PROGRAMS_PER_SM = 4
+INTERPRETER_PROGRAMS = 3      # few programs under the interpreter: the persistent loop is exercised
