@@ -33,10 +33,11 @@ def require_extra(module: str, extra: str = "bench"):
                           f"`pip install mixstack[{extra}]`") from exc
 
 
-def default_dir(record: dict, base: str | os.PathLike = "results") -> Path:
-    """``results/bench-<date>-<device>/``: the default results folder of a run."""
-    stamp = _dt.datetime.fromisoformat(record["env"]["date"]).strftime("%Y%m%d-%H%M%S")
-    return Path(base) / f"bench-{stamp}-{device_slug(record['env']['device'])}"
+def default_dir(record: dict, base: str | os.PathLike = "results", purpose: str = "bench") -> Path:
+    """``results/<date>-<device>-<purpose>/`` (the naming of ``results/``), the date with the
+    time of day so that two runs on one day do not overwrite each other."""
+    stamp = _dt.datetime.fromisoformat(record["env"]["date"]).strftime("%Y-%m-%d-%H%M%S")
+    return Path(base) / f"{stamp}-{device_slug(record['env']['device'])}-{purpose}"
 
 
 def _num(x: float) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 from .common import (
     MODEL_OPTIONS,
@@ -57,7 +56,7 @@ def add_parser(sub) -> None:
     b.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     b.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     b.add_argument("--quick", action="store_true", help="one shape, few rounds: a smoke run")
-    b.add_argument("--out", help="results folder (default results/bench-<date>-<device>/)")
+    b.add_argument("--out", help="results folder (default results/<date>-<device>-bench/)")
     b.add_argument("--no-plot", action="store_true", help="write JSON, Markdown and CSV only")
 
 
@@ -189,8 +188,7 @@ def _run_model(args, argv) -> int:
     record = model_bench.run_model_bench(cfg, command=command_line(argv))
     print("\n".join(report.header_lines(record)))
     print(report.markdown_table(model_bench.summary_rows(record)), end="")
-    stamp = report.default_dir(record).name.replace("bench-", "bench-model-", 1)
-    out = args.out or Path("results") / stamp
+    out = args.out or report.default_dir(record, purpose="bench-model")
     failed = [f"{v['variant']} on {c['label']}: {v['failed']}" for c in record["cells"]
               for v in c["variants"] if v["failed"]]
     return write_results(model_bench.write, record, out, args.no_plot, failed)
