@@ -115,3 +115,36 @@ def pointwise_config(layout: StackLayout) -> dict:
 # BLOCK_M x segment floats (~25 MB in all at S1 with 64 rows), L2-resident.
 FUSED_PROGRAMS_PER_SM = 4
 INTERPRETER_PROGRAMS = 3      # few programs under the interpreter: the persistent loop is exercised
+
+
+# Weight gradients (``kernels.wgrad``).  The chunk of edges each program sums and the edges per
+# K step set the order of the sum, so they are constants, never tuned (a tuned config changes
+# BLOCK_M / BLOCK_N / warps / stages only): level 2 keeps level 1's bits.  2048 edges per
+# chunk keep ~3800 programs busy at S1 (147 chunks x 13 output tiles x 2 focus streams) with a
+# partial-sum buffer of 126 MB, added in chunk order by ``chunk_sum_kernel``; not yet timed on
+# a GPU against other chunk sizes.
+WGRAD_CHUNK = 2048
+WGRAD_BLOCK_K = 32
+WGRAD_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+GATE_WGRAD_CHUNK = 512
+CHUNK_SUM_BLOCK = 1024
+
+
+def default_wgrad_config(layout: StackLayout) -> dict:
+    """The level-1 launch config of the block-weight reductions (``WGRAD_CONFIG``: the forward
+    GEMM's tile, the same reasoning about registers; K runs over edges, ``WGRAD_BLOCK_K``)."""
+    return dict(WGRAD_CONFIG)
+
+
+def training_pointwise_config(layout: StackLayout) -> dict:
+    """Launch config of the double backward's tangent kernel and of the gate weight-gradient
+    kernel (``BLOCK_M`` is also the gate reduction's K step, so it depends on the layout only).
+    They hold about twice the relay pointwise kernel's tiles (the tangent rows beside the
+    primal ones), so they take half its rows at Cf 64 and wider; not yet timed on a GPU."""
+    cp = next_power_of_2(layout.focus_dim)
+    if cp > 64:
+        return {"BLOCK_M": 16, "num_warps": 8, "num_stages": 1}
+    if cp == 64:
+        return {"BLOCK_M": 16, "num_warps": 4, "num_stages": 1}
+    return {"BLOCK_M": 32, "num_warps": 4, "num_stages": 1}
+
