@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
     t.add_argument("--no-alpha", action="store_true", help="custom key: apply_alpha=False")
     t.add_argument("--family", action="append", metavar="NAME",
                    help="stack_fwd, stack_bwd_relay, stack_bwd_fused, stack_compensated; repeatable "
-                        "(default: all four)")
+                        "(default: those four); the training families stack_wgrad and "
+                        "stack_wgrad_compensated run only when named")
     t.add_argument("--force", action="store_true", help="measure keys that already have an entry")
     t.add_argument("--rounds", type=int, help="timed rounds (default 20)")
     t.add_argument("--warmup", type=int, help="untimed warm-up rounds (default 2)")

@@ -209,6 +209,8 @@ def _setup_context(ctx, inputs, output):
     ctx.params = dict(lmax=lmax, focus_dim=focus_dim, apply_alpha=apply_alpha)
     ctx.shape = (inputs[0].shape[1], inputs[0].shape[0], inputs[0].shape[2])
     ctx.level = level
+    if not apply_alpha:                  # y is an empty placeholder without alpha
+        ctx.mark_non_differentiable(y)
     ctx.set_materialize_grads(False)
 
 
@@ -246,6 +248,8 @@ def _backward(ctx, grad_out, grad_z, grad_y):
         grad_out = z.new_zeros(ctx.shape)
     elif grad_out.stride(-1) != 1:       # a broadcast over F (stride 0) is read in place
         grad_out = grad_out.contiguous()
+    if grad_y is not None and not p["apply_alpha"]:
+        grad_y = None
     weights = _weights_wanted(ctx, (w0, w1, gw))
     sources = grad_z is not None or grad_y is not None
     if weights and u0 is None:           # not reachable: u0 is saved whenever a weight requires grad

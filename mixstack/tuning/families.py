@@ -205,9 +205,11 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
 )}
 
 # The order a full sweep runs in: the fused backward is measured against the
-# relay as tuned, so the relay's GEMMs are tuned first.
-SWEEP_ORDER = ("stack_fwd", "stack_bwd_relay", "stack_bwd_fused", "stack_compensated", "stack_wgrad",
-               "stack_wgrad_compensated")
+# relay as tuned, so the relay's GEMMs are tuned first.  The training families (weight
+# reductions) are swept only on request (``mixstack tune --family stack_wgrad``): inference
+# and freezing never run them.
+SWEEP_ORDER = ("stack_fwd", "stack_bwd_relay", "stack_bwd_fused", "stack_compensated")
+TRAINING_FAMILIES = ("stack_wgrad", "stack_wgrad_compensated")
 
 
 def family(name: str) -> Family:
