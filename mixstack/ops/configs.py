@@ -139,12 +139,11 @@ def default_wgrad_config(layout: StackLayout) -> dict:
 def training_pointwise_config(layout: StackLayout) -> dict:
     """Launch config of the double backward's tangent kernel and of the gate weight-gradient
     kernel (``BLOCK_M`` is also the gate reduction's K step, so it depends on the layout only).
-    They hold about twice the relay pointwise kernel's tiles (the tangent rows beside the
-    primal ones), so they take half its rows at Cf 64 and wider; not yet timed on a GPU."""
-    cp = next_power_of_2(layout.focus_dim)
-    if cp > 64:
-        return {"BLOCK_M": 16, "num_warps": 8, "num_stages": 1}
-    if cp == 64:
+    They hold about twice the relay pointwise kernel's tiles (the tangent rows beside the primal
+    ones).  Compiled offline for sm_90 (Triton 3.7, ``compiler_report``; not yet timed on a GPU):
+    at Cf 32, 32 rows x 4 warps took 229 / 255 registers (two programs per SM), 16 x 4 takes
+    128 / 168 without spills; at Cf 64, 16 x 4 spilled ~300 bytes, 16 x 8 takes 162-251 registers
+    without spills at lmax 1-6; at Cf 128 every config tried spills (like the relay's kernels)."""
+    if next_power_of_2(layout.focus_dim) <= 32:
         return {"BLOCK_M": 16, "num_warps": 4, "num_stages": 1}
-    return {"BLOCK_M": 32, "num_warps": 4, "num_stages": 1}
-
+    return {"BLOCK_M": 16, "num_warps": 8, "num_stages": 1}

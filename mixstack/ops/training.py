@@ -77,24 +77,33 @@ class _Reductions:
         wrap_triton(chunk_sum_kernel)[grid](part, out0, out1, chunks, layer, self.n_focus,
                                             SIZE=size, SPLIT=split, BLOCK=CHUNK_SUM_BLOCK)
 
-    def blocks(self, a, a_layer, b, dw0, dw1, layer, *, b_edge_major=False, alpha=None):
+    def blocks(self, a, a_layer, b, dw0, dw1, layer, *, b_edge_major=False):
         """``dw0[layer], dw1[layer] = A^T B`` over the edges, per block: ``A`` focus-major
         ``(n, F, E, ROW)`` read at ``a_layer``; ``B`` focus-major ``(F, E, ROW)`` or edge-major
-        (unit column stride), times ``alpha`` where given."""
+        (unit column stride)."""
         lay, cfg = self.layout, self.cfg
         bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
         tiles = (triton.cdiv(lay.m0, bm) * triton.cdiv(lay.m0, bn)
                  + triton.cdiv(lay.m1, bm) * triton.cdiv(lay.m1, bn))
         wrap_triton(wgrad_kernel)[(self.chunks * tiles, self.n_focus)](
-            self.part, a, b, a if alpha is None else alpha,                 # a: an unused pointer
-            a_layer, self.n_edges, self.n_focus,
+            self.part, a, b, a_layer, self.n_edges, self.n_focus,
             b.stride(0) if b_edge_major else 0, b.stride(1) if b_edge_major else 0,
             LMAX=lay.lmax, CF=lay.focus_dim, CHUNK=WGRAD_CHUNK,
-            B_EDGE_MAJOR=b_edge_major, ALPHA_ON_B=alpha is not None, COMPENSATED=self.plan.compensated,
+            B_EDGE_MAJOR=b_edge_major, COMPENSATED=self.plan.compensated,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=WGRAD_BLOCK_K,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
         self._sum(self.part, self.chunks, self.size, lay.m0 ** 2, dw0, dw1, layer)
+
+    def top(self, a, a_layer, grad_out, alpha, dw0, dw1, layer):
+        """The identity layer's ``dw = A^T (grad_out * alpha)`` from the edge-major incoming
+        gradient: read in place without alpha; scaled into a transient focus-major surface with
+        it (scaling inside the reduction spilled, ``wgrad.wgrad_kernel``)."""
+        if alpha is None:
+            self.blocks(a, a_layer, grad_out, dw0, dw1, layer, b_edge_major=True)
+        else:
+            g = (grad_out * alpha.unsqueeze(-1)).transpose(0, 1).contiguous()
+            self.blocks(a, a_layer, g, dw0, dw1, layer)
 
     def gate(self, h, h_layer, z, gw, dgw, layer, zd=None):
         """``dgw[layer] = s^T gl`` over the edges (``zd``: the double backward's ``z_dot``, adding
@@ -163,12 +172,10 @@ def backward_with_weights(grad_out, y, z, u0, alpha, w0, w1, gw, layout: StackLa
         def input_of(k):
             return (u0, 0) if k == 0 else (inputs, k - 1)
 
-        a, a_layer = input_of(n_gated)
         if g_top is None:
-            red.blocks(a, a_layer, grad_out, dw0, dw1, n_gated, b_edge_major=True,
-                       alpha=alpha if apply_alpha else None)
+            red.top(*input_of(n_gated), grad_out, alpha if apply_alpha else None, dw0, dw1, n_gated)
         else:
-            red.blocks(a, a_layer, g_top, dw0, dw1, n_gated)
+            red.blocks(*input_of(n_gated), g_top, dw0, dw1, n_gated)
 
         def on_gz(k, h, gz):
             red.gate(h, 0, z, gw, dgw, k)
@@ -245,8 +252,8 @@ def double_backward(v, w, grad_out, y, z, chain, alpha, w0, w1, gw, layout: Stac
                          out=d_grad_out, y=y_dot, alpha=alpha if apply_alpha else None, alpha_on_out=apply_alpha,
                          out_edge_major=True, split=split)
     if weights:
-        red.blocks(u_dot, 0, grad_out, dw0, dw1, n_gated, b_edge_major=True,
-                   alpha=alpha if apply_alpha else None)
+        del z_dot, gz, sg
+        red.top(u_dot, 0, grad_out, alpha if apply_alpha else None, dw0, dw1, n_gated)
     if apply_alpha:
         acfg = ALPHA_GRAD_CONFIG
         n_rows = n_edges * n_focus
