@@ -3,10 +3,11 @@
 ``mixing_stack`` is the operator of docs/contract.md §1 written with ordinary tensor ops,
 for any float dtype and device, differentiable to any order by autograd.
 ``forward`` also returns the gated pre-activations ``z`` that the accelerated
-backward reads, and ``backward`` spells out the first-order gradients of
-docs/contract.md §1 from those saved values.  ``backward`` is itself made of ordinary ops,
-so autograd differentiates it again: it is the differentiable fallback the
-custom operator uses for weight gradients and for double backward.
+backward reads, ``backward`` spells out the first-order gradients of
+docs/contract.md §1 from those saved values, and ``double_backward`` the derivative of
+that backward (docs/contract.md §1, "Double backward").  Both are made of ordinary ops, so
+autograd differentiates them again: they are the custom operators' CPU branches and the
+differentiable fallbacks of the guards of docs/contract.md §4 ("Training").
 """
 
 from __future__ import annotations

@@ -6,12 +6,16 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,tune,stack,model,probes (default: tests,stack,model) picks what runs, in that order;
+#   PARTS=tests,tune,stack,model,train,probes (default: tests,stack,model) picks what runs, in that order;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it);
 #   TUNE_SECONDS caps the sweep so that later parts keep time (a key whose sweep is cut
 #   off is left uncovered; finished keys are already written).
 #   MODEL_ARGS replaces the model bench's default arguments (--levels 0c,0,1c,2c,3c).
+#   "train" runs `mixstack bench train` (a force-matching training step: the stack at S1-S4,
+#   the potential at ~500 and ~2000 atoms, L0 eager and compiled, L1-L3); TRAIN_ARGS replaces
+#   its arguments.  Level 3 of the weight reductions needs stack_wgrad_compensated entries:
+#   run "tune" first with TUNE_ARGS="--shape S1 --shape S2 --shape S4 --family stack_wgrad_compensated".
 #   Wheels under .whl/ (ase, vesin for a machine without them) are installed
 #   into /tmp/site first.  "probes": PROBES, ';'-separated scripts/ commands
 #   (default: the compiled baseline's force-error bisect, then the memory at the
@@ -70,6 +74,11 @@ part_model() {
   timeout "$(left)" python3 -m mixstack bench model ${MODEL_ARGS:---levels 0c,0,1c,2c,3c} --out "$OUT/model" 2>&1 | tee "$OUT/model.log" | tail -n 20
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench model rc=$r")
 }
+part_train() {
+  mkdir -p "$OUT/train"
+  timeout "$(left)" python3 -m mixstack bench train ${TRAIN_ARGS:-} --out "$OUT/train" 2>&1 | tee "$OUT/train.log" | tail -n 30
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench train rc=$r")
+}
 part_probes() {
   local probes probe name
   IFS=';' read -r -a probes <<< "${PROBES:-probe_inductor.py cu-bcc 500;probe_memory.py cu-bcc 4400}"
@@ -84,9 +93,9 @@ part_probes() {
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|model|probes) "part_$part" ;;
+    tests|tune|model|train|probes) "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, stack, model, probes)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, stack, model, train, probes)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

@@ -138,13 +138,15 @@ def stack_backward(grad_out: Tensor, y: Tensor, z: Tensor, alpha: Tensor, w0: Te
 @triton_op("mixstack::stack_double_backward", mutates_args=())
 def stack_double_backward(v: Optional[Tensor], w: Optional[Tensor], grad_out: Tensor, y: Tensor, z: Tensor,
                           chain: Tensor, alpha: Tensor, w0: Tensor, w1: Tensor, gw: Tensor, lmax: int,
-                          focus_dim: int, apply_alpha: bool, level: int,
-                          weights: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                          focus_dim: int, apply_alpha: bool, level: int, weights: bool,
+                          need_grad_out: bool = True,
+                          need_alpha: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The derivative of ``stack_backward``: the gradients of ``<grad_u0, v> + <grad_alpha, w>`` with
     respect to ``grad_out``, ``y``, ``z``, ``alpha`` and (with ``weights``) the weights,
     ``(d_grad_out, d_y, d_z, d_alpha, d_w0, d_w1, d_gw)``; what does not exist is empty
-    (``d_y`` without alpha or ``w``, ``d_alpha`` without alpha, the weights' without ``weights``).
-    ``chain``: ``stack_backward``'s (empty: recomputed)."""
+    (``d_y`` without alpha or ``w``, ``d_alpha`` without alpha or ``need_alpha``, ``d_grad_out``
+    without ``need_grad_out``, the weights' without ``weights``).  ``chain``: ``stack_backward``'s
+    (empty: recomputed)."""
     layout = StackLayout(lmax, focus_dim)
     if _kernels_for(grad_out, layout):
         n_focus = grad_out.shape[1]
@@ -154,11 +156,14 @@ def stack_double_backward(v: Optional[Tensor], w: Optional[Tensor], grad_out: Te
         record("bwd2:compensated" if compensated else "bwd2:triton")
         plan = _wgrad_plan(grad_out, n_focus, layout, apply_alpha, level) if weights else None
         return training.double_backward(v, w, grad_out, y, z, chain, alpha, w0, w1, gw, layout, apply_alpha,
-                                        gemm_cfg, plan, compensated)
+                                        gemm_cfg, plan, compensated, need_grad_out=need_grad_out,
+                                        need_alpha=need_alpha)
     record("bwd:reference")
-    outs = reference.double_backward(v, w, grad_out, y, z, alpha, w0, w1, gw, lmax=lmax, focus_dim=focus_dim,
-                                     apply_alpha=apply_alpha, chain=chain if chain.numel() else None,
-                                     weights=weights)
+    outs = list(reference.double_backward(v, w, grad_out, y, z, alpha, w0, w1, gw, lmax=lmax, focus_dim=focus_dim,
+                                          apply_alpha=apply_alpha, chain=chain if chain.numel() else None,
+                                          weights=weights))
+    outs[0] = outs[0] if need_grad_out else None
+    outs[3] = outs[3] if need_alpha else None
     return tuple(grad_out.new_empty((0,)) if t is None else t.contiguous() for t in outs)
 
 
@@ -307,7 +312,7 @@ def _double_backward(ctx, v, w, *_):
             grad_out = grad_out.contiguous()
         outs = torch.ops.mixstack.stack_double_backward(
             v, w, grad_out, y, z, chain, alpha, w0, w1, gw, p["lmax"], p["focus_dim"], p["apply_alpha"],
-            ctx.level, weights)
+            ctx.level, weights, ctx.needs_input_grad[0], ctx.needs_input_grad[3])
         outs = tuple(None if t.numel() == 0 and t.dim() == 1 and t.shape[0] == 0 else t for t in outs)
     d_grad_out, d_y, d_z, d_alpha, dw0, dw1, dgw = outs
     grads = (d_grad_out, d_y, d_z, d_alpha if p["apply_alpha"] else None)

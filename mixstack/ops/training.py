@@ -199,7 +199,8 @@ def backward_chain(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
 
 
 def double_backward(v, w, grad_out, y, z, chain, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
-                    gemm_cfg=None, plan: WgradPlan | None = None, compensated: bool = False):
+                    gemm_cfg=None, plan: WgradPlan | None = None, compensated: bool = False, *,
+                    need_grad_out: bool = True, need_alpha: bool = True):
     """``(d_grad_out, d_y, d_z, d_alpha, dw0, dw1, dgw)``: the gradients of
     ``<grad_u0, v> + <grad_alpha, w>`` with respect to the first-order backward's inputs
     (``reference.double_backward`` is the same math in plain PyTorch).
@@ -207,17 +208,20 @@ def double_backward(v, w, grad_out, y, z, chain, alpha, w0, w1, gw, layout: Stac
     ``v`` ``(F, E, ROW)`` and ``w`` ``(E, F)`` may be ``None`` (zero); ``chain`` is
     ``backward_chain``'s (``None`` or empty with gated layers: recomputed here); the weight
     terms only where ``plan`` is given (else empty); ``d_y`` only with alpha and ``w`` (else
-    empty), ``d_alpha`` only with alpha.  ``grad_out`` edge-major with unit column stride;
-    ``compensated`` (level 3): the GEMMs run the split fp16 products."""
+    empty), ``d_alpha`` only with alpha and ``need_alpha``, ``d_grad_out`` only with
+    ``need_grad_out`` (else empty: the identity layer's GEMM runs only for what needs ``y_dot``).
+    ``grad_out`` edge-major with unit column stride; ``compensated`` (level 3): the GEMMs run the
+    split fp16 products."""
     n_edges, n_focus, row = grad_out.shape
     n_gated = w0.shape[0] - 1
     weights = plan is not None
     def empty():                      # distinct tensors: an operator's outputs may not alias
         return grad_out.new_empty((0,))
 
-    d_grad_out = grad_out.new_empty((n_edges, n_focus, row))
+    need_alpha = need_alpha and apply_alpha
+    d_grad_out = grad_out.new_empty((n_edges, n_focus, row)) if need_grad_out else empty()
     d_z = z.new_empty(z.shape)
-    d_alpha = grad_out.new_empty((n_edges, n_focus)) if apply_alpha else empty()
+    d_alpha = grad_out.new_empty((n_edges, n_focus)) if need_alpha else empty()
     with_w = apply_alpha and w is not None
     d_y = grad_out.new_empty((n_edges, n_focus, row)) if with_w else empty()
     dw0, dw1, dgw = _weight_grads(w0, w1, gw) if weights else (empty(), empty(), empty())
@@ -247,22 +251,28 @@ def double_backward(v, w, grad_out, y, z, chain, alpha, w0, w1, gw, layout: Stac
             LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
             BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
-    y_dot = z_dot.new_empty((n_edges, n_focus, row)) if apply_alpha else None
-    launchers.block_gemm(u_dot, w0, w1, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=u_dot,
-                         out=d_grad_out, y=y_dot, alpha=alpha if apply_alpha else None, alpha_on_out=apply_alpha,
-                         out_edge_major=True, split=split)
+    del z_dot
     if weights:
-        del z_dot, gz, sg
+        del gz, sg
         red.top(u_dot, 0, grad_out, alpha if apply_alpha else None, dw0, dw1, n_gated)
-    if apply_alpha:
-        acfg = ALPHA_GRAD_CONFIG
-        n_rows = n_edges * n_focus
-        wrap_triton(alpha_grad_kernel)[(triton.cdiv(n_rows, acfg["BLOCK_R"]),)](
-            grad_out, y_dot, d_alpha, w0, w0, n_rows, n_focus, grad_out.stride(0), grad_out.stride(1),
-            ROW=row, M0=layout.m0, WRITE_AMAX=False,                          # w0: unused pointers
-            BLOCK_R=acfg["BLOCK_R"], BLOCK_C=acfg["BLOCK_C"], num_warps=acfg["num_warps"],
-        )
-        if with_w:
-            d_grad_out.addcmul_(y, w.unsqueeze(-1))
-            torch.mul(grad_out, w.unsqueeze(-1), out=d_y)
+    if need_grad_out or need_alpha:
+        # y_dot, edge-major and unscaled, straight into d_grad_out where that is wanted
+        y_dot = d_grad_out if need_grad_out else grad_out.new_empty((n_edges, n_focus, row))
+        launchers.block_gemm(u_dot, w0, w1, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1),
+                             res=u_dot, out=y_dot, out_edge_major=True, split=split)
+        del u_dot
+        if need_alpha:
+            acfg = ALPHA_GRAD_CONFIG
+            n_rows = n_edges * n_focus
+            wrap_triton(alpha_grad_kernel)[(triton.cdiv(n_rows, acfg["BLOCK_R"]),)](
+                grad_out, y_dot, d_alpha, w0, w0, n_rows, n_focus, grad_out.stride(0), grad_out.stride(1),
+                ROW=row, M0=layout.m0, WRITE_AMAX=False,                          # w0: unused pointers
+                BLOCK_R=acfg["BLOCK_R"], BLOCK_C=acfg["BLOCK_C"], num_warps=acfg["num_warps"],
+            )
+        if need_grad_out and apply_alpha:
+            d_grad_out.mul_(alpha.unsqueeze(-1))
+            if with_w:
+                d_grad_out.addcmul_(y, w.unsqueeze(-1))
+    if with_w:
+        torch.mul(grad_out, w.unsqueeze(-1), out=d_y)
     return d_grad_out, d_y, d_z, d_alpha, dw0, dw1, dgw
