@@ -169,11 +169,12 @@ def training_step(fn, case: Case, x, grad_out, v, w, r):
     ``<g_u0, v> + <g_alpha, w> + <out, r>`` (an energy-like term too, so the forward's backward
     meets the double backward's cotangents of z and y beside its own); returns the loss's
     gradients to every input and to ``grad_out`` (a dict over ``TRAIN_NAMES``, ``alpha``
-    omitted without alpha).  ``x`` and ``grad_out`` are leaves requiring grad."""
+    omitted without alpha).  ``x`` and ``grad_out`` are leaves requiring grad.  ``r=None``: no
+    energy-like term (the result itself gets no cotangent)."""
     out = fn(*x, **case.kw)
     wrt = [x[0]] + ([x[1]] if case.apply_alpha else [])
     firsts = torch.autograd.grad(out, wrt, grad_out, create_graph=True)
-    loss = (firsts[0] * v).sum() + (out * r).sum()
+    loss = (firsts[0] * v).sum() + ((out * r).sum() if r is not None else 0)
     if case.apply_alpha:
         loss = loss + (firsts[1] * w).sum()
     names = [n for n in TRAIN_NAMES if not (n == "alpha" and not case.apply_alpha)]
@@ -196,7 +197,8 @@ def training_step64(case: Case, inputs, grad_out, cotangents):
     """Float64 oracle of ``training_step``: autograd of ``mixstack.reference`` twice."""
     x = [t.detach().double().requires_grad_() for t in inputs]
     go = grad_out.detach().double().requires_grad_()
-    return training_step(mixstack.reference.mixing_stack, case, x, go, *(t.double() for t in cotangents))
+    return training_step(mixstack.reference.mixing_stack, case, x, go,
+                         *(None if t is None else t.double() for t in cotangents))
 
 
 def run_training_step(case: Case, level: int, inputs, grad_out, cotangents):

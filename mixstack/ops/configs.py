@@ -8,6 +8,7 @@ at level >= 2).  Each constant carries the measurement that chose it.
 
 from __future__ import annotations
 
+from .. import config
 from ..layout import StackLayout, next_power_of_2
 
 # Level-1 launch configs: conservative, spill-free on every supported shape.
@@ -128,12 +129,22 @@ WGRAD_BLOCK_K = 32
 WGRAD_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 GATE_WGRAD_CHUNK = 512
 CHUNK_SUM_BLOCK = 1024
+# Under the interpreter every program is a Python loop over numpy tiles: fewer, larger ones.
+# (Output tiles and the chunk sum's block change no result: each output element's sum runs
+# over the same edges in the same order whatever the tile.)
+INTERPRETER_WGRAD_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 1}
+INTERPRETER_CHUNK_SUM_BLOCK = 16384
 
 
 def default_wgrad_config(layout: StackLayout) -> dict:
     """The level-1 launch config of the block-weight reductions (``WGRAD_CONFIG``: the forward
     GEMM's tile, the same reasoning about registers; K runs over edges, ``WGRAD_BLOCK_K``)."""
-    return dict(WGRAD_CONFIG)
+    return dict(INTERPRETER_WGRAD_CONFIG if config.triton_interpret() else WGRAD_CONFIG)
+
+
+def chunk_sum_block() -> int:
+    """Elements per program of the reductions' chunk sum."""
+    return INTERPRETER_CHUNK_SUM_BLOCK if config.triton_interpret() else CHUNK_SUM_BLOCK
 
 
 def training_pointwise_config(layout: StackLayout) -> dict:

@@ -205,22 +205,27 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
     backward handed back a cotangent of ``y`` too); ``grad_z`` ``(n_gated, F, E, ROW)`` is
     added to each layer's ``gz`` (the double backward's cotangent of the saved ``z``);
     ``on_gz(k, h, gz)`` runs after layer ``k``'s ``gz`` is formed and before ``h`` moves on
-    (the weight gradients read both there).
+    (the weight gradients read both there).  ``grad_out=None`` (training: the result has no
+    cotangent, only ``z`` and ``y`` have one): ``grad_alpha`` is zero, and the cotangent of
+    ``y`` is ``g_top`` or, without it, zero (no identity-layer GEMM runs).
     """
-    n_edges, n_focus, row = grad_out.shape
+    n_focus, n_edges, row = z.shape[1:]
     n_gated = w0.shape[0] - 1
-    h = grad_out.new_empty((n_focus, n_edges, row))
-    grad_alpha = grad_out.new_empty((n_edges, n_focus) if apply_alpha else (0,))
+    h = z.new_empty((n_focus, n_edges, row))
+    grad_alpha = z.new_empty((n_edges, n_focus) if apply_alpha else (0,))
     if _is_empty(n_edges):
         return h, grad_alpha
-    training = chain is not None or g_top is not None or grad_z is not None or on_gz is not None
+    training = (chain is not None or g_top is not None or grad_z is not None or on_gz is not None
+                or grad_out is None)
     if training and fused_cfg is not None:
         raise ValueError("the fused backward keeps no gz surface: chain, g_top, grad_z and on_gz "
                          "need the relay (fused_cfg=None)")
     record = compensated and writer_amax and fused_cfg is None and grad_z is None
     # the row maxima of each compensated GEMM's operand, in turn g * alpha and every layer's gz
     amax = h.new_empty((n_focus, n_edges, 2)) if record else None
-    if apply_alpha:
+    if apply_alpha and grad_out is None:
+        grad_alpha.zero_()
+    elif apply_alpha:
         cfg = ALPHA_GRAD_CONFIG
         n_rows = n_edges * n_focus
         top_amax = amax if g_top is None else None
@@ -239,7 +244,9 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
         return h if chain is None or k < 0 else chain[k]
 
     top_out = h_of(n_gated - 1)
-    if g_top is None:
+    if g_top is None and grad_out is None:
+        top_out.zero_()
+    elif g_top is None:
         block_gemm(grad_out, w0t, w1t, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1),
                    res=grad_out, out=top_out, alpha=alpha if apply_alpha else None, a_edge_major=True,
                    alpha_on_a=apply_alpha, split=split, amax_in=amax if apply_alpha else None)
@@ -248,7 +255,7 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
                    res=g_top, out=top_out, split=split)
     if n_gated and fused_cfg is None:
         fold = pointwise_recomputes_gate(layout, compensated)
-        sg = None if fold else grad_out.new_empty((n_focus, n_edges, layout.gate_width))
+        sg = None if fold else h.new_empty((n_focus, n_edges, layout.gate_width))
         gz = torch.empty_like(h)
     elif n_gated:
         bm = fused_cfg["BLOCK_M"]

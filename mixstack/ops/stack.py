@@ -79,7 +79,7 @@ def stack_forward(u0: Tensor, alpha: Tensor, w0: Tensor, w1: Tensor, gw: Tensor,
 
 
 @triton_op("mixstack::stack_backward", mutates_args=())
-def stack_backward(grad_out: Tensor, y: Tensor, z: Tensor, alpha: Tensor, w0: Tensor, w1: Tensor,
+def stack_backward(grad_out: Optional[Tensor], y: Tensor, z: Tensor, alpha: Tensor, w0: Tensor, w1: Tensor,
                    gw: Tensor, lmax: int, focus_dim: int, apply_alpha: bool, level: int,
                    u0: Optional[Tensor] = None, grad_z: Optional[Tensor] = None,
                    grad_y: Optional[Tensor] = None, weights: bool = False,
@@ -88,30 +88,34 @@ def stack_backward(grad_out: Tensor, y: Tensor, z: Tensor, alpha: Tensor, w0: Te
     chain)``.  ``grad_alpha`` is empty without alpha; the weight gradients are empty unless
     ``weights`` (which needs ``u0``); ``chain`` ``(n_gated, F, E, ROW)``, the cotangent of each gated
     layer's output, is empty unless ``keep_chain``.  ``grad_z`` and ``grad_y``: cotangents of the
-    saved ``z`` and ``y`` themselves (from the double backward), added into the chain."""
+    saved ``z`` and ``y`` themselves (from the double backward), added into the chain.
+    ``grad_out=None``: the result has no cotangent (only ``grad_z`` / ``grad_y`` arrived)."""
     layout = StackLayout(lmax, focus_dim)
     sources = grad_z is not None or grad_y is not None
     if weights and u0 is None:
         raise ValueError("stack_backward: weights=True needs u0 (the layer inputs are rebuilt from it)")
-    if _kernels_for(grad_out, layout):
-        n_focus = grad_out.shape[1]
-        comp_cfg = _tuned("stack_compensated", grad_out, n_focus, layout, apply_alpha, level, log=False)
+    if grad_out is None and not (sources and not keep_chain):
+        raise ValueError("stack_backward: grad_out=None is for a backward of the double backward's "
+                         "cotangents of z and y alone")
+    if _kernels_for(z, layout):
+        n_focus = z.shape[1]
+        comp_cfg = _tuned("stack_compensated", z, n_focus, layout, apply_alpha, level, log=False)
         if not (weights or sources or keep_chain):
             if comp_cfg is not None:
                 record("bwd:compensated")
                 g, ga = launchers.stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha,
                                                  comp_cfg, compensated=True)
-                return g, ga, *_empties(grad_out, 4)
-            gemm_cfg = _tuned("stack_bwd_relay", grad_out, n_focus, layout, apply_alpha, level)
+                return g, ga, *_empties(z, 4)
+            gemm_cfg = _tuned("stack_bwd_relay", z, n_focus, layout, apply_alpha, level)
             fused_cfg = None
             if configs.fused_supported(layout):
-                fused_cfg = _tuned("stack_bwd_fused", grad_out, n_focus, layout, apply_alpha, level, log=False)
+                fused_cfg = _tuned("stack_bwd_fused", z, n_focus, layout, apply_alpha, level, log=False)
             record("bwd:relay" if fused_cfg is None else "bwd:fused")
             g, ga = launchers.stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha,
                                              gemm_cfg, fused_cfg)
-            return g, ga, *_empties(grad_out, 4)
+            return g, ga, *_empties(z, 4)
         compensated = comp_cfg is not None
-        gemm_cfg = comp_cfg if compensated else _tuned("stack_bwd_relay", grad_out, n_focus, layout,
+        gemm_cfg = comp_cfg if compensated else _tuned("stack_bwd_relay", z, n_focus, layout,
                                                        apply_alpha, level)
         record("bwd:compensated" if compensated else "bwd:relay")
         if keep_chain:
@@ -120,19 +124,21 @@ def stack_backward(grad_out: Tensor, y: Tensor, z: Tensor, alpha: Tensor, w0: Te
                                  "or cotangents of z and y")
             g, ga, chain = training.backward_chain(grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha,
                                                    gemm_cfg, compensated)
-            return g, ga, *_empties(grad_out, 3), chain
-        plan = _wgrad_plan(grad_out, n_focus, layout, apply_alpha, level) if weights else None
+            return g, ga, *_empties(z, 3), chain
+        plan = _wgrad_plan(z, n_focus, layout, apply_alpha, level) if weights else None
         g, ga, dw0, dw1, dgw = training.backward_with_weights(
             grad_out, y, z, u0, alpha, w0, w1, gw, layout, apply_alpha, gemm_cfg, plan, compensated,
             grad_z=grad_z, grad_y=grad_y)
-        return g, ga, dw0, dw1, dgw, _empties(grad_out, 1)[0]
+        return g, ga, dw0, dw1, dgw, _empties(z, 1)[0]
     record("bwd:reference")
+    if grad_out is None:
+        grad_out = z.new_zeros((z.shape[2], z.shape[1], z.shape[3]))
     g, ga, dw0, dw1, dgw, chain = reference.backward_state(
         grad_out, y, z, u0, alpha, w0, w1, gw, lmax=lmax, focus_dim=focus_dim, apply_alpha=apply_alpha,
         weights=weights, grad_z=grad_z, grad_y=grad_y)
     outs = (g, ga if apply_alpha else None, *((dw0, dw1, dgw) if weights else (None,) * 3),
             chain if keep_chain else None)
-    return tuple(grad_out.new_empty((0,)) if t is None else t.contiguous() for t in outs)
+    return tuple(z.new_empty((0,)) if t is None else t.contiguous() for t in outs)
 
 
 @triton_op("mixstack::stack_double_backward", mutates_args=())
@@ -249,21 +255,23 @@ def _backward(ctx, grad_out, grad_z, grad_y):
         return none
     u0, alpha, w0, w1, gw, y, z = ctx.saved_tensors
     p = ctx.params
-    if grad_out is None:                 # only the double backward's cotangents of z and y arrived
-        grad_out = z.new_zeros(ctx.shape)
-    elif grad_out.stride(-1) != 1:       # a broadcast over F (stride 0) is read in place
-        grad_out = grad_out.contiguous()
     if grad_y is not None and not p["apply_alpha"]:
         grad_y = None
+    if grad_out is not None and grad_out.stride(-1) != 1:    # a broadcast over F (stride 0) is read in place
+        grad_out = grad_out.contiguous()
     weights = _weights_wanted(ctx, (w0, w1, gw))
     sources = grad_z is not None or grad_y is not None
     if weights and u0 is None:           # not reachable: u0 is saved whenever a weight requires grad
         raise RuntimeError("mixing_stack: a weight gradient is wanted but the input u0 was not saved")
+    if grad_out is None and not sources:
+        return none
     if torch.is_grad_enabled() and (weights or sources):
         # Guards (docs/contract.md §4): a weight gradient while a graph is being built, or a third
         # derivative.  The reference formulas, on the saved z and y (outputs of this node, so
         # autograd's next derivative comes back here as their cotangents).
         record("bwd:reference")
+        if grad_out is None:
+            grad_out = z.new_zeros(ctx.shape)
         g, ga, dw0, dw1, dgw = reference.backward(grad_out, y, z, u0, alpha, w0, w1, gw, weights=weights,
                                                   grad_z=grad_z, grad_y=grad_y, **p)
     else:

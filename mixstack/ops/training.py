@@ -35,10 +35,10 @@ from ..layout import StackLayout
 from . import launchers
 from .configs import (
     ALPHA_GRAD_CONFIG,
-    CHUNK_SUM_BLOCK,
     GATE_WGRAD_CHUNK,
     WGRAD_BLOCK_K,
     WGRAD_CHUNK,
+    chunk_sum_block,
     default_wgrad_config,
     gate_config,
     pointwise_recomputes_gate,
@@ -73,9 +73,10 @@ class _Reductions:
         self.gate_part = like.new_empty((self.gate_chunks, n_focus, self.gate_size))
 
     def _sum(self, part, chunks, size, split, out0, out1, layer):
-        grid = (triton.cdiv(size, CHUNK_SUM_BLOCK), self.n_focus)
+        block = chunk_sum_block()
+        grid = (triton.cdiv(size, block), self.n_focus)
         wrap_triton(chunk_sum_kernel)[grid](part, out0, out1, chunks, layer, self.n_focus,
-                                            SIZE=size, SPLIT=split, BLOCK=CHUNK_SUM_BLOCK)
+                                            SIZE=size, SPLIT=split, BLOCK=block)
 
     def blocks(self, a, a_layer, b, dw0, dw1, layer, *, b_edge_major=False):
         """``dw0[layer], dw1[layer] = A^T B`` over the edges, per block: ``A`` focus-major
@@ -149,33 +150,38 @@ def backward_with_weights(grad_out, y, z, u0, alpha, w0, w1, gw, layout: StackLa
     where ``plan`` is given (``u0`` then needed; else the last three are empty) and the double
     backward's cotangents ``grad_z`` ``(n_gated, F, E, ROW)`` and ``grad_y`` ``(E, F, ROW)`` of
     the saved ``z`` and ``y`` added (``None``: zero).  ``grad_out`` edge-major with unit column
-    stride; ``compensated`` (level 3) the relay's compensated GEMMs."""
-    n_edges, n_focus, _ = grad_out.shape
+    stride, or ``None`` (the result has no cotangent: a loss of forces alone); ``compensated``
+    (level 3) the relay's compensated GEMMs."""
+    n_focus, n_edges = z.shape[1:3]
     n_gated = w0.shape[0] - 1
     weights = plan is not None
     if weights:
         dw0, dw1, dgw = _weight_grads(w0, w1, gw)
     else:
-        dw0, dw1, dgw = (grad_out.new_empty((0,)) for _ in range(3))
+        dw0, dw1, dgw = (z.new_empty((0,)) for _ in range(3))
     if _is_empty(n_edges):
         h, ga = launchers.stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha, gemm_cfg)
         return h, ga, dw0, dw1, dgw
     g_top = None
     if grad_y is not None:
-        g = grad_out * alpha.unsqueeze(-1) if apply_alpha else grad_out
-        g_top = (g + grad_y).transpose(0, 1).contiguous()
+        if grad_out is None:
+            g_top = grad_y.transpose(0, 1).contiguous()
+        else:
+            g = grad_out * alpha.unsqueeze(-1) if apply_alpha else grad_out
+            g_top = (g + grad_y).transpose(0, 1).contiguous()
     on_gz = None
     if weights:
-        red = _Reductions(grad_out, n_edges, n_focus, layout, plan)
+        red = _Reductions(z, n_edges, n_focus, layout, plan)
         inputs = layer_inputs(u0, z, gw, layout)
 
         def input_of(k):
             return (u0, 0) if k == 0 else (inputs, k - 1)
 
-        if g_top is None:
-            red.top(*input_of(n_gated), grad_out, alpha if apply_alpha else None, dw0, dw1, n_gated)
-        else:
+        if g_top is not None:
             red.blocks(*input_of(n_gated), g_top, dw0, dw1, n_gated)
+        elif grad_out is not None:
+            red.top(*input_of(n_gated), grad_out, alpha if apply_alpha else None, dw0, dw1, n_gated)
+        # else: the identity layer's cotangent is zero, and so are its weight gradients
 
         def on_gz(k, h, gz):
             red.gate(h, 0, z, gw, dgw, k)

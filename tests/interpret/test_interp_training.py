@@ -104,6 +104,18 @@ def test_level1_training_step_runs_the_double_backward_from_kernels_and_matches_
         assert_close_rel(got[name], g, f"d loss / d {name}")
 
 
+def test_a_loss_of_forces_alone_gives_the_result_no_cotangent_and_matches_float64():
+    """No energy term: the forward's backward receives only the double backward's cotangents of z
+    and y (no identity-layer GEMM, no identity weight reduction: both would multiply zero)."""
+    case = CASES[0]
+    inputs, grad_out, (v, w, _) = _data(case)
+    got = helpers.run_training_step(case, 1, inputs, grad_out, (v, w, None))
+    want = helpers.training_step64(case, inputs, grad_out, (v, w, None))
+    assert got["log"] == {"fwd:triton": 1, "bwd:relay": 2, "bwd2:triton": 1, "wgrad:triton": 2}, got["log"]
+    for name, g in want.items():
+        assert_close_rel(got[name], g, f"d loss / d {name}")
+
+
 def test_the_force_pass_computes_no_weight_gradient_though_the_weights_require_grad():
     """``autograd.grad(out, [u0, alpha])`` asks for no weight gradient: the engine says so, and the
     backward stays on the force path (the fused backward too, where a winning entry exists)."""
@@ -135,7 +147,7 @@ def test_level2_with_tuned_configs_is_bitwise_equal_to_level1(case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CASES[:3], ids=case_id)
+@pytest.mark.parametrize("case", CASES[:2], ids=case_id)
 def test_level3_with_validated_entries_runs_compensated_within_the_contract(case):
     got = _train(case, 3, _registered(LEVEL3))
     _, want = _want(case)
