@@ -94,6 +94,14 @@ def test_bench_train_writes_results_for_the_potential_and_says_what_did_not_run(
     assert (out / train_bench.PLOT_NAME).read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_train_rejects_unknown_cells_and_levels(capsys, tmp_path):
+    assert main(["bench", "train", "--cell", "graphite", "--out", str(tmp_path)]) == 2
+    assert "--cell graphite" in capsys.readouterr().err
+    assert main(["bench", "train", "--levels", "0,2f", "--out", str(tmp_path)]) == 2
+    assert "bench train takes the levels" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
 def test_variants_and_defaults():
     assert train_bench.parse_variants("0,0c,L1,2,3") == ("0", "0c", "1", "2", "3")
     with pytest.raises(ValueError, match="bench train takes the levels"):

@@ -157,6 +157,9 @@ def train_bench_config(args):
             model[key] = positive(f"--{opt.replace('_', '-')}", getattr(args, opt))
     cfg = replace(cfg, model=model, seed=args.seed)
     if args.cell:
+        from ..bench.model_bench import CELLS
+        if len(args.cell) > 1 or args.cell[0] not in CELLS:
+            raise ValueError(f"--cell {' '.join(args.cell)}: bench train takes one cell, {' or '.join(CELLS)}")
         cfg = replace(cfg, cell=args.cell[0])
     if args.levels:
         cfg = replace(cfg, variants=train_bench.parse_variants(args.levels), notes=())
