@@ -52,6 +52,7 @@ def test_the_fused_and_compensated_paths_record_their_kernels():
     assert len(compiler_report.distinct(fused)) < len(fused)
 
 
+@pytest.mark.slow
 @needs_tools
 @not_interpreted
 @pytest.mark.parametrize("lmax, cf, n_focus", [(3, 32, 2), (3, 64, 1)], ids=["S1-key", "S4-key"])
@@ -70,6 +71,7 @@ def test_level_1_configs_compile_without_spills_for_sm90(lmax, cf, n_focus):
     assert all(r.sass["FFMA"] >= 1024 and r.sass["HMMA"] == 0 for r in gemm)
 
 
+@pytest.mark.slow
 @needs_tools
 @not_interpreted
 @pytest.mark.parametrize("compensated", [False, True], ids=["exact", "level-3"])

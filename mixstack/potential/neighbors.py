@@ -30,6 +30,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+MAX_Z = 118          # the elements H (1) .. Og (118): the atomic numbers a model takes
+
 _PIP_FIX = "`pip install mixstack[potential]`"
 
 
@@ -93,6 +95,11 @@ def system_inputs(positions, cell, pbc, numbers, cutoff: float, *, device=None,
     num = np.asarray(numbers.cpu() if torch.is_tensor(numbers) else numbers, dtype=np.int64)
     if num.shape != (pos.shape[0],):
         raise ValueError(f"numbers must have shape ({pos.shape[0]},), got {num.shape}")
+    if pos.shape[0] == 0:
+        raise ValueError("the structure has no atoms; a potential needs at least one")
+    bad = sorted(set(num[(num < 1) | (num > MAX_Z)].tolist()))
+    if bad:
+        raise ValueError(f"atomic numbers must be in 1..{MAX_Z} (H..Og), got {', '.join(map(str, bad))}")
     fl = dict(device=device, dtype=dtype)
     return SystemInputs(torch.as_tensor(pos, **fl), torch.as_tensor(cel, **fl),
                         torch.as_tensor(num, device=device), torch.as_tensor(edge_index, device=device),

@@ -41,7 +41,7 @@ def test_potential_on_cuda_runs_the_kernels_and_matches_level0(level):
 INDUCTOR_MISCOMPILE = pytest.mark.xfail(
     reason="torch.compile (Inductor) of the level-0 frame loses the forces (energy right): 4.6e-2 "
            "relative at 504 atoms on the H200 with torch 2.11, with or without split reductions; "
-           "see BENCHMARKS.md, 'The compiled baseline's forces'", strict=False)
+           "see BENCHMARKS.md, 'The compiled baseline's forces'", strict=True)
 
 
 @pytest.mark.parametrize("key", [pytest.param("0c", marks=INDUCTOR_MISCOMPILE), "2c", "3c"])
