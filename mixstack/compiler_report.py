@@ -122,7 +122,7 @@ _OPTIONS = ("num_warps", "num_stages")
 _TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float64: "*fp64"}
 
 
-def _signature(launch: Launch):
+def source_args(launch: Launch):
     """Triton's ``ASTSource`` pieces for ``launch``: signature, constexprs, attrs."""
     import inspect
     names = list(inspect.signature(launch.kernel.fn).parameters)
@@ -185,7 +185,7 @@ def compile_report(launch: Launch, arch: int = 90) -> Report:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    signature, constexprs, attrs = _signature(launch)
+    signature, constexprs, attrs = source_args(launch)
     src = ASTSource(launch.kernel, signature, constexprs=constexprs, attrs=attrs)
     options = {k: launch.kwargs[k] for k in _OPTIONS if k in launch.kwargs}
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)

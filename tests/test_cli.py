@@ -109,7 +109,7 @@ def test_bench_exits_nonzero_when_a_variant_fails(capsys, tmp_path, monkeypatch)
             raise RuntimeError("kernel refused")
         return fail
 
-    monkeypatch.setattr(runner, "_forward_fn", broken)
+    monkeypatch.setattr(runner, "forward_fn", broken)
     assert main(["bench", *TINY_ARGS, "--levels", "0", "--out", str(tmp_path)]) == 1
     assert "FAILED L0-eager on custom: RuntimeError: kernel refused" in capsys.readouterr().err
     assert (tmp_path / "bench.json").exists()

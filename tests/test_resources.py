@@ -108,7 +108,7 @@ def test_the_signature_types_tensors_ints_and_floats_as_triton_does():
     kernel.fn = kernel
     x = torch.empty(8, device="meta")
     launch_ = compiler_report.Launch(kernel, (x, 48, 1, 0.5), {"BLOCK": 16, "num_warps": 4})
-    signature, constexprs, attrs = compiler_report._signature(launch_)
+    signature, constexprs, attrs = compiler_report.source_args(launch_)
     assert signature == {"x_ptr": "*fp32", "n": "i32", "one": "constexpr", "scale": "fp32", "BLOCK": "constexpr"}
     assert constexprs == {(2,): 1, (4,): 16}
     assert attrs == {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}

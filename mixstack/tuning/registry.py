@@ -57,6 +57,12 @@ def register(family_name: str, key, cfg) -> None:
         _registrations[(family_name, as_key(key))] = cfg
 
 
+def clear_registrations() -> None:
+    """Forget every ``register`` of this process (the stored tables stay)."""
+    with _lock:
+        _registrations.clear()
+
+
 def unregister(family_name: str, key) -> None:
     """Drop a registration (stored tables answer again); no error if there is none."""
     family(family_name)
