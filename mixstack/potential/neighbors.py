@@ -78,12 +78,18 @@ def neighbor_arrays(positions, cell, pbc, cutoff: float):
     i, j, S = _pairs(positions, cell, pbc, cutoff)
     order = np.lexsort((S[:, 2], S[:, 1], S[:, 0], j, i))     # centre, then neighbour, then shift
     i, j, S = i[order], j[order], S[order]
-    counts = np.bincount(i, minlength=n)
+    return np.stack((j, i)), S, centre_slots(i, n)
+
+
+def centre_slots(centres: np.ndarray, n: int) -> np.ndarray:
+    """``slots (n, K)`` of edges sorted by centre: row ``i`` lists the edges whose centre is
+    ``i``, in order, padded with ``E = len(centres)``; ``K`` is the largest count (at least 1)."""
+    counts = np.bincount(centres, minlength=n)
     k = max(int(counts.max()) if n else 0, 1)
     start = np.cumsum(counts) - counts
     lane = np.arange(k)
-    slots = np.where(lane[None, :] < counts[:, None], start[:, None] + lane[None, :], len(i))
-    return np.stack((j, i)), S, slots.astype(np.int64)
+    slots = np.where(lane[None, :] < counts[:, None], start[:, None] + lane[None, :], len(centres))
+    return slots.astype(np.int64)
 
 
 def system_inputs(positions, cell, pbc, numbers, cutoff: float, *, device=None,

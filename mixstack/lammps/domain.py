@@ -1,0 +1,172 @@
+"""One rank's share of the potential: the energy of its local atoms, forces on local and ghost atoms.
+
+A LAMMPS rank owns ``nlocal`` atoms and holds ``nghost`` ghost atoms, images
+of atoms within the ghost cutoff that carry their image positions, so every
+edge vector is ``x_j - x_i`` (the model's shifts are zero, its cell unused).
+With ``B`` interaction blocks, the energy of a local atom depends on the
+atoms up to ``B`` edges away: an atom ``h`` edges from the local ones enters
+through its features after block ``B - h``, which need its own incoming
+edges only while ``h <= B - 1``.  ``local_graph`` keeps exactly that: the
+atoms within ``B`` hops and the edges whose centre is within ``B - 1`` hops.
+Everything it drops cannot change a local energy, so the result is exact, and
+the outermost shell of ghosts (whose neighbour lists LAMMPS cuts short at the
+edge of the ghost region) never enters.  Ghost forces are the gradient of the
+local energy with respect to the ghost positions; LAMMPS adds them to their
+owners (reverse communication) and ``sum_i x_i . f_i`` over all of them is
+this rank's share of the virial.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from ..potential.neighbors import centre_slots
+
+PHASES = ("graph", "to_device", "model", "to_host")
+
+
+class LocalGraph(NamedTuple):
+    """The atoms and edges that the local energies need (see the module docstring)."""
+
+    atoms: np.ndarray          # (n,) int64: kept rank-atom indices, local atoms first (0..nlocal-1)
+    edge_index: np.ndarray     # (2, E) int64 into ``atoms``: row 0 source j, row 1 centre i
+    slots: np.ndarray          # (n, K) int64: each centre's edges, padded with E
+
+
+def local_graph(nlocal: int, n_atoms: int, src: np.ndarray, dst: np.ndarray, n_blocks: int) -> LocalGraph:
+    """Keep the atoms within ``n_blocks`` hops of atoms ``0..nlocal-1`` and the edges whose
+    centre is within ``n_blocks - 1`` hops; edges sorted by centre, then source."""
+    if n_blocks < 1:
+        raise ValueError(f"n_blocks must be >= 1, got {n_blocks}")
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    hop = np.full(n_atoms, -1, dtype=np.int64)
+    hop[:nlocal] = 0
+    for h in range(1, n_blocks + 1):
+        reached = src[hop[dst] == h - 1]
+        reached = reached[hop[reached] < 0]
+        hop[reached] = h
+    keep_edge = (hop[dst] >= 0) & (hop[dst] <= n_blocks - 1)
+    atoms = np.flatnonzero(hop >= 0)
+    new = np.full(n_atoms, -1, dtype=np.int64)
+    new[atoms] = np.arange(atoms.size)
+    s, d = new[src[keep_edge]], new[dst[keep_edge]]
+    order = np.lexsort((s, d))
+    s, d = s[order], d[order]
+    return LocalGraph(atoms, np.stack((s, d)), centre_slots(d, atoms.size))
+
+
+@dataclass
+class CallStats:
+    """What the evaluator did, summed over calls: atoms and edges, bytes and copies between
+    host and device, seconds per phase (``PHASES``), and the device's peak memory."""
+
+    calls: int = 0
+    atoms: int = 0
+    edges: int = 0
+    h2d_bytes: int = 0
+    h2d_copies: int = 0
+    d2h_bytes: int = 0
+    d2h_copies: int = 0
+    seconds: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    peak_memory_bytes: int | None = None
+
+    def to_dict(self) -> dict:
+        n = max(self.calls, 1)
+        return {"calls": self.calls, "atoms_per_call": self.atoms / n, "edges_per_call": self.edges / n,
+                "h2d_bytes_per_call": self.h2d_bytes / n, "h2d_copies_per_call": self.h2d_copies / n,
+                "d2h_bytes_per_call": self.d2h_bytes / n, "d2h_copies_per_call": self.d2h_copies / n,
+                "seconds_per_call": {k: v / n for k, v in self.seconds.items()},
+                "peak_memory_bytes": self.peak_memory_bytes}
+
+
+class DomainEvaluator:
+    """Runs an ``SO2Potential`` on one rank's local and ghost atoms.
+
+    ``numbers``: the atomic number of each LAMMPS atom type, in type order
+    (type 1 first).  ``device``: where the model runs (default: where its
+    parameters are).  The model is put in eval mode.
+    """
+
+    def __init__(self, model: torch.nn.Module, numbers, *, device=None):
+        for attr in ("energy", "cutoff", "blocks"):
+            if not hasattr(model, attr):
+                raise TypeError(f"model must be an SO2Potential (a module with energy(), cutoff and blocks); "
+                                f"{type(model).__name__} has no {attr!r}")
+        p = next(model.parameters())
+        self.device = torch.device(device) if device is not None else p.device
+        self.model = model.to(self.device).eval()
+        self.dtype = p.dtype
+        self.n_blocks = len(model.blocks)
+        self.cutoff = float(model.cutoff)
+        numbers = [int(z) for z in numbers]
+        if not numbers or min(numbers) < 1:
+            raise ValueError(f"numbers must be one atomic number >= 1 per atom type, got {numbers}")
+        self.type_numbers = np.asarray([0] + numbers, dtype=np.int64)      # LAMMPS types start at 1
+        self.stats = CallStats()
+
+    @property
+    def receptive_field(self) -> float:
+        """How far a local atom's energy sees: ``n_blocks * cutoff`` (Å)."""
+        return self.n_blocks * self.cutoff
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def compute(self, nlocal: int, positions: np.ndarray, types: np.ndarray, src: np.ndarray,
+                dst: np.ndarray) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+        """``(energy of the local atoms, atoms (n,), forces (n, 3), local energies (nlocal,))``.
+
+        ``positions (N, 3)`` and ``types (N,)`` cover local then ghost atoms;
+        ``src``/``dst`` are the neighbour pairs within the cutoff (``dst`` the
+        centre).  Forces are float64, on the rank atoms listed in ``atoms``.
+        """
+        st, clock = self.stats, time.perf_counter
+        if nlocal == 0:                              # a rank may own no atom at all
+            return 0.0, np.zeros(0, dtype=np.int64), np.zeros((0, 3)), np.zeros(0)
+        t0 = clock()
+        graph = local_graph(nlocal, positions.shape[0], src, dst, self.n_blocks)
+        n, n_edges = graph.atoms.size, graph.edge_index.shape[1]
+        # translation-invariant: centring keeps float32 positions as exact as the cell allows
+        pos = positions[graph.atoms]
+        pos = pos - pos[:nlocal].mean(0)
+        numbers = self.type_numbers[types[graph.atoms]]
+        t1 = clock()
+        kw = dict(device=self.device)
+        host = (torch.from_numpy(np.ascontiguousarray(pos)).to(self.dtype), torch.from_numpy(numbers),
+                torch.from_numpy(graph.edge_index), torch.from_numpy(graph.slots))
+        x, z, edge_index, slots = (t.to(**kw) for t in host)
+        cell = torch.zeros(3, 3, dtype=self.dtype, **kw)
+        shifts = torch.zeros(n_edges, 3, dtype=self.dtype, **kw)
+        self._sync()
+        t2 = clock()
+        with torch.enable_grad():
+            x.requires_grad_(True)
+            _, energies = self.model.energy(x, cell, z, edge_index, shifts, slots)
+            local = energies[:nlocal]
+            (grad,) = torch.autograd.grad(local.sum(), x)
+        self._sync()
+        t3 = clock()
+        forces = (-grad).detach().to("cpu", torch.float64).numpy()
+        local_np = local.detach().to("cpu", torch.float64).numpy()
+        e = float(local_np.sum())                    # float64 sum of the per-atom energies
+        t4 = clock()
+        st.calls += 1
+        st.atoms += n
+        st.edges += n_edges
+        if self.device.type != "cpu":
+            st.h2d_bytes += sum(t.numel() * t.element_size() for t in host)
+            st.h2d_copies += len(host)
+            st.d2h_bytes += grad.numel() * grad.element_size() + local.numel() * local.element_size()
+            st.d2h_copies += 2
+            st.peak_memory_bytes = torch.cuda.max_memory_allocated(self.device) \
+                if self.device.type == "cuda" else None
+        for name, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            st.seconds[name] += dt
+        return e, graph.atoms, forces, local_np
