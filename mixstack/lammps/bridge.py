@@ -47,9 +47,9 @@ def _dispatch(key, nlocal, nghost, x, type_, npairs, pairs, f, energy, eatom, me
         positions = np.ctypeslib.as_array(x, (n, 3)) if n else np.zeros((0, 3))
         types = np.ctypeslib.as_array(type_, (n,)) if n else np.zeros(0, dtype=np.int32)
         pair = np.ctypeslib.as_array(pairs, (2, npairs)) if npairs else np.zeros((2, 0), dtype=np.int32)
-        e, atoms, forces, local = evaluator.compute(nlocal, positions, types, pair[0], pair[1])
-        if atoms.size:
-            np.ctypeslib.as_array(f, (n, 3))[atoms] += forces
+        e, forces, local = evaluator.compute(nlocal, positions, types, pair)
+        if n:
+            np.ctypeslib.as_array(f, (n, 3))[:] += forces
         energy[0] = e
         if eatom and nlocal:
             np.ctypeslib.as_array(eatom, (n,))[:nlocal] += local

