@@ -230,8 +230,9 @@ def run_ase(cfg: MDConfig, atoms, model) -> dict:
     if cfg.ensemble == "nve":
         dyn = VelocityVerlet(atoms, timestep=dt)
     else:
-        dyn = Langevin(atoms, timestep=dt, temperature_K=cfg.temperature,
-                       friction=1.0 / ((cfg.tdamp or 100 * cfg.timestep) * units.fs), rng=np.random.default_rng(cfg.seed))
+        tdamp = (cfg.tdamp or 100 * cfg.timestep) * units.fs
+        dyn = Langevin(atoms, timestep=dt, temperature_K=cfg.temperature, friction=1.0 / tdamp,
+                       rng=np.random.default_rng(cfg.seed))
     rows: list[list[float]] = []
 
     def observe():
@@ -242,6 +243,8 @@ def run_ase(cfg: MDConfig, atoms, model) -> dict:
                      atoms.get_volume()])
     dyn.attach(observe, interval=cfg.thermo_every)
     if cfg.traj:
+        if os.path.exists(cfg.traj):                     # a fresh file, as LAMMPS's dump writes
+            os.remove(cfg.traj)
         dyn.attach(lambda: ase.io.write(cfg.traj, atoms, append=True), interval=cfg.traj_every or cfg.thermo_every)
     atoms.get_forces()                                   # the first call (warm-up), outside the timing
     start = time.perf_counter()
