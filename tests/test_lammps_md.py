@@ -28,6 +28,7 @@ def checkpoint(tmp_path_factory):
     return str(path)
 
 
+@pytest.mark.slow                      # an mpirun launch and two 40-step runs (about 10 s)
 def test_nve_on_two_ranks_conserves_energy_like_ase_and_follows_its_trajectory(checkpoint, tmp_path):
     out, traj = tmp_path / "md.json", tmp_path / "md.lammpstrj"
     args = ["-m", "mixstack", "md", "--model", checkpoint, "--quiet", "--json", str(out), "--traj", str(traj)]

@@ -18,6 +18,7 @@ import torch
 from lammps_helpers import DRIVER, mpirun, require_lammps
 
 require_lammps()
+pytestmark = pytest.mark.slow          # three mpirun launches (about 30 s on a 2-core CPU)
 
 import ase.io  # noqa: E402
 from ase.build import bulk  # noqa: E402

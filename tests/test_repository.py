@@ -115,6 +115,7 @@ def test_the_cycle_finder_finds_a_planted_cycle():
     ("mixstack.functional", "mixstack.bench.runner"),
     ("mixstack.bench.runner", "mixstack.tuner"),
     ("mixstack.potential.model", "mixstack.cli"),
+    ("mixstack.potential.neighbors", "mixstack.lammps.domain"),   # the potential knows nothing of LAMMPS
 ])
 def test_lower_floors_never_reach_higher_ones(low, high):
     graph = import_graph()

@@ -11,6 +11,8 @@ import json
 import os
 import sys
 
+from .common import existing_file, positive
+
 
 def add_parser(sub) -> None:
     from ..lammps.md import BUILDERS, ENGINES, ENSEMBLES
@@ -50,6 +52,31 @@ def add_parser(sub) -> None:
     p.add_argument("--json", help="write the run's record (JSON) here")
 
 
+def check(args) -> None:
+    """A ``ValueError`` naming the first bad option (before any MPI or LAMMPS starts)."""
+    from ..lammps.md import BUILDERS, MODEL_NAMES
+    positive("--atoms", args.atoms)
+    positive("--steps", args.steps, allow_zero=True)
+    positive("--thermo", args.thermo)
+    positive("--traj-every", args.traj_every)
+    positive("--repeat", min(args.repeat))
+    for opt in ("timestep", "skin", "tdamp", "pdamp"):
+        value = getattr(args, opt)
+        if value is not None and not value > 0:
+            raise ValueError(f"--{opt} must be > 0, got {value}")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0 K, got {args.temperature}")
+    if args.structure not in BUILDERS:
+        existing_file("--structure", args.structure)
+    if args.model not in MODEL_NAMES:
+        existing_file("--model", args.model)
+    if args.engine == "ase" and args.ensemble == "npt":
+        raise ValueError("--engine ase runs nve and nvt; use --engine lammps for npt")
+    if args.device is not None:
+        from ..bench.env import resolve_device
+        resolve_device(args.device)
+
+
 def config_from_args(args):
     """The ``MDConfig`` of parsed ``mixstack md`` arguments."""
     from ..lammps.md import MDConfig
@@ -65,6 +92,7 @@ def run(args, argv=None) -> int:
     """Run; on rank 0 print the summary line (and, for ASE, the thermo table) and write the record."""
     from ..lammps.build import PluginBuildError
     from ..lammps.md import run_md, summary_line, thermo_lines
+    check(args)
     try:
         record = run_md(config_from_args(args))
     except PluginBuildError as exc:
