@@ -122,3 +122,26 @@ def test_a_float64_model_runs_in_lammps_in_float64(lmp):
     pair = attach(lmp, SO2Potential(**KW, dtype=torch.float64), ["C"])
     single_point(lmp, prism)
     assert pair.evaluator.dtype == torch.float64 and pair.stats.calls == 1
+
+
+def test_the_mpi_library_is_found_in_the_prefix_of_an_unpacked_mpich(monkeypatch, tmp_path):
+    """A runtime unpacked from the wheels keeps the wheel's own file list (``*.data/data/lib/...``),
+    which does not name where the library lies; its prefix's ``lib`` does."""
+    import importlib.metadata
+
+    from mixstack.lammps import runtime
+    site = tmp_path / "prefix" / "lib" / "python3.12" / "site-packages"
+    site.mkdir(parents=True)
+    (tmp_path / "prefix" / "lib" / runtime.MPI_SONAME).write_bytes(b"")
+
+    class Unpacked:
+        files = [importlib.metadata.PackagePath("mpich-5.0.2.data/data/lib/" + runtime.MPI_SONAME)]
+
+        def locate_file(self, path):
+            return site / str(path)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: Unpacked())
+    assert runtime.mpi_library() == str(tmp_path / "prefix" / "lib" / runtime.MPI_SONAME)
+    (tmp_path / "prefix" / "lib" / runtime.MPI_SONAME).unlink()
+    monkeypatch.setattr(runtime.sys, "prefix", str(tmp_path / "nowhere"))
+    assert runtime.mpi_library() is None

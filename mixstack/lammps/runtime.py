@@ -42,13 +42,32 @@ def _mpich_file(name: str) -> str | None:
     return None
 
 
+def _prefix_libs() -> list[str]:
+    """``<prefix>/lib`` of the prefix the ``mpich`` wheel was installed into (its
+    site-packages is ``<prefix>/lib/pythonX.Y/site-packages``; a file list copied from
+    the wheel, as an unpacked runtime may carry, names its files as inside the wheel),
+    then ``sys.prefix``'s."""
+    out = []
+    try:
+        site = str(importlib.metadata.distribution("mpich").locate_file(""))
+        out.append(os.path.normpath(os.path.join(site, "..", "..")))
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    out.append(os.path.join(sys.prefix, "lib"))
+    return out
+
+
 def mpi_library() -> str | None:
-    """The path of MPICH's ``libmpi.so.12`` from the ``mpich`` wheel or ``sys.prefix``."""
+    """The path of MPICH's ``libmpi.so.12`` from the ``mpich`` wheel's file list, else its
+    prefix's ``lib`` or ``sys.prefix``'s."""
     found = _mpich_file(MPI_SONAME)
     if found:
         return found
-    candidate = os.path.join(sys.prefix, "lib", MPI_SONAME)
-    return candidate if os.path.exists(candidate) else None
+    for lib in _prefix_libs():
+        candidate = os.path.join(lib, MPI_SONAME)
+        if os.path.exists(candidate):
+            return candidate
+    return None
 
 
 def mpi_tool(name: str) -> str | None:
