@@ -6,11 +6,22 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,tune,stack,model,lammps (default: tests,stack,model) picks what runs, in that order;
+#   PARTS=tests,tune,retune,grid,stack,model,lammps (default: tests,stack,model) picks what runs,
+#   in that order;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it);
 #   TUNE_SECONDS caps the sweep so that later parts keep time (a key whose sweep is cut
 #   off is left uncovered; finished keys are already written).
+#   "retune": the quick sweep (mixstack tune) of every key of the last measured H200 table
+#   (RETUNE_TABLE, default results/2026-12-01-h200-tuning/NVIDIA_H200.json: the 18 keys a kernel
+#   change voided) into $OUT/cache/NVIDIA_H200.json (copy it over mixstack/tables/NVIDIA_H200.json
+#   to ship it);
+#   RETUNE_FROM=DIR (a folder in the repo holding a previous slice's cache/*.json) resumes:
+#   its keys are covered and skipped.  RETUNE_ARGS adds tune options (e.g. --full).
+#   "grid": `mixstack bench grid` into $OUT/grid, bounded by the time left (GRID_SECONDS caps
+#   it); GRID_ARGS picks the subset (e.g. "--focus-dim 80,96,112,128 --lmax 1"); GRID_FROM=DIR
+#   (a folder in the repo holding a previous slice's grid/keys/*.json) resumes: those keys are
+#   copied in and skipped.
 #   MODEL_ARGS replaces the model bench's default arguments (--levels 0c,0,1c,2c,3c).
 #   Wheels under .whl/ (ase, vesin for a machine without them) are installed
 #   into /tmp/site first.
@@ -61,6 +72,26 @@ part_tune() {
   if [ -n "${TUNE_SECONDS:-}" ] && [ "$TUNE_SECONDS" -lt "$limit" ]; then limit=$TUNE_SECONDS; fi
   timeout "$limit" python3 -m mixstack tune ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.log" | tail -n 30
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("tune rc=$r")
+}
+part_retune() {
+  mkdir -p "$MIXSTACK_CACHE_DIR"
+  if [ -n "${RETUNE_FROM:-}" ]; then cp "$RETUNE_FROM"/*.json "$MIXSTACK_CACHE_DIR"/ 2>/dev/null; fi
+  local limit=$(( $(left) - 15 ))
+  if [ -n "${RETUNE_SECONDS:-}" ] && [ "$RETUNE_SECONDS" -lt "$limit" ]; then limit=$RETUNE_SECONDS; fi
+  timeout "$(left)" python3 -m mixstack tune --keys-of "${RETUNE_TABLE:-results/2026-12-01-h200-tuning/NVIDIA_H200.json}" \
+    --seconds "$limit" ${RETUNE_ARGS:-} 2>&1 | tee "$OUT/retune.log" | tail -n 45
+  r=${PIPESTATUS[0]}; rc=$(( rc || r ))
+  summary+=("retune rc=$r: $(grep -c '| tuned' "$OUT/retune.log") tuned, $(grep -c 'covered' "$OUT/retune.log") covered rows")
+}
+part_grid() {
+  mkdir -p "$OUT/grid/keys"
+  if [ -n "${GRID_FROM:-}" ]; then cp "$GRID_FROM"/*.json "$OUT/grid/keys"/ 2>/dev/null; fi
+  local limit=$(( $(left) - 30 ))      # room for the outputs and the packing
+  if [ -n "${GRID_SECONDS:-}" ] && [ "$GRID_SECONDS" -lt "$limit" ]; then limit=$GRID_SECONDS; fi
+  timeout "$(left)" python3 -m mixstack bench grid ${GRID_ARGS:-} --resume --seconds "$limit" --out "$OUT/grid" \
+    2>&1 | tee "$OUT/grid.log" | tail -n 40
+  r=${PIPESTATUS[0]}; rc=$(( rc || r ))
+  summary+=("bench grid rc=$r: $(grep -o 'measured [0-9]*, skipped [0-9]* (done before), left [0-9]*' "$OUT/grid.log")")
 }
 part_stack() {
   mkdir -p "$OUT/bench"
@@ -120,9 +151,9 @@ part_lammps() {
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|model|lammps) "part_$part" ;;
+    tests|tune|retune|grid|model|lammps) "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, stack, model, lammps)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, stack, model, lammps)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
