@@ -33,15 +33,13 @@ from dataclasses import dataclass
 
 from ..ops.configs import block_k
 from . import store
-from .keys import ShapeKey, as_key
+from .families import M64_N64, M64_N128, rule_config
+from .keys import as_key
 
 log = logging.getLogger(__name__)
 
-M64_N64 = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-M64_N128 = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4}
 POLICY_CONFIGS = (M64_N64, M64_N128)
 MIN_ROW = 224                  # floats per row: Cf 32 lmax 2 (1.20x) is the smallest swept win past 1.04x
-WIDE_BLOCK = 384               # a GEMM block at least this wide takes the 128-wide N tile
 VERDICT_MARGIN = 0.02          # a grid verdict engages level 3 where it beat level 2 by this much
 
 
@@ -52,13 +50,6 @@ class Decision:
     config: dict | None
     reason: str
     source: str                # "rule", "grid" or "unsure"
-
-
-def rule_config(key: ShapeKey) -> dict:
-    """The config the rule names for ``key`` (whether or not it engages)."""
-    lay = key.layout
-    wide = max(lay.m0, lay.m1) >= WIDE_BLOCK or key.focus_dim >= 64
-    return dict(M64_N128 if wide else M64_N64)
 
 
 def verdicts_path(device: str) -> str:
