@@ -79,7 +79,9 @@ def validate(key, cfg: dict, device, edges=None) -> dict:
 
     edges = tuple(edges or (VALIDATION_EDGES if device.type == "cuda" else INTERPRETER_EDGES))
     why = None
-    with registry.registration(FAMILY, key, cfg), levels.use_level(3), unlogged():
+    # the caller may be under no_grad or inference_mode (forces only): the check needs autograd
+    with registry.registration(FAMILY, key, cfg), levels.use_level(3), unlogged(), \
+            torch.inference_mode(False), torch.enable_grad():
         for i, n in enumerate(edges):
             u0, alpha, w0, w1, gw, grad = _inputs(key, n, device, seed=1000 + i)
             got = _fwd_bwd(mixing_stack, key, u0, alpha, w0, w1, gw, grad)

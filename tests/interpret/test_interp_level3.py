@@ -74,3 +74,15 @@ def test_a_failed_validation_is_kept_and_level_3_runs_level_2(tables, monkeypatc
     assert res["log"].get("fwd:triton", 0) and res["log"].get("level3:level2", 0) == 2 and not res["log"].get("fwd:compensated", 0)
     entry = tuning.find(COMP, _key(CASE), device_name=DEVICE)[1]
     assert entry["config"] is None and "above the contract" in entry["validation"]["why"]
+
+
+def test_the_first_call_may_come_without_autograd(tables):
+    import torch
+
+    import mixstack
+    _engage_by_grid_verdict(CASE)
+    u0, alpha, w0, w1, gw = helpers.make_inputs(CASE)
+    with mixstack.use_level(3), torch.inference_mode(), mixstack.dispatch_log() as log:
+        mixstack.mixing_stack(u0, alpha, w0, w1, gw, lmax=CASE.lmax, focus_dim=CASE.Cf)
+    assert log == {"fwd:compensated": 1, "level3:policy": 1}
+    assert tuning.find(COMP, _key(CASE), device_name=DEVICE)[1]["validation"]["ok"]
