@@ -198,9 +198,9 @@ def run_grid(cfg: GridConfig, out: str | os.PathLike, *, on_key=None, on_step=No
                 done["skipped"].append(name)
                 say("skip", name, "measured already")
                 continue
-            if cfg.seconds is not None:
+            if cfg.seconds is not None:                 # 0: measure nothing, only rebuild the outputs
                 estimate = max(durations) if durations else 0.0
-                if now() - start + estimate > cfg.seconds:
+                if cfg.seconds <= 0 or now() - start + estimate > cfg.seconds:
                     done["stopped"].append(name)
                     continue
             if roof is None:

@@ -62,7 +62,7 @@ def add_parser(sub) -> None:
     b.add_argument("--out", help="results folder (default results/<date>-<device>-bench/)")
     b.add_argument("--no-plot", action="store_true", help="write JSON, Markdown and CSV only")
     b.add_argument("--seconds", type=float, help="grid: stop cleanly before a key that would not fit in "
-                   "this many seconds")
+                   "this many seconds (0: measure nothing, rebuild the outputs from --out's key files)")
     b.add_argument("--resume", action="store_true", help="grid: skip keys already measured in --out")
 
 
@@ -233,7 +233,7 @@ def grid_config(args):
     if other or args.no_alpha or args.quick:
         raise ValueError(f"{', '.join(other or ['--no-alpha / --quick'])}: not an option of `mixstack bench grid`")
     cfg = grid.with_subset(grid.GridConfig(device=args.device, seed=args.seed, resume=args.resume,
-                                           seconds=positive("--seconds", args.seconds)),
+                                           seconds=positive("--seconds", args.seconds, allow_zero=True)),
                            focus_dims=args.focus_dim, lmaxes=args.lmax, focus=args.focus)
     bad = [f"Cf {c}" for c in cfg.focus_dims if c % 16 or not 16 <= c <= 128]
     bad += [f"lmax {x}" for x in cfg.lmaxes if not 1 <= x <= 6] + [f"F {x}" for x in cfg.focus if x < 1]
