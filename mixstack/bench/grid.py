@@ -214,7 +214,9 @@ def run_grid(cfg: GridConfig, out: str | os.PathLike, *, on_key=None, on_step=No
             os.replace(tmp, path)
             durations.append(now() - t0)
             done["measured"].append(name)
-            say("done", name, f"{durations[-1]:.1f} s")
+            comp = rec["compile"]
+            first = "" if comp["first_call_s"] is None else f"; 0c first call {comp['first_call_s']:.1f} s"
+            say("done", name, f"{durations[-1]:.1f} s ({comp['graphs']} graphs compiled{first})")
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     if done["stopped"]:
