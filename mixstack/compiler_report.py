@@ -277,7 +277,7 @@ def launch_identity(launch: Launch) -> str:
     """A short stable name of what Triton compiles for ``launch`` (kernel, argument types and
     specialisation, constexprs, options): two launches with the same identity are one compile."""
     import hashlib
-    signature, constexprs, attrs = _signature(launch)
+    signature, constexprs, attrs = source_args(launch)
     options = {k: launch.kwargs[k] for k in _OPTIONS if k in launch.kwargs}
     text = repr((launch.name, sorted(signature.items()), sorted(constexprs.items()),
                  sorted((k, repr(v)) for k, v in attrs.items()), sorted(options.items())))
