@@ -256,9 +256,16 @@ def compensated_ran(rec: dict) -> bool | None:
     return any(p.endswith(":compensated") for p in v["dispatch"])
 
 
-def summary(rec: dict, pass_: str = "both") -> dict:
-    """Speed-ups over the compiled reference (and eager) of each level at one key."""
-    med = _medians(rec, pass_)
+def _pass(rec: dict, pass_: str | None) -> str:
+    """``pass_``, or the key's forward + backward, or the first pass it measured."""
+    passes = rec.get("config", {}).get("passes") or ["both"]
+    return pass_ or ("both" if "both" in passes else passes[0])
+
+
+def summary(rec: dict, pass_: str | None = None) -> dict:
+    """Speed-ups over the compiled reference (and eager) of each level at one key (forward +
+    backward where measured)."""
+    med = _medians(rec, _pass(rec, pass_))
     base, eager = med.get("L0-compile"), med.get("L0-eager")
     row = {"key": key_name(rec["key"]["focus_dim"], rec["key"]["lmax"], rec["key"]["focus"]), **rec["key"],
            "compiled_ms": base, "eager_ms": eager, "level3_compensated": compensated_ran(rec)}
@@ -303,14 +310,14 @@ def long_rows(records: list[dict]) -> list[dict]:
     return rows
 
 
-def level3_verdicts(records: list[dict], pass_: str = "both") -> dict:
+def level3_verdicts(records: list[dict], pass_: str | None = None) -> dict:
     """What ``tuning.policy`` reads (``<device>.level3.json``): per measured key, level 2's time
     over level 3's where level 3 ran compensated kernels, and the config it ran."""
     from ..tuning.keys import shape_key
     from ..tuning.policy import rule_config
     out = {}
     for rec in records:
-        med = _medians(rec, pass_)
+        med = _medians(rec, _pass(rec, pass_))
         if compensated_ran(rec) and med.get("L2") and med.get("L3"):
             k = rec["key"]
             key = shape_key(focus_dim=k["focus_dim"], lmax=k["lmax"], n_focus=k["focus"], apply_alpha=True)
