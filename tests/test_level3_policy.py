@@ -54,7 +54,7 @@ def test_the_rule_names_the_winner_of_every_swept_key_up_to_ties():
         med = entry["medians_ms"]
         best = min(v for n, v in med.items() if n != "baseline")
         ours = med[families.label(policy.rule_config(k))]
-        assert ours <= best * 1.001, (k, families.label(policy.rule_config(k)), ours, best)
+        assert ours <= best * 1.004, (k, families.label(policy.rule_config(k)), ours, best)
         checked += 1
     assert checked == 16                   # the 17 swept keys less the one where level 3 lost
 
@@ -128,7 +128,8 @@ def test_quick_candidates_are_the_pruned_sets():
     assert tuning.candidates("stack_bwd_relay", k, quick=True) == [
         {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}]
     assert tuning.candidates(COMP, k, quick=True) == [policy.M64_N64]
-    assert tuning.candidates(COMP, key(64, 1), quick=True) == [policy.M64_N128]
+    assert tuning.candidates(COMP, key(64, 3), quick=True) == [policy.M64_N128]
+    assert tuning.candidates(COMP, key(64, 1), quick=True) == [policy.M64_N64]     # 128-wide blocks
     assert tuning.candidates("stack_fwd", k, quick=True) == []
     assert tuning.candidates("stack_bwd_fused", k, quick=True) == []
     full = tuning.candidates(COMP, k)

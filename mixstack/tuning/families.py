@@ -68,7 +68,7 @@ CONTRACT = 2e-6            # relative error of the result and of every gradient 
 #   tile and every 8-warp one was 1-30% slower at every key.
 # - stack_compensated: the level-3 policy's config for the key
 #   (``policy.rule_config``), which names the winner of every swept key up to ties
-#   within 0.1%; the other tiles were 3-90% slower (one-stage ones 20-45%).
+#   within 0.4%; the other tiles were 3-90% slower (one-stage ones 20-45%).
 # - stack_fwd and stack_bwd_fused are left out: the level-1 forward config won at every
 #   key it was swept at, and the fused backward lost at every key by 16-56%.
 _QUICK_RELAY = ((64, 64, 4, 2),)
@@ -126,10 +126,13 @@ WIDE_BLOCK = 384               # a GEMM block at least this wide takes the 128-w
 
 def rule_config(key: ShapeKey) -> dict:
     """The level-3 config the policy names for ``key`` (``policy`` says whether it engages): M64
-    N128 w4 s4 where a GEMM block is at least ``WIDE_BLOCK`` wide or Cf >= 64, else M64 N64 w4 s3,
-    the winner or within 0.1% of it at every H200 key where level 3 won."""
+    N128 w4 s4 where a GEMM block is at least ``WIDE_BLOCK`` wide, or Cf >= 64 with blocks wider
+    than 128, else M64 N64 w4 s3: the winner or within 0.4% of it at every H200 key where level 3
+    won.  (At Cf 64 lmax 1, blocks of 128, N128 tied with N64 on the H200, 8.18 against 8.21 ms,
+    and its level-3 identity-layer GEMM spills 136 bytes for sm_90; N64 spills none.)"""
     lay = key.layout
-    wide = max(lay.m0, lay.m1) >= WIDE_BLOCK or key.focus_dim >= 64
+    widest = max(lay.m0, lay.m1)
+    wide = widest >= WIDE_BLOCK or (key.focus_dim >= 64 and widest > 128)
     return dict(M64_N128 if wide else M64_N64)
 
 

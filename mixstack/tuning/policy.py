@@ -18,8 +18,9 @@ F 1-2, ``results/2026-12-01-h200-tuning/NVIDIA_H200.json``; BENCHMARKS.md, "Leve
 - so it engages where ``Cf`` is a multiple of 32 (the K tile the swept keys used;
   widths 16, 48, 80 and 112 run 16-wide K tiles, never swept) and the row holds at
   least ``MIN_ROW`` floats;
-- the config: M64 N128 w4 s4 where a GEMM block is at least 384 wide or Cf >= 64,
-  else M64 N64 w4 s3: the winner, or within 0.1% of it, at every key where level 3 won.
+- the config (``families.rule_config``): M64 N128 w4 s4 where a GEMM block is at least 384
+  wide, or Cf >= 64 with blocks wider than 128, else M64 N64 w4 s3: the winner, or within 0.4%
+  of it, at every key where level 3 won.
 
 Where a grid run has measured a key (``mixstack bench grid``, its ``level3.json``
 verdicts beside the device's table), the measurement decides instead of the rule.
