@@ -76,22 +76,22 @@ part_tune() {
 part_retune() {
   mkdir -p "$MIXSTACK_CACHE_DIR"
   if [ -n "${RETUNE_FROM:-}" ]; then cp "$RETUNE_FROM"/*.json "$MIXSTACK_CACHE_DIR"/ 2>/dev/null; fi
-  local limit=$(( $(left) - 15 ))
+  local limit=$(( $(left) - 15 )) t0=$(date +%s)
   if [ -n "${RETUNE_SECONDS:-}" ] && [ "$RETUNE_SECONDS" -lt "$limit" ]; then limit=$RETUNE_SECONDS; fi
   timeout "$(left)" python3 -m mixstack tune --keys-of "${RETUNE_TABLE:-results/2026-12-01-h200-tuning/NVIDIA_H200.json}" \
     --seconds "$limit" ${RETUNE_ARGS:-} 2>&1 | tee "$OUT/retune.log" | tail -n 45
   r=${PIPESTATUS[0]}; rc=$(( rc || r ))
-  summary+=("retune rc=$r: $(grep -c '| tuned' "$OUT/retune.log") tuned, $(grep -c 'covered' "$OUT/retune.log") covered rows")
+  summary+=("retune rc=$r: $(grep -c '| tuned' "$OUT/retune.log") tuned, $(grep -c '| covered' "$OUT/retune.log") covered rows in $(( $(date +%s) - t0 )) s")
 }
 part_grid() {
   mkdir -p "$OUT/grid/keys"
   if [ -n "${GRID_FROM:-}" ]; then cp "$GRID_FROM"/*.json "$OUT/grid/keys"/ 2>/dev/null; fi
-  local limit=$(( $(left) - 30 ))      # room for the outputs and the packing
+  local limit=$(( $(left) - 30 )) t0=$(date +%s)     # room for the outputs and the packing
   if [ -n "${GRID_SECONDS:-}" ] && [ "$GRID_SECONDS" -lt "$limit" ]; then limit=$GRID_SECONDS; fi
   timeout "$(left)" python3 -m mixstack bench grid ${GRID_ARGS:-} --resume --seconds "$limit" --out "$OUT/grid" \
     2>&1 | tee "$OUT/grid.log" | tail -n 40
   r=${PIPESTATUS[0]}; rc=$(( rc || r ))
-  summary+=("bench grid rc=$r: $(grep -o 'measured [0-9]*, skipped [0-9]* (done before), left [0-9]*' "$OUT/grid.log")")
+  summary+=("bench grid rc=$r: $(grep -o 'measured [0-9]*, skipped [0-9]* (done before), left [0-9]*' "$OUT/grid.log") in $(( $(date +%s) - t0 )) s")
 }
 part_stack() {
   mkdir -p "$OUT/bench"
