@@ -70,21 +70,28 @@ class CallStats:
     host and device, seconds per phase (``PHASES``), and the device's peak memory."""
 
     calls: int = 0
-    atoms: int = 0
-    edges: int = 0
+    local_atoms: int = 0       # the rank's own atoms (LAMMPS's nlocal)
+    lammps_atoms: int = 0      # local and ghost atoms LAMMPS handed over
+    pairs: int = 0             # neighbour pairs within the cutoff LAMMPS handed over
+    atoms: int = 0             # atoms the model evaluated (local_graph)
+    edges: int = 0             # edges the model evaluated
     h2d_bytes: int = 0
     h2d_copies: int = 0
     d2h_bytes: int = 0
     d2h_copies: int = 0
     seconds: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    slowest_call_seconds: float = 0.0
     peak_memory_bytes: int | None = None
 
     def to_dict(self) -> dict:
         n = max(self.calls, 1)
-        return {"calls": self.calls, "atoms_per_call": self.atoms / n, "edges_per_call": self.edges / n,
+        return {"calls": self.calls, "local_atoms_per_call": self.local_atoms / n,
+                "lammps_atoms_per_call": self.lammps_atoms / n, "pairs_per_call": self.pairs / n,
+                "atoms_per_call": self.atoms / n, "edges_per_call": self.edges / n,
                 "h2d_bytes_per_call": self.h2d_bytes / n, "h2d_copies_per_call": self.h2d_copies / n,
                 "d2h_bytes_per_call": self.d2h_bytes / n, "d2h_copies_per_call": self.d2h_copies / n,
                 "seconds_per_call": {k: v / n for k, v in self.seconds.items()},
+                "slowest_call_seconds": self.slowest_call_seconds,
                 "peak_memory_bytes": self.peak_memory_bytes}
 
 
@@ -131,8 +138,15 @@ class DomainEvaluator:
         ``pairs (2, E)`` holds the neighbour pairs within the cutoff, sources
         then centres.  Forces cover every atom (zero where an atom cannot
         change a local energy).  Three arrays go to the device and two come
-        back; the graph is built there.
+        back; the graph is built there.  A CUDA device is made current for the
+        call (Triton launches on the current device).
         """
+        if self.device.type == "cuda":
+            with torch.cuda.device(self.device):
+                return self._compute(nlocal, positions, types, pairs)
+        return self._compute(nlocal, positions, types, pairs)
+
+    def _compute(self, nlocal, positions, types, pairs):
         st, clock = self.stats, time.perf_counter
         n = positions.shape[0]
         if nlocal == 0:                              # a rank may own no atom at all
@@ -164,6 +178,9 @@ class DomainEvaluator:
         out = (forces.cpu().numpy(), local.cpu().numpy())
         t4 = clock()
         st.calls += 1
+        st.local_atoms += nlocal
+        st.lammps_atoms += n
+        st.pairs += pairs.shape[1]
         st.atoms += graph.atoms.numel()
         st.edges += graph.edge_index.shape[1]
         if self.device.type != "cpu":
@@ -175,4 +192,5 @@ class DomainEvaluator:
                 st.peak_memory_bytes = torch.cuda.max_memory_allocated(self.device)
         for name, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             st.seconds[name] += dt
+        st.slowest_call_seconds = max(st.slowest_call_seconds, t4 - t0)
         return float(out[1].sum()), out[0], out[1]
