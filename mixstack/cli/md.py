@@ -27,8 +27,8 @@ def add_parser(sub) -> None:
     p.add_argument("--repeat", type=int, nargs=3, default=(1, 1, 1), metavar=("A", "B", "C"),
                    help="repeat the structure A x B x C times")
     p.add_argument("--model", default="small",
-                   help="an SO2Potential.save checkpoint, or a new untrained model: small (default) or bench "
-                        "(the model bench's size)")
+                   help="an SO2Potential.save checkpoint, or a new untrained model: small (default), bench "
+                        "(the model bench's size) or scaling (the scaling runs' model)")
     p.add_argument("--float64", action="store_true", help="new model: float64 weights")
     p.add_argument("--ensemble", choices=ENSEMBLES, default="nve", help="default nve")
     p.add_argument("--steps", type=int, default=100, help="time steps (default 100)")
@@ -43,13 +43,17 @@ def add_parser(sub) -> None:
                    "ASE writes)")
     p.add_argument("--traj-every", type=int, help="trajectory frame every N steps (default: --thermo)")
     p.add_argument("--engine", choices=ENGINES, default="lammps", help="default lammps")
-    p.add_argument("--device", help="where the model runs: cpu, cuda or cuda:N (default: cuda if available)")
+    p.add_argument("--device", help="where the model runs: cpu, cuda or cuda:N (default: cuda if available); "
+                   "LAMMPS: with cuda each rank takes GPU (node-local rank mod GPU count)")
     p.add_argument("--level", type=int, choices=(0, 1, 2, 3), help="mixstack level (default: the process default)")
     p.add_argument("--skin", type=float, default=1.0, help="neighbour-list skin, Å (default 1)")
     p.add_argument("--seed", type=int, default=0, help="structure rattle, velocities, new model (default 0)")
     p.add_argument("--log", help="LAMMPS log file (default: none kept)")
     p.add_argument("--quiet", action="store_true", help="no LAMMPS screen output")
     p.add_argument("--json", help="write the run's record (JSON) here")
+    p.add_argument("--warmup", type=int, default=0,
+                   help="LAMMPS: steps run before the timed run, outside its timing and statistics (default 0)")
+    p.add_argument("--forces", help="LAMMPS: write the step-0 energy and forces by atom ID here (.npz)")
 
 
 def check(args) -> None:
@@ -57,6 +61,7 @@ def check(args) -> None:
     from ..lammps.md import BUILDERS, MODEL_NAMES
     positive("--atoms", args.atoms)
     positive("--steps", args.steps, allow_zero=True)
+    positive("--warmup", args.warmup, allow_zero=True)
     positive("--thermo", args.thermo)
     positive("--traj-every", args.traj_every)
     positive("--repeat", min(args.repeat))
@@ -85,7 +90,7 @@ def config_from_args(args):
                     temperature=args.temperature, pressure=args.pressure, tdamp=args.tdamp, pdamp=args.pdamp,
                     thermo=args.thermo, traj=args.traj, traj_every=args.traj_every, engine=args.engine,
                     device=args.device, level=args.level, skin=args.skin, seed=args.seed, log=args.log,
-                    screen=not args.quiet)
+                    screen=not args.quiet, warmup=args.warmup, forces=args.forces)
 
 
 def run(args, argv=None) -> int:

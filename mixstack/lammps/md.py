@@ -10,8 +10,11 @@ single-process reference of a LAMMPS run.  Ensembles: NVE (velocity
 Verlet), NVT (Nosé-Hoover in LAMMPS, Langevin in ASE) and NPT (LAMMPS,
 isotropic Nosé-Hoover).  LAMMPS prints its usual thermo lines and run
 summary; ``--json`` writes a record with the thermo table, steps per second,
-LAMMPS's timing breakdown and, per rank, what the model calls cost (atoms and
-edges, host-device copies, seconds per phase, peak device memory).
+LAMMPS's timing breakdown and, per rank, its device (``placement``: one GPU
+per node-local rank) and what the model calls cost (atoms and edges,
+host-device copies, seconds per phase, peak device memory).  ``--warmup``
+steps run untimed first; ``--forces`` writes the step-0 energy and forces by
+atom ID (the scaling driver compares rank counts with it).
 
 ``run_md`` is the entry point (it never prints); ``mixstack.cli.md`` is the command.
 """
@@ -34,7 +37,11 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "mixstack-md/1"
 BUILDERS = ("diamond", "cu-bcc")
-MODEL_NAMES = ("small", "bench")      # bench.model_bench's QUICK_CPU_MODEL and DEFAULT_MODEL
+MODEL_NAMES = ("small", "bench", "scaling")   # bench.model_bench's QUICK_CPU_MODEL, DEFAULT_MODEL; SCALING_MODEL
+# The scaling runs' model: small enough per edge that ~500,000 bcc Cu atoms fit on one H200
+# (BENCHMARKS.md, "Several GPUs"), with focus_dim 32 and lmax 1 so that level 3 finds a
+# validated stack_compensated entry in the shipped table (focus_dim 16 would run level 2).
+SCALING_MODEL = dict(lmax=1, focus_dim=32, n_focus=1, n_layers=2, n_blocks=2, cutoff=3.3, radial_hidden=16)
 ENSEMBLES = ("nve", "nvt", "npt")
 ENGINES = ("lammps", "ase")
 THERMO = ("Step", "Time", "Temp", "PotEng", "KinEng", "TotEng", "Press", "Volume")
@@ -66,6 +73,8 @@ class MDConfig:
     seed: int = 0
     log: str | None = None             # the LAMMPS log file (default: a temporary one)
     screen: bool = True                # LAMMPS screen output (rank 0)
+    warmup: int = 0                    # LAMMPS: steps run before the timed run, outside every statistic
+    forces: str | None = None          # LAMMPS: write the step-0 energy and forces by atom ID here (.npz)
 
     def __post_init__(self):
         checks = [("ensemble", self.ensemble, ENSEMBLES), ("engine", self.engine, ENGINES)]
@@ -77,10 +86,14 @@ class MDConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.steps < 0:
             raise ValueError(f"steps must be >= 0, got {self.steps}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
         if len(self.repeat) != 3 or min(self.repeat) < 1:
             raise ValueError(f"repeat must be three integers >= 1, got {self.repeat}")
         if self.engine == "ase" and self.ensemble == "npt":
             raise ValueError("engine ase runs nve and nvt; use engine lammps for npt")
+        if self.engine == "ase" and (self.warmup or self.forces):
+            raise ValueError("warmup and forces are options of engine lammps")
 
     @property
     def thermo_every(self) -> int:
@@ -113,13 +126,21 @@ def prepare_atoms(cfg: MDConfig):
     return atoms
 
 
+def model_size(name: str) -> dict:
+    """The ``SO2Potential`` arguments of a named model (``MODEL_NAMES``)."""
+    from ..bench.model_bench import DEFAULT_MODEL, QUICK_CPU_MODEL
+    sizes = {"small": QUICK_CPU_MODEL, "bench": DEFAULT_MODEL, "scaling": SCALING_MODEL}
+    if name not in sizes:
+        raise ValueError(f"model: {name!r} is not one of {', '.join(MODEL_NAMES)}")
+    return dict(sizes[name])
+
+
 def load_model(cfg: MDConfig):
     """The potential: a checkpoint, or a new (untrained) model of a named size."""
     from ..potential import SO2Potential
     if cfg.model in MODEL_NAMES:
-        from ..bench.model_bench import DEFAULT_MODEL, QUICK_CPU_MODEL
-        size = QUICK_CPU_MODEL if cfg.model == "small" else DEFAULT_MODEL
-        return SO2Potential(**size, seed=cfg.seed, dtype=torch.float64 if cfg.float64 else torch.float32)
+        return SO2Potential(**model_size(cfg.model), seed=cfg.seed,
+                            dtype=torch.float64 if cfg.float64 else torch.float32)
     if not os.path.exists(cfg.model):
         raise ValueError(f"model: {cfg.model!r} is neither a checkpoint file nor one of {', '.join(MODEL_NAMES)}")
     return SO2Potential.load(cfg.model)
@@ -168,17 +189,48 @@ def _gather(value, size: int) -> list:
         return [value]
     try:
         from mpi4py import MPI
-    except ImportError:
-        log.warning("mpi4py is not installed: the record holds rank 0's model statistics only")
+    except (ImportError, RuntimeError, OSError) as exc:
+        log.warning("mpi4py is not usable (%s): the record holds rank 0's model statistics only", exc)
         return [value]
     return MPI.COMM_WORLD.gather(value, root=0) or []
 
 
+def _use_device(placement) -> torch.device:
+    """Make ``placement.device`` this process's device; empty its cache and reset its peak memory, so
+    that the record's peak belongs to this run."""
+    device = torch.device(placement.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    return device
+
+
+def write_single_point(lmp, path: str, rank: int) -> None:
+    """``run 0``, then (rank 0) ``path``: ``energy`` (eV) and ``forces (N, 3)`` (eV/Å, LAMMPS's frame;
+    row ``k`` is atom ID ``k + 1``).  Every rank must call it (the forces are gathered)."""
+    lmp.command("run 0")
+    energy = lmp.get_thermo("pe")
+    n = lmp.get_natoms()
+    forces = np.ctypeslib.as_array(lmp.gather_atoms("f", 1, 3)).reshape(n, 3).copy()
+    if rank == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        np.savez(path, energy=np.float64(energy), forces=forces)
+
+
 def run_lammps(cfg: MDConfig, atoms, model) -> dict:
-    """Run ``cfg`` in LAMMPS on the ranks of this MPI job; the record is complete on rank 0."""
+    """Run ``cfg`` in LAMMPS on the ranks of this MPI job; the record is complete on rank 0.
+
+    Each rank runs the model on its own device (``placement.rank_device``:
+    ``cuda`` without an index means one GPU per node-local rank, round robin).
+    With ``cfg.forces`` a single point (``run 0``) comes first; ``cfg.warmup``
+    steps follow; the statistics and LAMMPS's timing cover the timed run alone.
+    """
+    from .domain import CallStats
     from .pair import attach, new_lammps
+    from .placement import multicast_off, rank_device
     from .system import create_system, elements_of
-    device = _device(cfg)
+    multicast_off()
     tmp, rank = None, 0
     log_path = cfg.log
     if log_path is None:
@@ -188,6 +240,8 @@ def run_lammps(cfg: MDConfig, atoms, model) -> dict:
     lmp = new_lammps(args)
     try:
         rank, size = lmp.extract_setting("world_rank"), lmp.extract_setting("world_size")
+        placement = rank_device(cfg.device)
+        device = _use_device(placement)
         if device.type == "cpu":
             _set_cpu_threads(size)
         elements = elements_of(atoms)
@@ -198,10 +252,17 @@ def run_lammps(cfg: MDConfig, atoms, model) -> dict:
             "thermo_modify norm no flush yes",
             f"thermo {cfg.thermo_every}",
         ] + _dump_commands(cfg, elements))
+        if cfg.forces:
+            write_single_point(lmp, cfg.forces, rank)
+        if cfg.warmup:
+            lmp.command(f"run {cfg.warmup}")
+        pair.evaluator.stats = CallStats()            # the timed run's calls only
+        # after a run, "pre no" skips the setup's force call: one model call per timed step
         start = time.perf_counter()
-        lmp.command(f"run {cfg.steps}")
+        lmp.command(f"run {cfg.steps}" + (" pre no" if cfg.forces or cfg.warmup else ""))
         wall = time.perf_counter() - start
-        stats = _gather(pair.stats.to_dict(), size)
+        own = {"rank": rank, **placement.to_dict(), **pair.stats.to_dict()}
+        stats = _gather(own, size)
         pair.detach()
         parsed = logfile.read(log_path) if rank == 0 else {}
     finally:
@@ -209,9 +270,10 @@ def run_lammps(cfg: MDConfig, atoms, model) -> dict:
         if tmp is not None:
             tmp.cleanup()
     loop = parsed.get("loop_seconds") or wall
-    return {"rank": rank, "ranks": size, "receptive_field": pair.receptive_field, "wall_seconds": wall,
+    return {"rank": rank, "ranks": size, "device": str(device), "receptive_field": pair.receptive_field,
+            "wall_seconds": wall,
             "loop_seconds": loop, "thermo": parsed.get("thermo", {}), "lammps_sections": parsed.get("sections"),
-            "lammps_performance": parsed.get("performance"), "model_calls": stats}
+            "lammps_performance": parsed.get("performance"), "model_calls": stats, "rank_calls": own}
 
 
 # ------------------------------------------------------------------ ASE
@@ -251,7 +313,7 @@ def run_ase(cfg: MDConfig, atoms, model) -> dict:
     dyn.run(cfg.steps)
     wall = time.perf_counter() - start
     thermo = {name: [r[k] for r in rows] for k, name in enumerate(THERMO)}
-    return {"rank": 0, "ranks": 1, "wall_seconds": wall, "loop_seconds": wall, "thermo": thermo,
+    return {"rank": 0, "ranks": 1, "device": str(device), "wall_seconds": wall, "loop_seconds": wall, "thermo": thermo,
             "model_calls": None}
 
 
@@ -266,7 +328,8 @@ def run_md(cfg: MDConfig) -> dict:
     model = load_model(cfg)
     result = (run_lammps if cfg.engine == "lammps" else run_ase)(cfg, atoms, model)
     loop = result["loop_seconds"]
-    record = {"schema": SCHEMA, "config": cfg.to_dict(), "atoms": len(atoms), "model": dict(model.config),
+    record = {"schema": SCHEMA, "config": cfg.to_dict(), "atoms": len(atoms),
+              "cell_lengths": [float(v) for v in atoms.cell.lengths()], "model": dict(model.config),
               "model_dtype": str(model.dtype).removeprefix("torch."), **result}
     record["steps_per_second"] = cfg.steps / loop if loop > 0 and cfg.steps else None
     etot = record["thermo"].get("TotEng") or []
@@ -274,7 +337,7 @@ def run_md(cfg: MDConfig) -> dict:
     if record["rank"] == 0:
         from ..bench.env import collect
         from .runtime import lammps_version
-        record["env"] = collect(_device(cfg))
+        record["env"] = collect(result.get("device") or _device(cfg))
         record["env"]["lammps"] = lammps_version() if cfg.engine == "lammps" else None
     return record
 
