@@ -6,8 +6,8 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,tune,retune,grid,stack,model,lammps (default: tests,stack,model) picks what runs,
-#   in that order;
+#   PARTS=tests,tune,retune,grid,stack,model,lammps,scaling (default: tests,stack,model) picks what
+#   runs, in that order;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it);
 #   TUNE_SECONDS caps the sweep so that later parts keep time (a key whose sweep is cut
@@ -33,6 +33,16 @@
 #   the ASE path and one LAMMPS rank, then LAMMPS_RANKS ranks (default "2 4") sharing the GPU at
 #   the last case; records and a table (steps/s against ASE, per-call phases, host-device copies,
 #   peak memory) under $OUT/lammps.  LAMMPS_DEVICE (default cuda; cpu to try it without a GPU).
+#   "scaling": LAMMPS MD over several ranks, one per GPU (python -m mixstack.lammps.scaling; the
+#   LAMMPS runtime as for "lammps"): steps/s, parallel efficiency, a step's time split, peak memory
+#   per GPU, and step-0 energies and forces of every rank count against the fewest, at SCALING_LEVELS
+#   (default "2 3").  With 2 or more GPUs it measures SCALING_RANKS (default 1 2 4 ... up to the GPU
+#   count) on SCALING_STRONG (default diamond:50000 cu-bcc:50000 diamond:500000 cu-bcc:500000) and
+#   SCALING_WEAK (atoms per rank, default diamond:100000 cu-bcc:100000); with one GPU (or
+#   LAMMPS_DEVICE=cpu) it is a DRY RUN of the same procedure, ranks 1 2 4 sharing the GPU, on
+#   SCALING_STRONG=diamond:20000 cu-bcc:20000 and SCALING_WEAK=diamond:5000.  SCALING_STEPS (20; dry
+#   run 10), SCALING_WARMUP (3).  NVLink multicast stays off (NCCL_NVLS_ENABLE=0,
+#   TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1).  Results under $OUT/scaling.
 #   BUDGET (seconds, default 540) bounds the whole script: each part gets what
 #   is left, so the packing at the end always runs.  Everything under $OUT is
 #   packed into $OUT/gpu_check.tgz (a device call returns at most 8 files);
@@ -149,12 +159,44 @@ part_lammps() {
   done
   python3 -m mixstack.lammps.report "$dir" && cat "$dir/lammps.md" | tee -a "$OUT/lammps.log" | tail -n 12
 }
+part_scaling() {
+  local dir=$OUT/scaling device=${LAMMPS_DEVICE:-cuda} gpus=0 mode ranks strong weak n budget steps
+  mkdir -p "$dir"
+  lammps_runtime > "$OUT/scaling.log" 2>&1       # not in a pipe: it exports PATH and PYTHONPATH
+  r=$?; cat "$OUT/scaling.log"
+  if [ "$r" != 0 ]; then
+    summary+=("scaling: no LAMMPS runtime (scripts/lammps_carry.sh builds .lammps-carry)"); rc=1; return
+  fi
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  if [ "$device" = cuda ]; then gpus=$(python3 -c "import torch; print(torch.cuda.device_count())"); fi
+  if [ "${gpus:-0}" -ge 2 ]; then
+    mode=measurement; steps=${SCALING_STEPS:-20}; ranks=""; n=1
+    while [ "$n" -le "$gpus" ]; do ranks="$ranks $n"; n=$(( n * 2 )); done
+    ranks=${SCALING_RANKS:-$ranks}
+    strong=${SCALING_STRONG:-diamond:50000 cu-bcc:50000 diamond:500000 cu-bcc:500000}
+    weak=${SCALING_WEAK-diamond:100000 cu-bcc:100000}
+  else
+    mode="dry run, ranks sharing ${gpus} GPU(s)"; steps=${SCALING_STEPS:-10}; ranks=${SCALING_RANKS:-1 2 4}
+    [ "$device" = cpu ] && mode="dry run on the CPU"
+    strong=${SCALING_STRONG:-diamond:20000 cu-bcc:20000}
+    weak=${SCALING_WEAK-diamond:5000}
+  fi
+  budget=$(( $(left) - 20 )); [ "$budget" -lt 10 ] && budget=10
+  echo "== scaling ($mode): ranks $ranks; strong $strong; weak $weak; levels ${SCALING_LEVELS:-2 3}" \
+    | tee -a "$OUT/scaling.log"
+  timeout "$(left)" python3 -m mixstack.lammps.scaling --device "$device" --ranks "${ranks// /,}" \
+    --strong "${strong// /,}" --weak "${weak// /,}" --levels "$(echo ${SCALING_LEVELS:-2 3} | tr ' ' ,)" \
+    --steps "$steps" --warmup "${SCALING_WARMUP:-3}" --budget "$budget" --out "$dir" 2>&1 \
+    | tee -a "$OUT/scaling.log" | tail -n 40
+  r=${PIPESTATUS[0]}; rc=$(( rc || r ))
+  summary+=("scaling rc=$r ($mode): $(ls "$dir"/points/*-r*.json 2>/dev/null | grep -vc '\.rank') points")
+}
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|model|lammps) "part_$part" ;;
+    tests|tune|retune|grid|model|lammps|scaling) "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, retune, grid, stack, model, lammps)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, stack, model, lammps, scaling)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
