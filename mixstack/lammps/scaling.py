@@ -511,6 +511,10 @@ def main(argv=None) -> int:
         return run_worker(args.worker)
     from .scaling_report import write_report
     if args.report:
+        if not os.path.isdir(os.path.join(args.report, POINTS_DIR)):
+            print(f"mixstack.lammps.scaling: error: --report {args.report}: no {POINTS_DIR}/ folder of "
+                  f"point records there", file=sys.stderr)
+            return 2
         records = load_records(os.path.join(args.report, POINTS_DIR))
         plan = {}
         if os.path.exists(os.path.join(args.report, PLAN_NAME)):

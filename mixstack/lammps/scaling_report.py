@@ -235,15 +235,18 @@ def plot(doc: dict, path) -> Path:
         if not pts:
             continue
         series, structure, atoms, model, level = key
-        label = f"{series} {structure} {atoms} {model} L{level}"
+        label = f"{series} {structure} {atoms} {Path(model).stem} L{level}"
         xs = [p["ranks"] for p in pts]
         if series == "strong":
             (line,) = ax1.plot(xs, [p["steps_per_s"] for p in pts], "o-", label=label)
             b = pts[0]
             ax1.plot(xs, [b["steps_per_s"] * x / b["ranks"] for x in xs], "--", color=line.get_color(), alpha=0.4)
         ax2.plot(xs, [p.get("efficiency") for p in pts], "o-" if series == "strong" else "s:", label=label)
+    ticks = sorted({r["ranks"] for r in doc["rows"]})
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
         ax.set_xlabel("MPI ranks (one GPU each)" if not doc["dry_run"] else "MPI ranks (sharing GPUs: dry run)")
         ax.grid(alpha=0.3)
     ax1.set_yscale("log")
