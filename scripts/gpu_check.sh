@@ -37,7 +37,8 @@
 #   LAMMPS runtime as for "lammps"): steps/s, parallel efficiency, a step's time split, peak memory
 #   per GPU, and step-0 energies and forces of every rank count against the fewest, at SCALING_LEVELS
 #   (default "2 3").  With 2 or more GPUs it measures SCALING_RANKS (default 1 2 4 ... up to the GPU
-#   count) on SCALING_STRONG (default diamond:50000 cu-bcc:50000 diamond:500000 cu-bcc:500000) and
+#   count) on SCALING_STRONG (default diamond:50000 cu-bcc:50000 diamond:500000:scaling-lite
+#   cu-bcc:500000:scaling-lite; STRUCTURE:ATOMS[:MODEL], model default scaling) and
 #   SCALING_WEAK (atoms per rank, default diamond:100000 cu-bcc:100000); with one GPU (or
 #   LAMMPS_DEVICE=cpu) it is a DRY RUN of the same procedure, ranks 1 2 4 sharing the GPU, on
 #   SCALING_STRONG=diamond:20000 cu-bcc:20000 and SCALING_WEAK=diamond:5000.  SCALING_STEPS (20; dry
@@ -173,7 +174,7 @@ part_scaling() {
     mode=measurement; steps=${SCALING_STEPS:-20}; ranks=""; n=1
     while [ "$n" -le "$gpus" ]; do ranks="$ranks $n"; n=$(( n * 2 )); done
     ranks=${SCALING_RANKS:-$ranks}
-    strong=${SCALING_STRONG:-diamond:50000 cu-bcc:50000 diamond:500000 cu-bcc:500000}
+    strong=${SCALING_STRONG:-diamond:50000 cu-bcc:50000 diamond:500000:scaling-lite cu-bcc:500000:scaling-lite}
     weak=${SCALING_WEAK-diamond:100000 cu-bcc:100000}
   else
     mode="dry run, ranks sharing ${gpus} GPU(s)"; steps=${SCALING_STEPS:-10}; ranks=${SCALING_RANKS:-1 2 4}

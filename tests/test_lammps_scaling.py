@@ -72,6 +72,20 @@ def test_triage_skips_what_cannot_fit_and_keeps_the_rest():
     assert scaling.triage(plan, 2, memory_limit=None) == (plan, {})
 
 
+def test_level3_points_are_skipped_where_level3_would_run_level2(monkeypatch):
+    from mixstack.tuning import validity
+    monkeypatch.setattr(validity, "device_name", lambda device=None: "NVIDIA H200")
+    assert scaling.level3_runs_level2("scaling", "cuda") is None                  # a row of 224 floats
+    assert "row of 128" in scaling.level3_runs_level2("scaling-lite", "cuda")
+    assert "16-wide" in scaling.level3_runs_level2("small", "cuda")
+    assert "no GPU" in scaling.level3_runs_level2("scaling", "cpu")
+    plan = make_plan([1], [("diamond", 64, "scaling"), ("diamond", 64, "scaling-lite")], [], [2, 3])
+    run, outcome = scaling.triage(plan, 1, None, "cuda")
+    assert [p.name for p in run] == ["strong-diamond-64-scaling-L2-r1", "strong-diamond-64-scaling-lite-L2-r1",
+                                     "strong-diamond-64-scaling-L3-r1"]
+    assert "level 3 runs level 2" in outcome["strong-diamond-64-scaling-lite-L3-r1"]["why"]
+
+
 # ------------------------------------------------------------------ the force check
 
 

@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
                    help="repeat the structure A x B x C times")
     p.add_argument("--model", default="small",
                    help="an SO2Potential.save checkpoint, or a new untrained model: small (default), bench "
-                        "(the model bench's size) or scaling (the scaling runs' model)")
+                        "(the model bench's size), scaling or scaling-lite (the scaling runs' models)")
     p.add_argument("--float64", action="store_true", help="new model: float64 weights")
     p.add_argument("--ensemble", choices=ENSEMBLES, default="nve", help="default nve")
     p.add_argument("--steps", type=int, default=100, help="time steps (default 100)")

@@ -12,7 +12,7 @@ isotropic Nosé-Hoover).  LAMMPS prints its usual thermo lines and run
 summary; ``--json`` writes a record with the thermo table, steps per second,
 LAMMPS's timing breakdown and, per rank, its device (``placement``: one GPU
 per node-local rank) and what the model calls cost (atoms and edges,
-host-device copies, seconds per phase, peak device memory).  ``--warmup``
+host-device copies, seconds per phase, peak device memory, the stack's paths).  ``--warmup``
 steps run untimed first; ``--forces`` writes the step-0 energy and forces by
 atom ID (the scaling driver compares rank counts with it).
 
@@ -37,11 +37,14 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "mixstack-md/1"
 BUILDERS = ("diamond", "cu-bcc")
-MODEL_NAMES = ("small", "bench", "scaling")   # bench.model_bench's QUICK_CPU_MODEL, DEFAULT_MODEL; SCALING_MODEL
-# The scaling runs' model: small enough per edge that ~500,000 bcc Cu atoms fit on one H200
-# (BENCHMARKS.md, "Several GPUs"), with focus_dim 32 and lmax 1 so that level 3 finds a
-# validated stack_compensated entry in the shipped table (focus_dim 16 would run level 2).
-SCALING_MODEL = dict(lmax=1, focus_dim=32, n_focus=1, n_layers=2, n_blocks=2, cutoff=3.3, radial_hidden=16)
+# bench.model_bench's QUICK_CPU_MODEL and DEFAULT_MODEL, then the scaling runs' two models
+MODEL_NAMES = ("small", "bench", "scaling", "scaling-lite")
+# The smallest stack that level 3 speeds up (focus_dim 32, a row of 224 floats: the level-3
+# policy's region, docs/contract.md §3), at 25 kB per edge (BENCHMARKS.md, "Several GPUs").
+SCALING_MODEL = dict(lmax=2, focus_dim=32, n_focus=1, n_layers=2, n_blocks=2, cutoff=3.3, radial_hidden=16)
+# lmax 1: 14 kB per edge, so that 500,000 bcc Cu atoms fit on one H200; level 3 runs level 2 on
+# its stack (a row of 128 floats).
+SCALING_LITE_MODEL = dict(SCALING_MODEL, lmax=1)
 ENSEMBLES = ("nve", "nvt", "npt")
 ENGINES = ("lammps", "ase")
 THERMO = ("Step", "Time", "Temp", "PotEng", "KinEng", "TotEng", "Press", "Volume")
@@ -129,7 +132,8 @@ def prepare_atoms(cfg: MDConfig):
 def model_size(name: str) -> dict:
     """The ``SO2Potential`` arguments of a named model (``MODEL_NAMES``)."""
     from ..bench.model_bench import DEFAULT_MODEL, QUICK_CPU_MODEL
-    sizes = {"small": QUICK_CPU_MODEL, "bench": DEFAULT_MODEL, "scaling": SCALING_MODEL}
+    sizes = {"small": QUICK_CPU_MODEL, "bench": DEFAULT_MODEL, "scaling": SCALING_MODEL,
+             "scaling-lite": SCALING_LITE_MODEL}
     if name not in sizes:
         raise ValueError(f"model: {name!r} is not one of {', '.join(MODEL_NAMES)}")
     return dict(sizes[name])
@@ -226,6 +230,7 @@ def run_lammps(cfg: MDConfig, atoms, model) -> dict:
     With ``cfg.forces`` a single point (``run 0``) comes first; ``cfg.warmup``
     steps follow; the statistics and LAMMPS's timing cover the timed run alone.
     """
+    from ..dispatch.log import dispatch_log
     from .domain import CallStats
     from .pair import attach, new_lammps
     from .placement import multicast_off, rank_device
@@ -258,10 +263,11 @@ def run_lammps(cfg: MDConfig, atoms, model) -> dict:
             lmp.command(f"run {cfg.warmup}")
         pair.evaluator.stats = CallStats()            # the timed run's calls only
         # after a run, "pre no" skips the setup's force call: one model call per timed step
-        start = time.perf_counter()
-        lmp.command(f"run {cfg.steps}" + (" pre no" if cfg.forces or cfg.warmup else ""))
-        wall = time.perf_counter() - start
-        own = {"rank": rank, **placement.to_dict(), **pair.stats.to_dict()}
+        with dispatch_log() as paths:
+            start = time.perf_counter()
+            lmp.command(f"run {cfg.steps}" + (" pre no" if cfg.forces or cfg.warmup else ""))
+            wall = time.perf_counter() - start
+        own = {"rank": rank, **placement.to_dict(), **pair.stats.to_dict(), "paths": dict(sorted(paths.items()))}
         stats = _gather(own, size)
         pair.detach()
         parsed = logfile.read(log_path) if rank == 0 else {}

@@ -21,7 +21,8 @@ whole measurement: the worker starts no point after the deadline and the
 launch is killed at it; what finished is reported.  Points whose memory,
 estimated from the model's bytes per edge (``BYTES_PER_EDGE``) and the ghost
 shell of LAMMPS's processor grid, exceeds ``--memory-limit`` are skipped with
-the estimate.  Ranks share GPUs round robin when there are more ranks than
+the estimate, and so are level-3 points of a model whose stack level 3 runs at level 2
+(``level3_runs_level2``).  Ranks share GPUs round robin when there are more ranks than
 GPUs (``placement``): such a run is a *dry run* of the procedure, and its
 report says so; its efficiencies are not scaling figures.
 
@@ -53,13 +54,13 @@ SERIES = ("strong", "weak")
 POINTS_DIR = "points"
 PLAN_NAME = "plan.json"
 DEFAULT_RANKS = (1, 2, 4)
-DEFAULT_STRONG = "diamond:50000,cu-bcc:50000,diamond:500000,cu-bcc:500000"
+DEFAULT_STRONG = "diamond:50000,cu-bcc:50000,diamond:500000:scaling-lite,cu-bcc:500000:scaling-lite"
 DEFAULT_WEAK = "diamond:100000,cu-bcc:100000"
 DEFAULT_LEVELS = (2, 3)
 # Peak memory of one energy + forces evaluation per evaluated edge, bytes: level 0 on a CPU (the
 # torch profiler's memory timeline, 500-atom cells, BENCHMARKS.md "Several GPUs").  On the H200
 # eager level 2 took 0.77 of level 0's for the bench model, so these bound the GPU from above.
-BYTES_PER_EDGE = {"small": 22.7e3, "scaling": 14.3e3, "bench": 75.3e3}
+BYTES_PER_EDGE = {"small": 22.7e3, "scaling": 25.2e3, "scaling-lite": 14.3e3, "bench": 75.3e3}
 MEMORY_FRACTION = 0.95        # of a GPU's memory, the default --memory-limit
 
 
@@ -195,13 +196,57 @@ def estimate_memory(point: Point, gpus: int, *, lengths=None, epa=None) -> dict 
             "bytes_per_gpu": edges * BYTES_PER_EDGE[point.model] * per_gpu}
 
 
-def triage(points: list[Point], gpus: int, memory_limit: float | None) -> tuple[list[Point], dict]:
+def model_config(model: str) -> dict:
+    """The ``SO2Potential`` arguments (and ``dtype``) of a named model or a checkpoint."""
+    from .md import MODEL_NAMES, model_size
+    if model in MODEL_NAMES:
+        return {**model_size(model), "dtype": "float32"}
+    import torch
+    blob = torch.load(model, map_location="cpu", weights_only=True)
+    return {**blob["config"], "dtype": blob.get("dtype", "float32")}
+
+
+def level3_runs_level2(model: str, device: str) -> str | None:
+    """Why level 3 would run level 2 (or the reference) for ``model``'s stack on ``device``;
+    ``None`` where its compensated kernels engage: a table entry with a config, or a config from
+    the level-3 policy (docs/contract.md §3)."""
+    if not device.startswith("cuda"):
+        return "no GPU: the Triton levels run the reference"
+    import torch
+
+    from ..dispatch.guards import unsupported_reason
+    from ..layout import StackLayout
+    from ..tuning import policy, registry, shape_key, validity
+    cfg = model_config(model)
+    reason = unsupported_reason(StackLayout(cfg["lmax"], cfg["focus_dim"]), getattr(torch, cfg["dtype"]))
+    if reason:
+        return reason
+    key = shape_key(focus_dim=cfg["focus_dim"], lmax=cfg["lmax"], n_focus=cfg["n_focus"], apply_alpha=True)
+    name = validity.device_name(torch.device(device))
+    hit = registry.find("stack_compensated", key, device_name=name)
+    if hit is not None:
+        return None if hit[1].get("config") is not None else f"the table's entry for {key.short()} is level 2"
+    decision = policy.decide(key, name)
+    return None if decision.config is not None else f"{key.short()}: {decision.reason}"
+
+
+def triage(points: list[Point], gpus: int, memory_limit: float | None,
+           device: str | None = None) -> tuple[list[Point], dict]:
     """``(points to run, {name: outcome})``: a point whose estimate exceeds ``memory_limit`` bytes
-    per GPU is skipped with the estimate as the reason; ``None`` skips nothing."""
+    per GPU is skipped with the estimate as the reason (``None`` skips none), and with a
+    ``device``, a level-3 point whose model's stack level 3 runs at level 2 there (it would
+    repeat the level-2 point)."""
     outcome: dict[str, dict] = {}
     runnable = []
     geometry: dict = {}
+    level2_only: dict = {}
     for p in points:
+        if device is not None and p.level == 3:
+            if p.model not in level2_only:
+                level2_only[p.model] = level3_runs_level2(p.model, device)
+            if level2_only[p.model]:
+                outcome[p.name] = {"status": "skipped", "why": f"level 3 runs level 2 here: {level2_only[p.model]}"}
+                continue
         estimate = None
         if memory_limit and p.model in BYTES_PER_EDGE:
             key = (p.structure, p.total_atoms, p.model)
@@ -340,7 +385,7 @@ def run_plan(points: list[Point], out_dir: str, *, device: str = "cuda", steps: 
         total = _gpu_memory(device)
         memory_limit = MEMORY_FRACTION * total if total else None
     say = progress or (lambda text: None)
-    runnable, outcome = triage(points, gpus, memory_limit)
+    runnable, outcome = triage(points, gpus, memory_limit, device)
     groups: dict[tuple, list[Point]] = {}
     for p in runnable:
         groups.setdefault((p.level, p.ranks), []).append(p)

@@ -81,6 +81,7 @@ def point_row(record: dict) -> dict:
             row["peak_bytes_per_edge"] = max(c["peak_memory_bytes"] / c["edges_per_call"] for c in calls
                                              if c.get("peak_memory_bytes") and c["edges_per_call"])
         row["rank_devices"] = ", ".join(f"{c.get('rank')}:{c.get('device')}" for c in calls)
+        row["paths"] = ", ".join(f"{k}×{n}" for k, n in (calls[0].get("paths") or {}).items()) or None
         mean_call = 1e-3 * (row["model_ms"] + row["graph_ms"] + row["copy_ms"])
         row["slowest_call_ms"] = 1e3 * max(c.get("slowest_call_seconds", 0.0) for c in calls)
         row["slowest_call_ratio"] = row["slowest_call_ms"] / (1e3 * mean_call) if mean_call > 0 else None
@@ -142,7 +143,7 @@ def _fmt(v) -> str:
 
 
 TABLE_COLUMNS = ("structure", "atoms", "model", "level", "ranks", "gpus", "steps_per_s", "speedup", "efficiency",
-                 *PHASE_COLUMNS, "rank_edges", "ghost_per_local", "peak_GiB_per_gpu", "peak_bytes_per_edge")
+                 *PHASE_COLUMNS, "rank_edges", "ghost_per_local", "peak_GiB_per_gpu", "peak_bytes_per_edge", "paths")
 
 
 def markdown(doc: dict) -> str:
@@ -166,7 +167,7 @@ def markdown(doc: dict) -> str:
               "ranks (pair, neigh, comm, other) and the pair style's model calls averaged over ranks (model, "
               "graph, copy = host-device copies, host = the rest of pair); rank_edges: edges the busiest rank "
               "evaluates; ghost_per_local: ghost atoms LAMMPS hands over per local atom; peak memory: the ranks "
-              "of one GPU added up", ""]
+              "of one GPU added up; paths: what the stack ran on rank 0 in the timed steps (`dispatch_log`)", ""]
     for series, title in (("strong", "Strong scaling"), ("weak", "Weak scaling (ATOMS per rank)")):
         part = [r for r in table if r["series"] == series]
         if part:
