@@ -50,7 +50,6 @@ from . import placement, runtime
 
 log = logging.getLogger(__name__)
 
-SERIES = ("strong", "weak")
 POINTS_DIR = "points"
 PLAN_NAME = "plan.json"
 DEFAULT_RANKS = (1, 2, 4)
