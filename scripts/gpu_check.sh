@@ -41,8 +41,8 @@
 #   cu-bcc:500000:scaling-lite; STRUCTURE:ATOMS[:MODEL], model default scaling) and
 #   SCALING_WEAK (atoms per rank, default diamond:100000 cu-bcc:100000); with one GPU (or
 #   LAMMPS_DEVICE=cpu) it is a DRY RUN of the same procedure, ranks 1 2 4 sharing the GPU, on
-#   SCALING_STRONG=diamond:20000 cu-bcc:20000 and SCALING_WEAK=diamond:5000.  SCALING_STEPS (20; dry
-#   run 10), SCALING_WARMUP (3).  NVLink multicast stays off (NCCL_NVLS_ENABLE=0,
+#   SCALING_STRONG=diamond:20000 cu-bcc:20000:scaling-lite and SCALING_WEAK=diamond:5000.  SCALING_STEPS (10; dry
+#   run 5), SCALING_WARMUP (3; dry run 2).  NVLink multicast stays off (NCCL_NVLS_ENABLE=0,
 #   TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1).  Results under $OUT/scaling.
 #   BUDGET (seconds, default 540) bounds the whole script: each part gets what
 #   is left, so the packing at the end always runs.  Everything under $OUT is
@@ -161,7 +161,7 @@ part_lammps() {
   python3 -m mixstack.lammps.report "$dir" && cat "$dir/lammps.md" | tee -a "$OUT/lammps.log" | tail -n 12
 }
 part_scaling() {
-  local dir=$OUT/scaling device=${LAMMPS_DEVICE:-cuda} gpus=0 mode ranks strong weak n budget steps
+  local dir=$OUT/scaling device=${LAMMPS_DEVICE:-cuda} gpus=0 mode ranks strong weak n budget steps warmup
   mkdir -p "$dir"
   lammps_runtime > "$OUT/scaling.log" 2>&1       # not in a pipe: it exports PATH and PYTHONPATH
   r=$?; cat "$OUT/scaling.log"
@@ -171,15 +171,16 @@ part_scaling() {
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   if [ "$device" = cuda ]; then gpus=$(python3 -c "import torch; print(torch.cuda.device_count())"); fi
   if [ "${gpus:-0}" -ge 2 ]; then
-    mode=measurement; steps=${SCALING_STEPS:-20}; ranks=""; n=1
+    mode=measurement; steps=${SCALING_STEPS:-10}; warmup=${SCALING_WARMUP:-3}; ranks=""; n=1
     while [ "$n" -le "$gpus" ]; do ranks="$ranks $n"; n=$(( n * 2 )); done
     ranks=${SCALING_RANKS:-$ranks}
     strong=${SCALING_STRONG:-diamond:50000 cu-bcc:50000 diamond:500000:scaling-lite cu-bcc:500000:scaling-lite}
     weak=${SCALING_WEAK-diamond:100000 cu-bcc:100000}
   else
-    mode="dry run, ranks sharing ${gpus} GPU(s)"; steps=${SCALING_STEPS:-10}; ranks=${SCALING_RANKS:-1 2 4}
+    mode="dry run, ranks sharing ${gpus} GPU(s)"; steps=${SCALING_STEPS:-5}; warmup=${SCALING_WARMUP:-2}
+    ranks=${SCALING_RANKS:-1 2 4}
     [ "$device" = cpu ] && mode="dry run on the CPU"
-    strong=${SCALING_STRONG:-diamond:20000 cu-bcc:20000}
+    strong=${SCALING_STRONG:-diamond:20000 cu-bcc:20000:scaling-lite}
     weak=${SCALING_WEAK-diamond:5000}
   fi
   budget=$(( $(left) - 20 )); [ "$budget" -lt 10 ] && budget=10
@@ -187,7 +188,7 @@ part_scaling() {
     | tee -a "$OUT/scaling.log"
   timeout "$(left)" python3 -m mixstack.lammps.scaling --device "$device" --ranks "${ranks// /,}" \
     --strong "${strong// /,}" --weak "${weak// /,}" --levels "$(echo ${SCALING_LEVELS:-2 3} | tr ' ' ,)" \
-    --steps "$steps" --warmup "${SCALING_WARMUP:-3}" --budget "$budget" --out "$dir" 2>&1 \
+    --steps "$steps" --warmup "$warmup" --budget "$budget" --out "$dir" 2>&1 \
     | tee -a "$OUT/scaling.log" | tail -n 40
   r=${PIPESTATUS[0]}; rc=$(( rc || r ))
   summary+=("scaling rc=$r ($mode): $(ls "$dir"/points/*-r*.json 2>/dev/null | grep -vc '\.rank') points")
