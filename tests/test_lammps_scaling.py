@@ -73,12 +73,19 @@ def test_triage_skips_what_cannot_fit_and_keeps_the_rest():
 
 
 def test_level3_points_are_skipped_where_level3_would_run_level2(monkeypatch):
-    from mixstack.tuning import validity
+    from mixstack.tuning import registry, validity
     monkeypatch.setattr(validity, "device_name", lambda device=None: "NVIDIA H200")
+    table = {}                                                   # no table entry: the policy decides
+    monkeypatch.setattr(registry, "find", lambda family, key, device_name=None: table.get(key.short()))
     assert scaling.level3_runs_level2("scaling", "cuda") is None                  # a row of 224 floats
     assert "row of 128" in scaling.level3_runs_level2("scaling-lite", "cuda")
     assert "16-wide" in scaling.level3_runs_level2("small", "cuda")
     assert "no GPU" in scaling.level3_runs_level2("scaling", "cpu")
+    table["Cf32 l2 F1 alpha"] = ("user", {"config": None})                       # measured: level 2 wins
+    assert "entry" in scaling.level3_runs_level2("scaling", "cuda")
+    table["Cf32 l1 F1 alpha"] = ("builtin", {"config": {"BLOCK_M": 64}})          # measured: level 3 wins
+    assert scaling.level3_runs_level2("scaling-lite", "cuda") is None
+    table.clear()
     plan = make_plan([1], [("diamond", 64, "scaling"), ("diamond", 64, "scaling-lite")], [], [2, 3])
     run, outcome = scaling.triage(plan, 1, None, "cuda")
     assert [p.name for p in run] == ["strong-diamond-64-scaling-L2-r1", "strong-diamond-64-scaling-lite-L2-r1",
