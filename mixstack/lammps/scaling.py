@@ -351,7 +351,7 @@ def _launch(ranks: int, plan_path: str, log_path: str, timeout: float, device: s
         fh.write(f"== {' '.join(cmd)}\n")
         fh.flush()
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=_launch_env(device),
-                                start_new_session=True)
+                                preexec_fn=os.setsid)       # its own process group, killed as one
         try:
             return proc.wait(timeout=max(timeout, 1.0)), False
         except subprocess.TimeoutExpired:
