@@ -33,7 +33,7 @@ from mixstack.dispatch import levels  # noqa: E402
 @pytest.fixture(autouse=True)
 def _restore_process_level():
     """A test that calls ``set_level`` must not change the level other tests see."""
-    saved = levels._process_level          # the set_level default (None: env / default)
+    saved = levels.process_level()         # the set_level default (None: env / default)
     yield
     mixstack.set_level(saved)
 

@@ -84,13 +84,13 @@ def test_probe_records_paths_errors_and_no_memory_on_cpu(record):
 
 
 def test_accuracy_check_catches_a_wrong_variant(monkeypatch):
-    real = runner._forward_fn
+    real = runner.forward_fn
 
     def perturbed(key, shape, inp):
         fwd = real(key, shape, inp)
         return lambda u0, alpha: fwd(u0, alpha) * (1 + 1e-3)
 
-    monkeypatch.setattr(runner, "_forward_fn", perturbed)
+    monkeypatch.setattr(runner, "forward_fn", perturbed)
     rec = runner.run_bench(_config(passes=("fwd",), rounds=1, warmup=0))
     err = rec["shapes"][0]["variants"][0]["rel_error"]
     assert err["out"] == pytest.approx(1e-3, rel=1e-2)
@@ -98,7 +98,7 @@ def test_accuracy_check_catches_a_wrong_variant(monkeypatch):
 
 
 def test_a_failing_variant_is_recorded_and_the_others_still_run(monkeypatch):
-    real = runner._forward_fn
+    real = runner.forward_fn
 
     def broken(key, shape, inp):
         if key == "0c":
@@ -107,7 +107,7 @@ def test_a_failing_variant_is_recorded_and_the_others_still_run(monkeypatch):
             return fail
         return real(key, shape, inp)
 
-    monkeypatch.setattr(runner, "_forward_fn", broken)
+    monkeypatch.setattr(runner, "forward_fn", broken)
     rec = runner.run_bench(_config(variants=("0", "0c"), passes=("bwd",), rounds=1, warmup=0))
     by_name = {v["variant"]: v for v in rec["shapes"][0]["variants"]}
     assert by_name["L0-compile"]["failed"] == "RuntimeError: compiler said no"
@@ -171,7 +171,7 @@ def test_inputs_are_reproducible_nonzero_and_scaled_like_the_module():
 
 
 def test_a_pass_that_fails_while_timed_is_recorded_and_the_others_still_run(monkeypatch):
-    real = runner._task
+    real = runner.pass_task
 
     def broken(pass_, *args):
         if pass_ == "bwd":
@@ -180,7 +180,7 @@ def test_a_pass_that_fails_while_timed_is_recorded_and_the_others_still_run(monk
             return runner.Task(run=fail)
         return real(pass_, *args)
 
-    monkeypatch.setattr(runner, "_task", broken)
+    monkeypatch.setattr(runner, "pass_task", broken)
     rec = runner.run_bench(_config(passes=("fwd", "bwd"), rounds=1, warmup=0))
     assert rec["shapes"][0]["failed_passes"] == {"bwd": "RuntimeError: out of memory, pretend"}
     assert [t["pass"] for t in rec["timings"]] == ["fwd"]

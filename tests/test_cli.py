@@ -109,7 +109,7 @@ def test_bench_exits_nonzero_when_a_variant_fails(capsys, tmp_path, monkeypatch)
             raise RuntimeError("kernel refused")
         return fail
 
-    monkeypatch.setattr(runner, "_forward_fn", broken)
+    monkeypatch.setattr(runner, "forward_fn", broken)
     assert main(["bench", *TINY_ARGS, "--levels", "0", "--out", str(tmp_path)]) == 1
     assert "FAILED L0-eager on custom: RuntimeError: kernel refused" in capsys.readouterr().err
     assert (tmp_path / "bench.json").exists()
@@ -123,3 +123,55 @@ def test_python_dash_m_runs_the_cli():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "device: cpu" in done.stdout
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    ([], "choose a command"),
+    (["info", "--device", "banana"], "unknown device 'banana'"),
+    (["bench", "--device", "tpu"], "unknown device 'tpu'"),
+    (["bench", "--device", "meta"], "device meta is not supported"),
+    (["bench", "--repeats", "0"], "--repeats must be positive"),
+    (["bench", "--warmup", "-1"], "--warmup must be >= 0"),
+    (["bench", "--edges", "-5"], "--edges must be >= 0"),
+    (["bench", "model", "--atoms", "0"], "--atoms must be positive"),
+    (["bench", "model", "--lmax", "9"], "--lmax must be in 1..6"),
+    (["freeze", "x.pt2", "--structure", "no/such/file.xyz"], "--structure no/such/file.xyz: no such file"),
+    (["freeze", "x.pt2", "--checkpoint", "nosuch.pt"], "--checkpoint nosuch.pt: no such file"),
+    (["tune", "--rounds", "0"], "--rounds must be positive"),
+    (["md", "--structure", "no/such/file.xyz"], "--structure no/such/file.xyz: no such file"),
+    (["md", "--model", "nosuch.pt"], "--model nosuch.pt: no such file"),
+    (["md", "--atoms", "0"], "--atoms must be positive"),
+    (["md", "--timestep", "0"], "--timestep must be > 0"),
+    (["md", "--engine", "ase", "--ensemble", "npt"], "--engine ase runs nve and nvt"),
+    (["md", "--device", "tpu"], "unknown device 'tpu'"),
+])
+def test_bad_input_ends_with_one_line_that_names_it_and_no_traceback(capsys, tmp_path, monkeypatch, argv, says):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+
+
+def test_a_gpu_shape_on_a_cpu_is_announced_as_minutes_long():
+    from mixstack.bench import runner, shapes
+    from mixstack.cli.bench import cpu_warnings
+    cfg = runner.default_config("cpu")
+    assert cpu_warnings(cfg, torch.device("cpu")) == []                       # the CPU sizes
+    big = [shapes.shape_by_name("S1")]
+    from dataclasses import replace
+    (line,) = cpu_warnings(replace(cfg, shapes=tuple(big)), torch.device("cpu"))
+    assert "S1" in line and "minutes" in line
+    assert cpu_warnings(replace(cfg, shapes=tuple(big)), torch.device("meta")) == []
+
+
+def test_rounds_that_disagree_are_reported():
+    from mixstack.bench.report import consistency_warnings
+    row = dict(shape="S1", variant="L2", median_ms=10.0, rel_spread=0.01)
+    quiet = {"timings": [dict(row, **{"pass": "bwd"}), dict(row, **{"pass": "both"}, median_ms=18.0)]}
+    assert consistency_warnings(quiet) == []
+    noisy = {"timings": [dict(row, **{"pass": "bwd"}, rel_spread=0.3),
+                         dict(row, **{"pass": "both"}, median_ms=9.0)]}
+    lines = consistency_warnings(noisy)
+    assert len(lines) == 2
+    assert "spread 30%" in lines[0] and "slower than forward + backward" in lines[1]

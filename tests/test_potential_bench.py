@@ -40,7 +40,7 @@ def test_bench_model_writes_results_and_says_the_gpu_levels_were_skipped(capsys,
 
 
 def test_deviation_from_the_baseline_catches_a_wrong_variant(monkeypatch):
-    real = model_bench._frame_fn
+    real = model_bench.frame_fn
 
     def perturbed(key, model):
         fn = real(key, model)
@@ -48,7 +48,7 @@ def test_deviation_from_the_baseline_catches_a_wrong_variant(monkeypatch):
             return fn
         return lambda inp: tuple(1.001 * t for t in fn(inp))          # 0.1% off: far outside the band
 
-    monkeypatch.setattr(model_bench, "_frame_fn", perturbed)
+    monkeypatch.setattr(model_bench, "frame_fn", perturbed)
     cfg = model_bench.ModelBenchConfig(cells=("cu-bcc",), atoms=(8,), variants=("0", "3"), rounds=1, warmup=0,
                                        model=dict(lmax=1, focus_dim=16, n_blocks=1, n_layers=2, cutoff=3.0),
                                        device="cpu")
@@ -69,7 +69,7 @@ def test_a_failing_variant_is_recorded_and_exits_nonzero(monkeypatch, capsys, tm
             raise RuntimeError("kernel refused")
         return fail
 
-    monkeypatch.setattr(model_bench, "_frame_fn", broken)
+    monkeypatch.setattr(model_bench, "frame_fn", broken)
     assert main([*TINY, "--cell", "cu-bcc", "--levels", "0", "--out", str(tmp_path)]) == 1
     assert "FAILED L0-eager on cu-bcc-8: RuntimeError: kernel refused" in capsys.readouterr().err
     assert (tmp_path / model_bench.JSON_NAME).exists()
@@ -108,6 +108,6 @@ def test_compiled_variants_are_parsed_and_compile_their_own_copy_of_the_energy()
     def energy(x):
         return x + 1
 
-    a, b = model_bench._own_copy(energy, "1c"), model_bench._own_copy(energy, "2c")
+    a, b = model_bench.own_copy(energy, "1c"), model_bench.own_copy(energy, "2c")
     assert a.__code__ is not b.__code__ and a.__code__ is not energy.__code__   # one compile cache each
     assert a(1) == b(1) == 2

@@ -41,6 +41,7 @@ def test_calculator_returns_the_models_energy_forces_and_voigt_stress():
     assert np.abs(stress).max() > 0
 
 
+@pytest.mark.slow
 def test_stress_matches_ases_numerical_stress_of_the_same_calculator():
     atoms = _cu(rattle=0.1)
     atoms.calc = MixstackCalculator(SO2Potential(**KW, energy_scale=10.0, dtype=torch.float64))
@@ -59,6 +60,16 @@ def test_open_systems_have_energy_and_forces_but_no_stress():
     assert np.abs(atoms.get_forces()).max() > 0
     with pytest.raises(PropertyNotImplementedError, match="periodic"):
         atoms.get_stress()
+
+
+@pytest.mark.parametrize("numbers, why", [([29, 200], "got 200"), ([0, 29], "got 0"), ([], "no atoms")])
+def test_calculator_names_atomic_numbers_it_cannot_take_and_an_empty_structure(numbers, why):
+    from ase import Atoms
+    atoms = Atoms(numbers=numbers, positions=[[0.0, 0.0, 0.0], [1.5, 0.0, 0.0]][:len(numbers)],
+                  cell=[6.0, 6.0, 6.0], pbc=True)
+    atoms.calc = MixstackCalculator(SO2Potential(lmax=1, focus_dim=16, n_blocks=1, cutoff=3.0))
+    with pytest.raises(ValueError, match=why):
+        atoms.get_potential_energy()
 
 
 def test_calculator_rejects_what_is_neither_a_module_nor_a_path():
@@ -92,6 +103,7 @@ def _nve_energies(calc_cls, steps=50, dt_fs=0.5):
 
 @pytest.mark.parametrize("calc_cls,conserves", [(MixstackCalculator, True), (_ScaledForces, False)],
                          ids=["model", "wrong-forces-control"])
+@pytest.mark.slow
 def test_nve_total_energy_drift_is_bounded(calc_cls, conserves):
     """50 steps of 0.5 fs of velocity Verlet on a warm (300 K), rattled 16-atom bcc Cu cell.
 

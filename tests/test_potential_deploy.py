@@ -177,3 +177,16 @@ def test_cli_freeze_builds_the_model_and_example_it_is_asked_for(monkeypatch, tm
     SO2Potential(lmax=2, focus_dim=16, n_blocks=1).save(ckpt)
     assert main(["freeze", str(out), "--checkpoint", str(ckpt)]) == 0
     assert seen["module"].lmax == 2 and seen["tune"] is True
+
+
+def test_freeze_reports_each_stage_as_it_goes(monkeypatch, tmp_path):
+    """A freeze takes minutes (most of it in AOTInductor): each stage is announced."""
+    lines = []
+    monkeypatch.setattr(export, "trace", lambda module, example: "program")
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package",
+                        lambda program, package_path, inductor_configs: lines.append("compiled") or package_path)
+    out = mixstack.freeze(SO2Potential(**KW), _diamond(), tmp_path / "m.pt2", progress=lines.append)
+    assert str(out).endswith("m.pt2")
+    stages = [line.split("] ", 1)[1] for line in lines if "] " in line]
+    assert [s[:3] for s in stages[:4]] == ["1/3", "1/3", "2/3", "3/3"] and stages[-1].startswith("done")
+    assert lines.index("compiled") == len(lines) - 2          # compiled after "3/3", before "done"

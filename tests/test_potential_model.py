@@ -113,6 +113,7 @@ def test_translation_and_wrapping_an_atom_into_another_image_change_nothing(mode
     assert _rel(f2, f) < 1e-11 and _rel(s2, s) < 1e-11 and _rel(ei2, ei) < 1e-12
 
 
+@pytest.mark.slow
 def test_forces_are_minus_the_finite_difference_gradient_of_the_energy(model64):
     atoms = _cu()
     inp = atoms_inputs(atoms, model64.cutoff, dtype=F64)
@@ -130,6 +131,7 @@ def test_forces_are_minus_the_finite_difference_gradient_of_the_energy(model64):
     assert _rel(forces, fd) < 1e-6
 
 
+@pytest.mark.slow
 def test_stress_is_the_finite_difference_strain_derivative_over_the_volume(model64):
     atoms = _mixed()
     inp = atoms_inputs(atoms, model64.cutoff, dtype=F64)
@@ -226,7 +228,7 @@ def test_import_mixstack_does_not_import_ase():
 
 def test_eval_mode_hands_the_stack_detached_weights_and_training_mode_live_ones(monkeypatch):
     """Weights that require grad would send the stack's backward to the reference formulas (see
-    ops._backward); inference must not pay for that, training must keep the weight gradients."""
+    mixstack.ops.stack); inference must not pay for that, training must keep the weight gradients."""
     from mixstack.potential import blocks
     seen = []
 

@@ -147,7 +147,7 @@ def tuning_env(tmp_path, monkeypatch):
     monkeypatch.delenv("MIXSTACK_LEVEL", raising=False)
     registry.reload()
     with registry.saved_registrations():
-        registry._registrations.clear()
+        registry.clear_registrations()
         yield SimpleNamespace(user=user, builtin=builtin,
                               user_file=user / store.file_name(DEVICE),
                               builtin_file=builtin / store.file_name(DEVICE))

@@ -151,20 +151,20 @@ def skip_reason(key: str, device) -> str | None:
     return runner.skip_reason("1" if LEVEL_OF[key] > 0 else "0", device)
 
 
-def _own_copy(fn: Callable, tag: str) -> Callable:
+def own_copy(fn: Callable, tag: str) -> Callable:
     """``fn`` with a code object of its own: ``torch.compile`` keeps one cache per code object."""
     import types
     code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
     return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
 
 
-def _frame_fn(key: str, model) -> Callable:
+def frame_fn(key: str, model) -> Callable:
     """``frame(inputs) -> (energy, forces)`` of variant ``key``."""
     energy = model.energy
     if key.endswith("c"):
         def energy_of(*args):
             return model.energy(*args)
-        energy = torch.compile(_own_copy(energy_of, key), dynamic=False)
+        energy = torch.compile(own_copy(energy_of, key), dynamic=False)
     level = LEVEL_OF[key]
 
     def frame(inp):
@@ -195,7 +195,7 @@ def _float64_frame(model64, atoms, device):
     every variant (the baseline too) is also measured against."""
     from ..potential.neighbors import atoms_inputs
     inp = atoms_inputs(atoms, model64.cutoff, device=device, dtype=torch.float64)
-    return _frame_fn("0", model64)(inp)
+    return frame_fn("0", model64)(inp)
 
 
 def _run_cell(cfg, model, name, target, keys, device, clock, step, model64=None) -> dict:
@@ -217,7 +217,7 @@ def _run_cell(cfg, model, name, target, keys, device, clock, step, model64=None)
         step(f"{label}: warming up {VARIANTS[key]}")
         rec = {"variant": VARIANTS[key], "level": LEVEL_OF[key], "failed": None, "dispatch": {}}
         try:
-            fn = _frame_fn(key, model)
+            fn = frame_fn(key, model)
             fn(inp)                                          # compile / first call
             with dispatch_log() as paths:
                 results[key], peak = _peak_above(device, lambda f=fn: f(inp))

@@ -195,7 +195,7 @@ def _scope(key: str, shape: BenchShape) -> Callable[[], contextlib.AbstractConte
     return lambda: tuning.registration("stack_bwd_fused", shape.tuning_key(), dict(FUSED_BENCH_CONFIG))
 
 
-def _forward_fn(key: str, shape: BenchShape, inp: StackInputs) -> Callable:
+def forward_fn(key: str, shape: BenchShape, inp: StackInputs) -> Callable:
     """``fwd(u0, alpha) -> result`` of variant ``key`` on ``inp``'s weights."""
     kw = dict(lmax=shape.lmax, focus_dim=shape.focus_dim, apply_alpha=shape.apply_alpha)
     w0, w1, gw = inp.w0, inp.w1, inp.gw
@@ -268,7 +268,7 @@ def _path_notes(records: dict[str, dict]) -> None:
             rec["note"] = "same dispatch paths as L1 (no tuned fused backward engaged)"
 
 
-def _task(pass_: str, fwd, scope, u0, alpha, wrt, g) -> Task:
+def pass_task(pass_: str, fwd, scope, u0, alpha, wrt, g) -> Task:
     def forward():
         with scope():
             return fwd(u0, alpha)
@@ -343,7 +343,11 @@ def run_bench(config: BenchConfig, *, on_step: Callable[[str], None] | None = No
     return record
 
 
-def _run_shape(config, shape, keys, device, clock, step, roof, timings) -> dict:
+def _run_shape(config, shape, keys, device, clock, step, roof, timings, make_forward=None) -> dict:
+    """Probe and time every variant of ``keys`` on ``shape``; timing rows go to ``timings``.
+    ``make_forward(key, shape, inp)``: the forward factory (default ``forward_fn``; the grid
+    bench passes one that keeps a compiled reference across keys)."""
+    make_forward = make_forward or forward_fn
     log.info("bench %s on %s", shape.describe(), device)
     inp = make_inputs(shape, device, seed=config.seed)
     u0, alpha = inp.u0.requires_grad_(), inp.alpha.requires_grad_()
@@ -356,7 +360,7 @@ def _run_shape(config, shape, keys, device, clock, step, roof, timings) -> dict:
         step(f"{shape.name}: warming up {VARIANTS[key]}")
         try:
             scope = _scope(key, shape)
-            fwd = _forward_fn(key, shape, inp)
+            fwd = make_forward(key, shape, inp)
             records[key] = _probe(key, fwd, scope, shape, inp, u0, alpha, wrt, ref, n, device)
             fwds[key] = (fwd, scope)
         except Exception as exc:                      # recorded and shown; the rest still runs
@@ -366,7 +370,7 @@ def _run_shape(config, shape, keys, device, clock, step, roof, timings) -> dict:
     _path_notes(records)
     failed_passes = {}
     for pass_ in config.passes:
-        tasks = {VARIANTS[k]: _task(pass_, f, sc, u0, alpha, wrt, inp.grad_out) for k, (f, sc) in fwds.items()}
+        tasks = {VARIANTS[k]: pass_task(pass_, f, sc, u0, alpha, wrt, inp.grad_out) for k, (f, sc) in fwds.items()}
         if not tasks:
             continue
         try:

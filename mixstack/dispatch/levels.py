@@ -36,6 +36,11 @@ def set_level(level: int | None) -> None:
     _process_level = None if level is None else _check(level)
 
 
+def process_level() -> int | None:
+    """What ``set_level`` set (``None``: the environment or the default decides)."""
+    return _process_level
+
+
 def level_source() -> tuple[int, str]:
     """The requested level and where it came from: scope, api, environment or default."""
     stack = getattr(_local, "stack", None)

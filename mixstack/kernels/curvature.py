@@ -23,8 +23,10 @@ with the same bits.  The second derivatives exist once, here: ``silu_curvature``
 ``gate_logit_curvature``; the gate weight-gradient kernel (``wgrad.gate_wgrad_kernel``) calls
 the same helpers.
 
-Register tiles are ``CP = next_pow2(Cf)`` wide with column masks; the degree loop is a
-runtime loop, like the relay's pointwise kernel (``gate``).  Row offsets are int64.
+Like the relay's pointwise kernel (``gate``), the kernels walk the gate columns ``GC`` at a
+time (``ops.configs.gate_chunk``) in degree order, with ``BLOCK_M x GC`` register tiles; only
+the logit contraction and the scalar columns are ``CP = next_pow2(Cf)`` wide, with masks.  The
+loops are runtime loops.  Row offsets are int64.
 """
 
 import triton
@@ -51,56 +53,65 @@ def gate_logit_curvature(gsg_dot, gsg, t_dot, sg):
 
 
 @triton.jit
-def gate_block(gw_base, j, c, w_mask, G: tl.constexpr, CF: tl.constexpr, TRANSPOSED: tl.constexpr):
-    """Degree ``j``'s ``Cf x Cf`` block of the gate projection, or its transpose."""
-    if TRANSPOSED:
-        offs = c[None, :] * G + (j * CF + c)[:, None]
-    else:
-        offs = c[:, None] * G + (j * CF + c)[None, :]
-    return tl.load(gw_base + offs, mask=w_mask, other=0.0)
+def tangent_logits(sd_rows, mask, gw_base, gcol, G: tl.constexpr, GC: tl.constexpr, R: tl.constexpr,
+                   BLOCK_M: tl.constexpr):
+    """``t_dot = s_dot @ gw[:, gcol]`` for ``GC`` gate columns: the tangent of the gate logits,
+    read and multiplied in the ``R`` chunks of ``GC`` K columns that ``gate.gate_sigmoids``
+    takes for the logits themselves (exact fp32)."""
+    cg = tl.arange(0, GC)
+    acc = tl.zeros((BLOCK_M, GC), dtype=tl.float32)
+    for k in tl.range(0, R):
+        kc = k * GC + cg
+        sd_k = tl.load(sd_rows[:, None] + kc[None, :], mask=mask, other=0.0)
+        acc = tl.dot(sd_k, tl.load(gw_base + kc[:, None] * G + gcol[None, :]), acc, input_precision="ieee")
+    return acc
 
 
-@triton.jit(do_not_specialize=["layer"])
+@triton.jit(do_not_specialize=["layer", "h_layer"])
 def tangent_kernel(
     ud_ptr, zd_ptr, z_ptr, h_ptr, gw_ptr, dz_ptr,
     layer, h_layer, E, F,
-    LMAX: tl.constexpr, CF: tl.constexpr, CP: tl.constexpr, BLOCK_M: tl.constexpr,
+    LMAX: tl.constexpr, CF: tl.constexpr, CP: tl.constexpr, GC: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     """One gated layer of the double backward's tangent pass (module doc): ``u_dot`` (focus-major
     ``(F, E, ROW)``, updated in place), ``z_dot = u_dot @ W`` (``(F, E, ROW)``), the saved ``z``
     and the chain ``h`` (``(n, F, E, ROW)``, read at ``layer`` and ``h_layer``), ``d_z`` written at
-    ``layer``."""
+    ``layer``.  Gate columns ``GC`` at a time, in degree order, as the relay's pointwise kernel."""
     M0: tl.constexpr = (LMAX + 1) * CF
     ROW: tl.constexpr = M0 + 2 * LMAX * CF
     G: tl.constexpr = LMAX * CF
+    R: tl.constexpr = CF // GC
     pid = tl.program_id(0).to(tl.int64)
     f = tl.program_id(1).to(tl.int64)
     e = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    cg = tl.arange(0, GC)
     c = tl.arange(0, CP)
     c_mask = c < CF
-    mask = (e < E)[:, None] & c_mask[None, :]
-    rows = ((f * E + e) * ROW)[:, None]
-    z_rows = (((layer * F + f) * E + e) * ROW)[:, None]     # z and d_z
-    h_rows = (((h_layer * F + f) * E + e) * ROW)[:, None]
+    mask = (e < E)[:, None]
+    row_ptrs = (f * E + e) * ROW
+    rows = row_ptrs[:, None]
+    z_rows = ((layer * F + f) * E + e) * ROW                 # z and d_z
+    z2 = z_rows[:, None]
+    h2 = (((h_layer * F + f) * E + e) * ROW)[:, None]
     gw_base = gw_ptr + (layer * F + f) * (CF * G)
-    w_mask = c_mask[:, None] & c_mask[None, :]
+    unused = tl.zeros((BLOCK_M,), dtype=tl.float32)
 
-    s = tl.load(z_ptr + z_rows + c[None, :], mask=mask, other=0.0)
-    s_dot = tl.load(zd_ptr + rows + c[None, :], mask=mask, other=0.0)
     contraction = tl.zeros((BLOCK_M, CP), dtype=tl.float32)
-    for j in tl.range(0, LMAX):
-        col_m0 = ((j + 1) * CF + c)[None, :]
-        col_neg = (M0 + j * CF + c)[None, :]
-        col_pos = (M0 + G + j * CF + c)[None, :]
-        sg = gate_sigmoids(s, s, s, s, gw_base, gw_base, 1.0, j, c, w_mask, G, CF, CP, BLOCK_M, False)
-        t_dot = tl.dot(s_dot, gate_block(gw_base, j, c, w_mask, G, CF, False), input_precision="ieee")
+    for t in tl.range(0, LMAX * R):              # gate columns, GC at a time, in degree order
+        gcol = t * GC + cg
+        col_m0 = (CF + gcol)[None, :]
+        col_neg = (M0 + gcol)[None, :]
+        col_pos = (M0 + G + gcol)[None, :]
+        sg = gate_sigmoids(z_ptr + z_rows, mask, unused, unused, gw_base, gw_base, 1.0, gcol,
+                           G, GC, R, BLOCK_M, False)
+        t_dot = tangent_logits(zd_ptr + row_ptrs, mask, gw_base, gcol, G, GC, R, BLOCK_M)
         sg_dot = gate_logit_grad(t_dot, sg)
-        h_m0 = tl.load(h_ptr + h_rows + col_m0, mask=mask, other=0.0)
-        h_neg = tl.load(h_ptr + h_rows + col_neg, mask=mask, other=0.0)
-        h_pos = tl.load(h_ptr + h_rows + col_pos, mask=mask, other=0.0)
-        z_m0 = tl.load(z_ptr + z_rows + col_m0, mask=mask, other=0.0)
-        z_neg = tl.load(z_ptr + z_rows + col_neg, mask=mask, other=0.0)
-        z_pos = tl.load(z_ptr + z_rows + col_pos, mask=mask, other=0.0)
+        h_m0 = tl.load(h_ptr + h2 + col_m0, mask=mask, other=0.0)
+        h_neg = tl.load(h_ptr + h2 + col_neg, mask=mask, other=0.0)
+        h_pos = tl.load(h_ptr + h2 + col_pos, mask=mask, other=0.0)
+        z_m0 = tl.load(z_ptr + z2 + col_m0, mask=mask, other=0.0)
+        z_neg = tl.load(z_ptr + z2 + col_neg, mask=mask, other=0.0)
+        z_pos = tl.load(z_ptr + z2 + col_pos, mask=mask, other=0.0)
         zd_m0 = tl.load(zd_ptr + rows + col_m0, mask=mask, other=0.0)
         zd_neg = tl.load(zd_ptr + rows + col_neg, mask=mask, other=0.0)
         zd_pos = tl.load(zd_ptr + rows + col_pos, mask=mask, other=0.0)
@@ -110,14 +121,17 @@ def tangent_kernel(
         tl.store(ud_ptr + rows + col_m0, u_m0 + (zd_m0 * sg + z_m0 * sg_dot), mask=mask)
         tl.store(ud_ptr + rows + col_neg, u_neg + (zd_neg * sg + z_neg * sg_dot), mask=mask)
         tl.store(ud_ptr + rows + col_pos, u_pos + (zd_pos * sg + z_pos * sg_dot), mask=mask)
-        tl.store(dz_ptr + z_rows + col_m0, h_m0 * sg_dot, mask=mask)
-        tl.store(dz_ptr + z_rows + col_neg, h_neg * sg_dot, mask=mask)
-        tl.store(dz_ptr + z_rows + col_pos, h_pos * sg_dot, mask=mask)
+        tl.store(dz_ptr + z2 + col_m0, h_m0 * sg_dot, mask=mask)
+        tl.store(dz_ptr + z2 + col_neg, h_neg * sg_dot, mask=mask)
+        tl.store(dz_ptr + z2 + col_pos, h_pos * sg_dot, mask=mask)
         gl_curv = gate_logit_curvature(gate_grad(h_m0, zd_m0, h_neg, zd_neg, h_pos, zd_pos),
                                        gate_grad(h_m0, z_m0, h_neg, z_neg, h_pos, z_pos), t_dot, sg)
-        contraction = tl.dot(gl_curv, gate_block(gw_base, j, c, w_mask, G, CF, True), contraction,
-                             input_precision="ieee")
-    h_s = tl.load(h_ptr + h_rows + c[None, :], mask=mask, other=0.0)
-    u_s = tl.load(ud_ptr + rows + c[None, :], mask=mask, other=0.0)
-    tl.store(ud_ptr + rows + c[None, :], u_s + silu_grad(s_dot, s), mask=mask)
-    tl.store(dz_ptr + z_rows + c[None, :], silu_curvature(h_s, s_dot, s) + contraction, mask=mask)
+        gw_t = tl.load(gw_base + c[None, :] * G + gcol[:, None], mask=c_mask[None, :], other=0.0)
+        contraction = tl.dot(gl_curv, gw_t, contraction, input_precision="ieee")
+    full = mask & c_mask[None, :]
+    s = tl.load(z_ptr + z2 + c[None, :], mask=full, other=0.0)
+    s_dot = tl.load(zd_ptr + rows + c[None, :], mask=full, other=0.0)
+    h_s = tl.load(h_ptr + h2 + c[None, :], mask=full, other=0.0)
+    u_s = tl.load(ud_ptr + rows + c[None, :], mask=full, other=0.0)
+    tl.store(ud_ptr + rows + c[None, :], u_s + silu_grad(s_dot, s), mask=full)
+    tl.store(dz_ptr + z2 + c[None, :], silu_curvature(h_s, s_dot, s) + contraction, mask=full)

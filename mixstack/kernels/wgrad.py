@@ -41,7 +41,7 @@ import triton.language as tl
 
 from .activations import gate_grad, gate_logit_grad, silu
 from .compensated import pow2_scales, split_fp16, split_products, split_result
-from .curvature import gate_block, gate_logit_curvature
+from .curvature import gate_logit_curvature, tangent_logits
 from .gate import gate_sigmoids
 
 
@@ -130,60 +130,68 @@ def wgrad_kernel(
 def gate_wgrad_kernel(
     part_ptr, h_ptr, z_ptr, zd_ptr, gw_ptr,
     layer, h_layer, E, F,
-    LMAX: tl.constexpr, CF: tl.constexpr, CP: tl.constexpr, CHUNK: tl.constexpr,
+    LMAX: tl.constexpr, CF: tl.constexpr, CP: tl.constexpr, GC: tl.constexpr, CHUNK: tl.constexpr,
     CURVATURE: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     """Partial sums over one edge chunk of the gate projection's gradient, ``(Cf, G)`` per
     focus: ``s^T gl`` from the cotangent ``h`` of the layer output (``(n, F, E, ROW)`` read at
     ``h_layer``) and the saved ``z`` (at ``layer``); with ``CURVATURE`` plus
-    ``s^T gl_curv + s_dot^T gl``, ``s_dot`` the scalar columns of ``z_dot`` (``(F, E, ROW)``)."""
+    ``s^T gl_curv + s_dot^T gl``, ``s_dot`` the scalar columns of ``z_dot`` (``(F, E, ROW)``).
+    Gate columns ``GC`` at a time (the outer loop), the chunk's edges ``BLOCK_M`` at a time."""
     M0: tl.constexpr = (LMAX + 1) * CF
     ROW: tl.constexpr = M0 + 2 * LMAX * CF
     G: tl.constexpr = LMAX * CF
+    R: tl.constexpr = CF // GC
     chunk = tl.program_id(0).to(tl.int64)
     f = tl.program_id(1).to(tl.int64)
+    cg = tl.arange(0, GC)
     c = tl.arange(0, CP)
     c_mask = c < CF
-    w_mask = c_mask[:, None] & c_mask[None, :]
     gw_base = gw_ptr + (layer * F + f) * (CF * G)
     e_start = chunk * CHUNK
     n_rows = tl.minimum(E - e_start, CHUNK)
     r = tl.arange(0, BLOCK_M).to(tl.int64)
-    for j in tl.range(0, LMAX):
-        col_m0 = ((j + 1) * CF + c)[None, :]
-        col_neg = (M0 + j * CF + c)[None, :]
-        col_pos = (M0 + G + j * CF + c)[None, :]
-        acc = tl.zeros((CP, CP), dtype=tl.float32)
+    unused = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for t in tl.range(0, LMAX * R):              # gate columns, GC at a time, in degree order
+        gcol = t * GC + cg
+        col_m0 = (CF + gcol)[None, :]
+        col_neg = (M0 + gcol)[None, :]
+        col_pos = (M0 + G + gcol)[None, :]
+        acc = tl.zeros((CP, GC), dtype=tl.float32)
         for r0 in tl.range(0, n_rows, BLOCK_M):
             e = e_start + r0 + r
-            mask = (e < E)[:, None] & c_mask[None, :]
-            z_rows = (((layer * F + f) * E + e) * ROW)[:, None]
-            h_rows = (((h_layer * F + f) * E + e) * ROW)[:, None]
-            s = tl.load(z_ptr + z_rows + c[None, :], mask=mask, other=0.0)
-            sg = gate_sigmoids(s, s, s, s, gw_base, gw_base, 1.0, j, c, w_mask, G, CF, CP, BLOCK_M, False)
-            h_m0 = tl.load(h_ptr + h_rows + col_m0, mask=mask, other=0.0)
-            h_neg = tl.load(h_ptr + h_rows + col_neg, mask=mask, other=0.0)
-            h_pos = tl.load(h_ptr + h_rows + col_pos, mask=mask, other=0.0)
-            z_m0 = tl.load(z_ptr + z_rows + col_m0, mask=mask, other=0.0)
-            z_neg = tl.load(z_ptr + z_rows + col_neg, mask=mask, other=0.0)
-            z_pos = tl.load(z_ptr + z_rows + col_pos, mask=mask, other=0.0)
+            mask = (e < E)[:, None]
+            full = mask & c_mask[None, :]
+            z_rows = ((layer * F + f) * E + e) * ROW
+            z2 = z_rows[:, None]
+            h2 = (((h_layer * F + f) * E + e) * ROW)[:, None]
+            sg = gate_sigmoids(z_ptr + z_rows, mask, unused, unused, gw_base, gw_base, 1.0, gcol,
+                               G, GC, R, BLOCK_M, False)
+            h_m0 = tl.load(h_ptr + h2 + col_m0, mask=mask, other=0.0)
+            h_neg = tl.load(h_ptr + h2 + col_neg, mask=mask, other=0.0)
+            h_pos = tl.load(h_ptr + h2 + col_pos, mask=mask, other=0.0)
+            z_m0 = tl.load(z_ptr + z2 + col_m0, mask=mask, other=0.0)
+            z_neg = tl.load(z_ptr + z2 + col_neg, mask=mask, other=0.0)
+            z_pos = tl.load(z_ptr + z2 + col_pos, mask=mask, other=0.0)
             gsg = gate_grad(h_m0, z_m0, h_neg, z_neg, h_pos, z_pos)
             gl = gate_logit_grad(gsg, sg)
+            s = tl.load(z_ptr + z2 + c[None, :], mask=full, other=0.0)
             if CURVATURE:
-                rows = ((f * E + e) * ROW)[:, None]
-                s_dot = tl.load(zd_ptr + rows + c[None, :], mask=mask, other=0.0)
-                zd_m0 = tl.load(zd_ptr + rows + col_m0, mask=mask, other=0.0)
-                zd_neg = tl.load(zd_ptr + rows + col_neg, mask=mask, other=0.0)
-                zd_pos = tl.load(zd_ptr + rows + col_pos, mask=mask, other=0.0)
-                t_dot = tl.dot(s_dot, gate_block(gw_base, j, c, w_mask, G, CF, False), input_precision="ieee")
+                d_rows = (f * E + e) * ROW
+                d2 = d_rows[:, None]
+                zd_m0 = tl.load(zd_ptr + d2 + col_m0, mask=mask, other=0.0)
+                zd_neg = tl.load(zd_ptr + d2 + col_neg, mask=mask, other=0.0)
+                zd_pos = tl.load(zd_ptr + d2 + col_pos, mask=mask, other=0.0)
+                t_dot = tangent_logits(zd_ptr + d_rows, mask, gw_base, gcol, G, GC, R, BLOCK_M)
                 gl_curv = gate_logit_curvature(gate_grad(h_m0, zd_m0, h_neg, zd_neg, h_pos, zd_pos), gsg,
                                                t_dot, sg)
+                s_dot = tl.load(zd_ptr + d2 + c[None, :], mask=full, other=0.0)
                 acc = tl.dot(tl.trans(s), gl_curv, acc, input_precision="ieee")
                 acc = tl.dot(tl.trans(s_dot), gl, acc, input_precision="ieee")
             else:
                 acc = tl.dot(tl.trans(s), gl, acc, input_precision="ieee")
-        offs = (chunk * F + f) * (CF * G) + c[:, None] * G + (j * CF + c)[None, :]
-        tl.store(part_ptr + offs, acc, mask=w_mask)
+        offs = (chunk * F + f) * (CF * G) + c[:, None] * G + gcol[None, :]
+        tl.store(part_ptr + offs, acc, mask=c_mask[:, None])
 
 
 @triton.jit(do_not_specialize=["n_chunks", "layer"])
@@ -209,34 +217,39 @@ def chunk_sum_kernel(
 def layer_input_kernel(
     u_ptr, out_ptr, z_ptr, gw_ptr,
     layer, u_layer, out_layer, E, F,
-    LMAX: tl.constexpr, CF: tl.constexpr, CP: tl.constexpr, BLOCK_M: tl.constexpr,
+    LMAX: tl.constexpr, CF: tl.constexpr, GC: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     """``out[out_layer] = u[u_layer] + a(z[layer])``: the input of gated layer ``layer + 1`` from
-    that of ``layer`` and its saved pre-activations (``(n, F, E, ROW)`` surfaces)."""
+    that of ``layer`` and its saved pre-activations (``(n, F, E, ROW)`` surfaces), gate columns
+    ``GC`` at a time as the forward's gate kernel."""
     M0: tl.constexpr = (LMAX + 1) * CF
     ROW: tl.constexpr = M0 + 2 * LMAX * CF
     G: tl.constexpr = LMAX * CF
+    R: tl.constexpr = CF // GC
     pid = tl.program_id(0).to(tl.int64)
     f = tl.program_id(1).to(tl.int64)
     e = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    c = tl.arange(0, CP)
-    c_mask = c < CF
-    mask = (e < E)[:, None] & c_mask[None, :]
-    u_rows = (((u_layer * F + f) * E + e) * ROW)[:, None]
-    o_rows = (((out_layer * F + f) * E + e) * ROW)[:, None]
-    z_rows = (((layer * F + f) * E + e) * ROW)[:, None]
+    cg = tl.arange(0, GC)
+    mask = (e < E)[:, None]
+    u2 = (((u_layer * F + f) * E + e) * ROW)[:, None]
+    o2 = (((out_layer * F + f) * E + e) * ROW)[:, None]
+    z_rows = ((layer * F + f) * E + e) * ROW
+    z2 = z_rows[:, None]
     gw_base = gw_ptr + (layer * F + f) * (CF * G)
-    w_mask = c_mask[:, None] & c_mask[None, :]
-    s = tl.load(z_ptr + z_rows + c[None, :], mask=mask, other=0.0)
-    u_s = tl.load(u_ptr + u_rows + c[None, :], mask=mask, other=0.0)
-    tl.store(out_ptr + o_rows + c[None, :], u_s + silu(s), mask=mask)
-    for j in tl.range(0, LMAX):
-        sg = gate_sigmoids(s, s, s, s, gw_base, gw_base, 1.0, j, c, w_mask, G, CF, CP, BLOCK_M, False)
-        for row in tl.static_range(3):                  # m = 0, m = -1, m = +1 of degree j + 1
+    unused = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k in tl.range(0, R):                     # the scalar columns: u + silu(s)
+        cols = (k * GC + cg)[None, :]
+        s_k = tl.load(z_ptr + z2 + cols, mask=mask, other=0.0)
+        tl.store(out_ptr + o2 + cols, tl.load(u_ptr + u2 + cols, mask=mask, other=0.0) + silu(s_k), mask=mask)
+    for t in tl.range(0, LMAX * R):              # gate columns, GC at a time, in degree order
+        gcol = t * GC + cg
+        sg = gate_sigmoids(z_ptr + z_rows, mask, unused, unused, gw_base, gw_base, 1.0, gcol,
+                           G, GC, R, BLOCK_M, False)
+        for row in tl.static_range(3):           # m = 0, m = -1, m = +1 of the degree
             if row == 0:
-                cols = ((j + 1) * CF + c)[None, :]
+                cols = (CF + gcol)[None, :]
             else:
-                cols = (M0 + (row - 1) * G + j * CF + c)[None, :]
-            z_j = tl.load(z_ptr + z_rows + cols, mask=mask, other=0.0)
-            u_j = tl.load(u_ptr + u_rows + cols, mask=mask, other=0.0)
-            tl.store(out_ptr + o_rows + cols, u_j + z_j * sg, mask=mask)
+                cols = (M0 + (row - 1) * G + gcol)[None, :]
+            z_j = tl.load(z_ptr + z2 + cols, mask=mask, other=0.0)
+            u_j = tl.load(u_ptr + u2 + cols, mask=mask, other=0.0)
+            tl.store(out_ptr + o2 + cols, u_j + z_j * sg, mask=mask)

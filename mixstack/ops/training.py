@@ -36,11 +36,12 @@ from . import launchers
 from .configs import (
     ALPHA_GRAD_CONFIG,
     GATE_WGRAD_CHUNK,
+    LAYER_INPUT_CONFIG,
     WGRAD_BLOCK_K,
     WGRAD_CHUNK,
     chunk_sum_block,
     default_wgrad_config,
-    gate_config,
+    gate_chunk,
     pointwise_recomputes_gate,
     training_pointwise_config,
 )
@@ -113,8 +114,8 @@ class _Reductions:
         cfg = training_pointwise_config(lay)
         wrap_triton(gate_wgrad_kernel)[(self.gate_chunks, self.n_focus)](
             self.gate_part, h, z, z if zd is None else zd, gw, layer, h_layer, self.n_edges, self.n_focus,
-            LMAX=lay.lmax, CF=lay.focus_dim, CP=triton.next_power_of_2(lay.focus_dim), CHUNK=GATE_WGRAD_CHUNK,
-            CURVATURE=zd is not None, BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"],
+            LMAX=lay.lmax, CF=lay.focus_dim, CP=triton.next_power_of_2(lay.focus_dim), GC=gate_chunk(lay),
+            CHUNK=GATE_WGRAD_CHUNK, CURVATURE=zd is not None, BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"],
             num_stages=cfg["num_stages"],
         )
         self._sum(self.gate_part, self.gate_chunks, self.gate_size, self.gate_size, dgw, dgw, layer)
@@ -127,13 +128,13 @@ def layer_inputs(u0, z, gw, layout: StackLayout):
     out = z.new_empty(z.shape)
     if _is_empty(n_edges) or n_gated == 0:
         return out
-    cfg = gate_config(layout)
+    cfg = LAYER_INPUT_CONFIG
     grid = (triton.cdiv(n_edges, cfg["BLOCK_M"]), n_focus)
     for k in range(n_gated):
         src, src_layer = (u0, 0) if k == 0 else (out, k - 1)
         wrap_triton(layer_input_kernel)[grid](
             src, out, z, gw, k, src_layer, k, n_edges, n_focus,
-            LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
+            LMAX=layout.lmax, CF=layout.focus_dim, GC=gate_chunk(layout),
             BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
     return out
@@ -255,7 +256,8 @@ def double_backward(v, w, grad_out, y, z, chain, alpha, w0, w1, gw, layout: Stac
         wrap_triton(tangent_kernel)[grid](
             u_dot, z_dot, z, chain, gw, d_z, k, k, n_edges, n_focus,
             LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
-            BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            GC=gate_chunk(layout), BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"],
         )
     del z_dot
     if weights:

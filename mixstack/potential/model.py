@@ -22,10 +22,9 @@ import torch
 from torch import nn
 
 from .blocks import InteractionBlock, mlp
+from .neighbors import MAX_Z
 from .radial import BesselBasis, PolynomialEnvelope
 from .wigner import WignerRows, edge_frames
-
-MAX_Z = 118
 
 
 class SO2Potential(nn.Module):

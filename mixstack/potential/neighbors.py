@@ -30,6 +30,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+MAX_Z = 118          # the elements H (1) .. Og (118): the atomic numbers a model takes
+
 _PIP_FIX = "`pip install mixstack[potential]`"
 
 
@@ -76,12 +78,18 @@ def neighbor_arrays(positions, cell, pbc, cutoff: float):
     i, j, S = _pairs(positions, cell, pbc, cutoff)
     order = np.lexsort((S[:, 2], S[:, 1], S[:, 0], j, i))     # centre, then neighbour, then shift
     i, j, S = i[order], j[order], S[order]
-    counts = np.bincount(i, minlength=n)
+    return np.stack((j, i)), S, centre_slots(torch.from_numpy(i), n).numpy()
+
+
+def centre_slots(centres: torch.Tensor, n: int) -> torch.Tensor:
+    """``slots (n, K)`` of edges sorted by centre: row ``i`` lists the edges whose centre is
+    ``i``, in order, padded with ``E = len(centres)``; ``K`` is the largest count (at least 1).
+    On the centres' device (the LAMMPS path builds them on the GPU)."""
+    counts = torch.bincount(centres, minlength=n)
     k = max(int(counts.max()) if n else 0, 1)
-    start = np.cumsum(counts) - counts
-    lane = np.arange(k)
-    slots = np.where(lane[None, :] < counts[:, None], start[:, None] + lane[None, :], len(i))
-    return np.stack((j, i)), S, slots.astype(np.int64)
+    start = torch.cumsum(counts, 0) - counts
+    lane = torch.arange(k, device=centres.device)
+    return torch.where(lane[None, :] < counts[:, None], start[:, None] + lane[None, :], centres.numel())
 
 
 def system_inputs(positions, cell, pbc, numbers, cutoff: float, *, device=None,
@@ -93,6 +101,11 @@ def system_inputs(positions, cell, pbc, numbers, cutoff: float, *, device=None,
     num = np.asarray(numbers.cpu() if torch.is_tensor(numbers) else numbers, dtype=np.int64)
     if num.shape != (pos.shape[0],):
         raise ValueError(f"numbers must have shape ({pos.shape[0]},), got {num.shape}")
+    if pos.shape[0] == 0:
+        raise ValueError("the structure has no atoms; a potential needs at least one")
+    bad = sorted(set(num[(num < 1) | (num > MAX_Z)].tolist()))
+    if bad:
+        raise ValueError(f"atomic numbers must be in 1..{MAX_Z} (H..Og), got {', '.join(map(str, bad))}")
     fl = dict(device=device, dtype=dtype)
     return SystemInputs(torch.as_tensor(pos, **fl), torch.as_tensor(cel, **fl),
                         torch.as_tensor(num, device=device), torch.as_tensor(edge_index, device=device),

@@ -27,6 +27,7 @@ from .families import FAMILIES, SWEEP_ORDER, candidates
 from .keys import ShapeKey, shape_key
 from .registry import (
     MISSING,
+    clear_registrations,
     covered,
     find,
     lookup,
@@ -55,7 +56,7 @@ def tuned_config(family: str, *, focus_dim: int, lmax: int, n_focus: int, apply_
 
 
 __all__ = [
-    "FAMILIES", "MISSING", "SWEEP_ORDER", "ShapeKey", "TuningTableWarning", "candidates", "covered",
+    "FAMILIES", "MISSING", "SWEEP_ORDER", "ShapeKey", "TuningTableWarning", "candidates", "clear_registrations", "covered",
     "device_name", "find", "kernel_source_hash", "lookup", "record", "register", "registration",
     "registrations", "reload", "saved_registrations", "shape_key", "tuned_config", "unregister",
 ]

@@ -41,7 +41,7 @@ def test_potential_on_cuda_runs_the_kernels_and_matches_level0(level):
 INDUCTOR_MISCOMPILE = pytest.mark.xfail(
     reason="torch.compile (Inductor) of the level-0 frame loses the forces (energy right): 4.6e-2 "
            "relative at 504 atoms on the H200 with torch 2.11, with or without split reductions; "
-           "see BENCHMARKS.md, 'The compiled baseline's forces'", strict=False)
+           "see BENCHMARKS.md, 'The compiled baseline's forces'", strict=True)
 
 
 @pytest.mark.parametrize("key", [pytest.param("0c", marks=INDUCTOR_MISCOMPILE), "2c", "3c"])
@@ -51,15 +51,15 @@ def test_compiled_bench_frame_forces_match_float64(key):
     H200 with torch 2.11 (an Inductor miscompile, marked xfail until it passes)."""
     import copy
 
-    from mixstack.bench.model_bench import DEFAULT_MODEL, _frame_fn, build_cell
+    from mixstack.bench.model_bench import DEFAULT_MODEL, build_cell, frame_fn
     from mixstack.bench.runner import exact_fp32
 
     model = SO2Potential(**DEFAULT_MODEL, seed=0, device="cuda").eval().requires_grad_(False)
     atoms = build_cell("cu-bcc", 500, seed=0)
     with exact_fp32():
-        e64, f64 = _frame_fn("0", copy.deepcopy(model).double())(
+        e64, f64 = frame_fn("0", copy.deepcopy(model).double())(
             atoms_inputs(atoms, model.cutoff, device="cuda", dtype=torch.float64))
         torch.compiler.reset()
-        e, f = _frame_fn(key, model)(atoms_inputs(atoms, model.cutoff, device="cuda"))
+        e, f = frame_fn(key, model)(atoms_inputs(atoms, model.cutoff, device="cuda"))
     assert rel_err(f.double(), f64) <= 1e-4, rel_err(f.double(), f64)
     assert abs(e.double().item() - e64.item()) / len(atoms) <= 1e-6

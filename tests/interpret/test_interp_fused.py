@@ -38,6 +38,7 @@ BITWISE_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", BITWISE_CASES, ids=helpers.case_id)
 def test_fused_backward_is_bitwise_equal_to_the_relay(case):
     relay = _run(case, 1)
