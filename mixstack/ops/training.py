@@ -241,7 +241,6 @@ def double_backward(v, w, grad_out, y, z, chain, alpha, w0, w1, gw, layout: Stac
     z_dot = torch.empty_like(u_dot)
     if weights:
         red = _Reductions(grad_out, n_edges, n_focus, layout, plan)
-        gz = torch.empty_like(u_dot)
         fold = pointwise_recomputes_gate(layout)
         sg = None if fold else grad_out.new_empty((n_focus, n_edges, layout.gate_width))
     cfg = training_pointwise_config(layout)
@@ -250,6 +249,9 @@ def double_backward(v, w, grad_out, y, z, chain, alpha, w0, w1, gw, layout: Stac
         launchers.block_gemm(u_dot, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), out=z_dot,
                              split=split)
         if weights:
+            # gz lives in d_z[k] until the tangent step overwrites it (every column): the
+            # reductions read it first, and the double backward's peak holds one surface less
+            gz = d_z[k]
             launchers.relay_gz(chain[k], z, gw, k, n_edges, n_focus, layout, sg, gz, fold=fold)
             red.blocks(u_dot, 0, gz, dw0, dw1, k)
             red.gate(chain, k, z, gw, dgw, k, zd=z_dot)
@@ -261,7 +263,7 @@ def double_backward(v, w, grad_out, y, z, chain, alpha, w0, w1, gw, layout: Stac
         )
     del z_dot
     if weights:
-        del gz, sg
+        del sg
         red.top(u_dot, 0, grad_out, alpha if apply_alpha else None, dw0, dw1, n_gated)
     if need_grad_out or need_alpha:
         # y_dot, edge-major and unscaled, straight into d_grad_out where that is wanted
