@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .ops import launchers
+from .ops import conv_launchers, launchers
 
 # SASS opcodes summed by the report (the first dotted part of each instruction).
 COUNTED = ("FFMA", "HMMA", "HGMMA", "LDS", "STS", "LDSM", "LDG", "STG", "LDGSTS", "BAR", "SHFL", "MUFU")
@@ -75,7 +75,8 @@ class Report:
 
 
 def record_launches(run, *args, **kwargs) -> list[Launch]:
-    """Run ``run(*args, **kwargs)`` (a launcher of ``mixstack.ops.launchers``, on meta tensors) with
+    """Run ``run(*args, **kwargs)`` (a launcher of ``mixstack.ops.launchers`` or
+    ``conv_launchers``, on meta tensors) with
     every kernel launch recorded instead of run; the launches, in order."""
     launches: list[Launch] = []
 
@@ -87,12 +88,15 @@ def record_launches(run, *args, **kwargs) -> list[Launch]:
                 return call
         return _Grid()
 
-    real = launchers.wrap_triton
-    launchers.wrap_triton = recorder
+    modules = (launchers, conv_launchers)
+    real = [m.wrap_triton for m in modules]
+    for m in modules:
+        m.wrap_triton = recorder
     try:
         run(*args, **kwargs)
     finally:
-        launchers.wrap_triton = real
+        for m, r in zip(modules, real):
+            m.wrap_triton = r
     return launches
 
 
@@ -119,7 +123,8 @@ def stack_launches(layout, n_focus: int, apply_alpha: bool = True, *, n_layers: 
 
 
 _OPTIONS = ("num_warps", "num_stages")
-_TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float64: "*fp64"}
+_TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float64: "*fp64",
+          torch.int64: "*i64", torch.int32: "*i32"}
 
 
 def source_args(launch: Launch):

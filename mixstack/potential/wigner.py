@@ -155,6 +155,14 @@ def wigner_rows(R: torch.Tensor, lmax: int, keep: int = 1, constants=None) -> li
     return out
 
 
+def pack_rows(rows: list[torch.Tensor]) -> torch.Tensor:
+    """``wigner_rows(R, lmax, keep=1)`` as one ``(..., 3, (lmax+1)^2)`` tensor, the layout of
+    ``mixstack.rotate_in`` / ``rotate_out_sum``: column ``l^2 + l + n`` of row ``k`` holds
+    ``D^l[m = k - 1, n]``; degree 0's rows ``m = -1, +1`` (which do not exist) are zero."""
+    zero = torch.zeros_like(rows[0])
+    return torch.cat([torch.cat((zero, rows[0], zero), -2)] + list(rows[1:]), -1)
+
+
 def wigner_full(R: torch.Tensor, l: int) -> torch.Tensor:
     """The whole real Wigner matrix ``D^l(R)``, ``(..., 2l+1, 2l+1)`` (tests, checks)."""
     return wigner_rows(R, l, keep=l)[l]
