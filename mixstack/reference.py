@@ -7,12 +7,16 @@ backward reads, and ``backward`` spells out the first-order gradients of
 docs/contract.md §1 from those saved values.  ``backward`` is itself made of ordinary ops,
 so autograd differentiates it again: it is the differentiable fallback the
 custom operator uses for weight gradients and for double backward.
+
+``rotate_in`` and ``rotate_out_sum`` (from ``conv_reference``) are the same for the
+convolution's operators around the stack (docs/contract.md §7).
 """
 
 from __future__ import annotations
 
 import torch
 
+from .conv_reference import rotate_in, rotate_out_sum  # noqa: F401  (mixstack.reference.rotate_in, ...)
 from .layout import StackLayout, validate_inputs
 
 

@@ -91,8 +91,7 @@ def rotate_in_backward(grad_u: Tensor, x: Tensor, wigner: Tensor, radial: Tensor
     record("conv_in_bwd:reference")
     grads = conv_reference.rotate_in_backward(grad_u, x, wigner, radial, src, edge_scalar, scalar_weight,
                                               edge_weight)
-    empty = x.new_empty((0,))
-    return tuple(g.contiguous() if need and g is not None else empty for g, need in zip(grads, needs))
+    return tuple(g.contiguous() if need and g is not None else x.new_empty((0,)) for g, need in zip(grads, needs))
 
 
 @triton_op("mixstack::rotate_out_sum", mutates_args=())
@@ -127,8 +126,8 @@ def rotate_out_sum_backward(grad_out: Tensor, ys: Tensor, wigner: Tensor, dst: T
                                       layout, needs)
     record("conv_out_bwd:reference")
     grads = conv_reference.rotate_out_backward(grad_out, ys.sum(1), wigner, dst, edge_weight)
-    empty = grad_out.new_empty((0,))
-    return tuple(g.contiguous() if need and g is not None else empty for g, need in zip(grads, needs))
+    return tuple(g.contiguous() if need and g is not None else grad_out.new_empty((0,))
+                 for g, need in zip(grads, needs))
 
 
 # ------------------------------------------------------------------ autograd

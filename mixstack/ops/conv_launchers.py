@@ -69,16 +69,17 @@ def rotate_in_backward(grad_u, x, wigner, radial, src, edge_scalar, scalar_weigh
     need_scalar = (need_h or need_sw) and edge_scalar is not None
     n_edges, n_focus = radial.shape[0], radial.shape[1]
     lay, cfg = layout, conv_config(layout)
-    empty = x.new_empty((0,))
-    g_rad = x.new_empty(radial.shape) if need_rad else empty
-    g_h = x.new_empty(edge_scalar.shape) if need_scalar else empty
-    g_sw = x.new_empty(scalar_weight.shape) if need_scalar else empty
-    g_ew = x.new_empty((n_edges,)) if need_ew else empty
-    g_w = x.new_empty(wigner.shape) if need_w else empty
-    g_x = torch.zeros_like(x) if need_x and n_edges == 0 else (x.new_empty(x.shape) if need_x else empty)
+    def empty(shape, need):        # an unused gradient: a distinct empty tensor (outputs must not alias)
+        return x.new_empty(shape if need else (0,))
+    g_rad = empty(radial.shape, need_rad)
+    g_h = empty(edge_scalar.shape if need_scalar else (0,), need_scalar)
+    g_sw = empty(scalar_weight.shape if need_scalar else (0,), need_scalar)
+    g_ew = empty((n_edges,), need_ew)
+    g_w = empty(wigner.shape, need_w)
+    g_x = torch.zeros_like(x) if need_x and n_edges == 0 else empty(x.shape, need_x)
     if n_edges == 0:
         return g_x, g_w, g_rad, g_h, g_sw, g_ew
-    grot = x.new_empty((n_edges, lay.row)) if need_x else empty
+    grot = empty((n_edges, lay.row), need_x)
     h, sw, sw_strides = _scalar_args(edge_scalar, scalar_weight, x)
     wrap_triton(rotate_in_grad_kernel)[_grid(n_edges, cfg["edge_block"])](
         grad_u, x, wigner, radial, src, h, sw, x if edge_weight is None else edge_weight,
@@ -131,10 +132,9 @@ def rotate_out_backward(grad_out, ys, wigner, dst, edge_weight, layout: StackLay
     need_ew = need_ew and edge_weight is not None
     n_edges = wigner.shape[0]
     cfg = conv_config(layout)
-    empty = grad_out.new_empty((0,))
-    g_y = grad_out.new_empty((n_edges, layout.row)) if need_y else empty
-    g_w = grad_out.new_empty(wigner.shape) if need_w else empty
-    g_ew = grad_out.new_empty((n_edges,)) if need_ew else empty
+    g_y = grad_out.new_empty((n_edges, layout.row) if need_y else (0,))
+    g_w = grad_out.new_empty(wigner.shape if need_w else (0,))
+    g_ew = grad_out.new_empty((n_edges,) if need_ew else (0,))
     if n_edges == 0:
         return g_y, g_w, g_ew
     wrap_triton(rotate_out_grad_kernel)[_grid(n_edges, cfg["edge_block"])](
