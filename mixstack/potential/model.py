@@ -122,10 +122,15 @@ class SO2Potential(nn.Module):
         Derivatives are taken with ``create_graph`` in training mode (force
         losses), without it in eval mode.
         """
+        return self.derivatives(self.energy, positions, cell, numbers, edge_index, shifts, slots)
+
+    def derivatives(self, energy_fn, positions, cell, numbers, edge_index, shifts, slots):
+        """``forward`` with the energy from ``energy_fn`` (``self.energy`` or, for instance, a
+        compiled copy of it): energy, forces and stress by autograd through it."""
         with torch.enable_grad():
             pos = positions.detach().requires_grad_(True)
             strain = torch.zeros(3, 3, dtype=positions.dtype, device=positions.device, requires_grad=True)
-            energy, energies = self.energy(pos, cell, numbers, edge_index, shifts, slots, strain)
+            energy, energies = energy_fn(pos, cell, numbers, edge_index, shifts, slots, strain)
             grad_pos, grad_strain = torch.autograd.grad(energy, (pos, strain), create_graph=self.training)
         # |a . (b x c)|: the cell volume (torch.linalg.det has no AOTInductor C shim)
         volume = (cell[0] * torch.linalg.cross(cell[1], cell[2], dim=-1)).sum().abs()
