@@ -80,7 +80,7 @@ def conv_unsupported_reason(channels: int, dtype: torch.dtype) -> str | None:
 def conv_level(t: torch.Tensor, channels: int) -> int:
     """The level a convolution operator runs at for tensor ``t`` (0 where its kernels cannot run)."""
     level = levels.get_level()
-    if level == 0 or not kernels_can_run(t):
+    if level == 0 or not kernels_can_run(t) or not config.conv_kernels_enabled():
         return 0
     reason = conv_unsupported_reason(channels, t.dtype)
     if reason is not None:

@@ -159,14 +159,21 @@ class InteractionBlock(nn.Module):
         return radial, self.edge_scalar(scal), alpha
 
     def rotate_in(self, x, src, rows, radial, h):
-        """The stack's input ``u0 (F, E, ROW)`` (a focus-major view): the neighbours' features in
-        the edge frame, scaled by the radial weights, plus the edge scalar on the m = 0 subtiles."""
+        """The stack's input ``u0 (F, E, ROW)``: the neighbours' features in the edge frame, scaled
+        by the radial weights, plus the edge scalar on the m = 0 subtiles.
+
+        Built focus-major from the start (the radial weights permuted, the edge-frame features
+        broadcast over the streams), so that the stack reads a contiguous ``u0`` and the
+        backward of this stage never reads the stack's gradient transposed on its way into the
+        gather's scatter-add: an accumulating ``index_put`` fed by a transposed read is what
+        Inductor's C++ backend miscompiles (``repro/inductor_cpu_index_put_transpose.py``)."""
         lmax, c, f = self.lmax, self.c, self.n_focus
         n_edges = src.shape[0]
         m0, mneg, mpos = self.to_edge_frame(x[src], rows)
-        a0, a1, b0 = radial[:, :, :lmax + 1], radial[:, :, lmax + 1:2 * lmax + 1], radial[:, :, 2 * lmax + 1:]
-        u0 = torch.cat((a0 * m0[:, None] + b0 * h[:, None, None], a1 * mneg[:, None], a1 * mpos[:, None]), 2)
-        return u0.reshape(n_edges, f, (3 * lmax + 1) * c).transpose(0, 1)  # (F, E, ROW)
+        rad = radial.permute(1, 0, 2, 3)                                    # (F, E, 3*lmax+2, C)
+        a0, a1, b0 = rad[:, :, :lmax + 1], rad[:, :, lmax + 1:2 * lmax + 1], rad[:, :, 2 * lmax + 1:]
+        u0 = torch.cat((a0 * m0 + b0 * h[:, None], a1 * mneg, a1 * mpos), 2)  # (F, E, 3*lmax+1, C)
+        return u0.reshape(f, n_edges, (3 * lmax + 1) * c)
 
     def edge_inputs(self, x, src, dst, rows, rbf, env):
         """The stack's inputs on every edge: ``u0 (F, E, ROW)`` (a focus-major view) and ``alpha (E, F)``."""
@@ -193,8 +200,8 @@ class InteractionBlock(nn.Module):
     def node_update(self, x, agg):
         """Mix the aggregated messages into ``x`` per degree; update the scalars from the norms."""
         x = x + torch.einsum("nsc,scd->nsd", agg, self.mix[self.degrees])
-        sq = (x[:, 1:] * x[:, 1:]).transpose(0, 1)                          # (S-1, N, C)
-        norms = [sq[l * l - 1:(l + 1) * (l + 1) - 1].sum(0) for l in range(1, self.lmax + 1)]
+        sq = x[:, 1:] * x[:, 1:]                                            # (N, S-1, C)
+        norms = [sq[:, l * l - 1:(l + 1) * (l + 1) - 1].sum(1) for l in range(1, self.lmax + 1)]
         upd = self.scalar_update(torch.cat([x[:, 0]] + norms, -1)) + self.mix_bias
         return torch.cat(((x[:, 0] + upd)[:, None], x[:, 1:]), 1)
 

@@ -32,8 +32,8 @@ import math
 import torch
 from torch import nn
 
-# Degree-1 real harmonics are (y, z, x): D^1 = R permuted on both sides.
-_XYZ_TO_YZX = (1, 2, 0)
+# Degree-1 real harmonics are (y, z, x): D^1 = R permuted on both sides, (x, y, z) -> (y, z, x)
+# being a roll by one.
 
 
 def edge_frames(vec: torch.Tensor) -> torch.Tensor:
@@ -101,9 +101,14 @@ def _coefficients(l: int, rows_out: int, rows_in: int):
 
 
 def wigner_d1(R: torch.Tensor) -> torch.Tensor:
-    """``D^1(R)`` in the real-harmonic order ``(y, z, x)``: ``(..., 3, 3)``."""
-    p = list(_XYZ_TO_YZX)
-    return R[..., p, :][..., :, p]
+    """``D^1(R)`` in the real-harmonic order ``(y, z, x)``: ``(..., 3, 3)``, rows and columns of ``R``
+    rolled by one.
+
+    A roll, not an index list: the backward of ``R[..., p, :][..., :, p]`` is an accumulating
+    ``index_put`` whose value is read transposed, which Inductor's C++ backend compiles into
+    stores at wrong offsets (``repro/inductor_cpu_index_put_transpose.py``); a roll's backward
+    is a roll."""
+    return R.roll(-1, -2).roll(-1, -1)
 
 
 def _step(R1: torch.Tensor, M: torch.Tensor, C: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
