@@ -26,14 +26,15 @@ def run_md(model, atoms, level: int, *, compiled: bool, steps: int, warmup: int 
            temperature_K: float = 300.0, seed: int = 0, skin: float = 1.0, device=None) -> dict:
     """NVE of ``atoms`` (not modified) with ``model`` at ``level``; the record described above."""
     from ase import units
-    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary
+    from ase.md import velocitydistribution as vd
     from ase.md.verlet import VelocityVerlet
 
     from ..potential.calculator import MixstackCalculator
     atoms = atoms.copy()
     atoms.calc = calc = MixstackCalculator(model, device=device, skin=skin, compile=compiled)
-    MaxwellBoltzmannDistribution(atoms, temperature_K=temperature_K, rng=np.random.default_rng(seed))
-    Stationary(atoms)
+    thermalize = getattr(vd, "thermalize_momenta", None) or vd.MaxwellBoltzmannDistribution   # ASE >= 3.29 / older
+    thermalize(atoms, temperature_K=temperature_K, rng=np.random.default_rng(seed))
+    vd.Stationary(atoms)
     md = VelocityVerlet(atoms, timestep=dt_fs * units.fs)
     n = len(atoms)
     with use_level(level):
