@@ -32,8 +32,7 @@ import math
 import torch
 from torch import nn
 
-# Degree-1 real harmonics are (y, z, x): D^1 = R permuted on both sides, (x, y, z) -> (y, z, x)
-# being a roll by one.
+# Degree-1 real harmonics are (y, z, x): D^1 = R permuted on both sides, (x, y, z) -> (y, z, x).
 
 
 def edge_frames(vec: torch.Tensor) -> torch.Tensor:
@@ -100,15 +99,21 @@ def _coefficients(l: int, rows_out: int, rows_in: int):
     return C, s
 
 
+def _yzx(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """``t`` reordered ``(x, y, z) -> (y, z, x)`` along ``dim``, from two slices."""
+    return torch.cat((t.narrow(dim, 1, 2), t.narrow(dim, 0, 1)), dim)
+
+
 def wigner_d1(R: torch.Tensor) -> torch.Tensor:
     """``D^1(R)`` in the real-harmonic order ``(y, z, x)``: ``(..., 3, 3)``, rows and columns of ``R``
-    rolled by one.
+    reordered.
 
-    A roll, not an index list: the backward of ``R[..., p, :][..., :, p]`` is an accumulating
-    ``index_put`` whose value is read transposed, which Inductor's C++ backend compiles into
-    stores at wrong offsets (``repro/inductor_cpu_index_put_transpose.py``); a roll's backward
-    is a roll."""
-    return R.roll(-1, -2).roll(-1, -1)
+    Built from slices and a concatenation, whose backward is slices again, not from an index
+    list: the backward of ``R[..., p, :][..., :, p]`` (and of ``torch.roll``, which Inductor
+    lowers to an index) is an accumulating ``index_put`` whose value is read transposed, and
+    Inductor's C++ backend compiles that into stores at wrong offsets
+    (``repro/inductor_cpu_index_put_transpose.py``)."""
+    return _yzx(_yzx(R, -2), -1)
 
 
 def _step(R1: torch.Tensor, M: torch.Tensor, C: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
