@@ -86,6 +86,7 @@ def test_md_reports_throughput_and_drift():
     assert len(atoms.calc.results if atoms.calc else []) == 0          # the caller's atoms are untouched
 
 
+@pytest.mark.slow
 def test_bench_model_breakdown_and_md_reach_the_results_files(tmp_path):
     out = tmp_path / "res"
     argv = ["bench", "model", "--cell", "cu-bcc", "--atoms", "8", "--lmax", "1", "--focus-dim", "16", "--layers",

@@ -83,6 +83,7 @@ def test_a_zero_skin_rebuilds_on_every_call():
     assert vl.rebuilds == 3
 
 
+@pytest.mark.slow
 def test_the_calculators_results_do_not_depend_on_the_skin():
     """A short NVE trajectory with a skin gives the bits of the same steps with a fresh list each step."""
     from ase import units

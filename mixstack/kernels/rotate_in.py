@@ -51,7 +51,7 @@ def rotate_in_kernel(x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr, ew_ptr, u_pt
         rn, r0, rp = rotate_degree(x_ptr, x_rows, w_ptr, w_rows, c, mask, e_mask, l, C, S)
         for f in range(F):
             rad_at = rad_ptr + (e * rad_se + f * rad_sf)[:, None] + c[None, :]
-            u_at = u_ptr + ((f * E + e) * ROW)[:, None] + c[None, :]
+            u_at = u_ptr + (((e * 0 + f) * E + e) * ROW)[:, None] + c[None, :]     # int64 before * E
             v0 = tl.load(rad_at + l * rad_sr, mask=mask, other=0.0) * r0
             if HAS_SCALAR:
                 sw = tl.load(sw_ptr + (e * sw_se + f * sw_sf)[:, None] + l * sw_sl + c[None, :], mask=mask, other=0.0)
@@ -104,7 +104,7 @@ def rotate_in_grad_kernel(gu_ptr, x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr,
         gp = tl.zeros((BLOCK_E, CP), dtype=tl.float32)
         for f in range(F):
             rad_at = rad_ptr + (e * rad_se + f * rad_sf)[:, None] + c[None, :]
-            gu_at = gu_ptr + ((f * E + e) * ROW)[:, None] + c[None, :]
+            gu_at = gu_ptr + (((e * 0 + f) * E + e) * ROW)[:, None] + c[None, :]
             gr_at = grad_rad_ptr + ((e * F + f) * (NR * C))[:, None] + c[None, :]
             d0 = tl.load(gu_at + l * C, mask=mask, other=0.0)
             a0 = tl.load(rad_at + l * rad_sr, mask=mask, other=0.0)

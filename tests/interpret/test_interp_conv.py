@@ -61,6 +61,7 @@ def test_level1_forward_and_every_gradient_match_float64(case):
     assert torch.equal(out[-1], torch.zeros_like(out[-1]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES[:2], ids=str)
 def test_runs_and_levels_1_to_3_give_the_same_bits(case):
     first = _cached(case, 1)
