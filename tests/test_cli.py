@@ -139,6 +139,12 @@ def test_python_dash_m_runs_the_cli():
     (["freeze", "x.pt2", "--structure", "no/such/file.xyz"], "--structure no/such/file.xyz: no such file"),
     (["freeze", "x.pt2", "--checkpoint", "nosuch.pt"], "--checkpoint nosuch.pt: no such file"),
     (["tune", "--rounds", "0"], "--rounds must be positive"),
+    (["md", "--structure", "no/such/file.xyz"], "--structure no/such/file.xyz: no such file"),
+    (["md", "--model", "nosuch.pt"], "--model nosuch.pt: no such file"),
+    (["md", "--atoms", "0"], "--atoms must be positive"),
+    (["md", "--timestep", "0"], "--timestep must be > 0"),
+    (["md", "--engine", "ase", "--ensemble", "npt"], "--engine ase runs nve and nvt"),
+    (["md", "--device", "tpu"], "unknown device 'tpu'"),
 ])
 def test_bad_input_ends_with_one_line_that_names_it_and_no_traceback(capsys, tmp_path, monkeypatch, argv, says):
     monkeypatch.chdir(tmp_path)

@@ -115,6 +115,7 @@ def test_the_cycle_finder_finds_a_planted_cycle():
     ("mixstack.functional", "mixstack.bench.runner"),
     ("mixstack.bench.runner", "mixstack.tuner"),
     ("mixstack.potential.model", "mixstack.cli"),
+    ("mixstack.potential.neighbors", "mixstack.lammps.domain"),   # the potential knows nothing of LAMMPS
 ])
 def test_lower_floors_never_reach_higher_ones(low, high):
     graph = import_graph()
@@ -141,16 +142,17 @@ def _tracked_files() -> list[str]:
 
 # Work periods, budgets and issue numbers belong to the changelog's history, not to files
 # that describe the software; documents outside the repo are not cited.
-DIARY = re.compile(r"\bsessions?\b|\bdevice[- ]time budget|\bissue #?\d+", re.I)
-PYTEST_SCOPE = re.compile(r"scope\s*=\s*['\"]session|sessionstart|sessionfinish")
-OUTSIDE = re.compile(r"SPEC §|\.\./shared|upstream-lessons|h200-measurements")
+# (The words are spelled in pieces so that this file does not match its own patterns.)
+_PERIOD = "ses" + "sion"
+DIARY = re.compile(r"\b" + _PERIOD + r"s?\b|\bdevice[- ]time budget|\bissue #?\d+", re.I)
+PYTEST_SCOPE = re.compile(r"scope\s*=\s*['\"]" + _PERIOD + "|" + _PERIOD + "start|" + _PERIOD + "finish")
+OUTSIDE = re.compile("SP" + r"EC §|\.\./shared|upstream-" + "lessons|h200-" + "measurements")
 
 
 def test_no_file_speaks_of_work_periods_or_cites_documents_outside_the_repo():
-    me = os.path.relpath(__file__, ROOT)
     found = []
     for f in _tracked_files():
-        if f in (me, "CHANGELOG.md") or f.endswith((".png", ".tgz", ".pt2")):
+        if f == "CHANGELOG.md" or f.endswith((".png", ".tgz", ".pt2")):
             continue
         try:
             text = open(os.path.join(ROOT, f), encoding="utf-8").read()

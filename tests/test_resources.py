@@ -1,6 +1,6 @@
 """The offline resource report: the launches it records are the launchers' own, and the
-level-1 launch configs compile spill-free for sm_90 (the H100/H200), as launchers.py claims
-(all but the Cf-64 pointwise backward at lmax >= 3; see ``configs.gate_config``)."""
+level-1 launch configs compile for sm_90 (the H100/H200) without spills beyond an 8-byte slot
+(``configs.gate_config``; the whole grid: tests/test_compiler_grid.py)."""
 
 import pytest
 import torch
@@ -63,9 +63,9 @@ def test_level_1_configs_compile_without_spills_for_sm90(lmax, cf, n_focus):
                                          "alpha_grad_kernel"}
     for r in reports:
         assert 0 < r.registers <= 255 and r.programs_per_sm() >= 1, r
-        if r.name == "gate_backward_kernel" and cf == 64:
-            continue    # 64 rows x 4 warps spills 392 B (Triton 3.6 and 3.7), yet timed fastest on the H200
-        assert r.spill_bytes == 0, r
+        # at most an 8-byte local slot (the forward gate at Cf 64); the Cf-64 pointwise kernel at
+        # 64 rows x 4 warps spilled 392 B before its products were chunked (configs.gate_chunk)
+        assert r.spill_bytes <= 8 and compiler_report.collapse_reason(vars(r)) is None, r
     gemm = [r for r in reports if r.name == "block_gemm_kernel"]
     # exact fp32: FMA dots, no tensor-core instruction anywhere
     assert all(r.sass["FFMA"] >= 1024 and r.sass["HMMA"] == 0 for r in gemm)
@@ -77,9 +77,10 @@ def test_level_1_configs_compile_without_spills_for_sm90(lmax, cf, n_focus):
 @pytest.mark.parametrize("compensated", [False, True], ids=["exact", "level-3"])
 @pytest.mark.parametrize("lmax, cf", [(1, 64), (2, 64), (2, 48)])
 def test_the_gate_kernels_at_lmax_1_and_2_compile_without_spills_for_sm90(lmax, cf, compensated):
-    # 64 rows x 4 warps (32 in the forward), the config of Cf 64 at lmax >= 3, made ptxas
-    # (Triton 3.6 and 3.7) fall back to 32 registers and a 3.6-9.6 KB stack frame here;
-    # 32 x 8 is spill-free under 3.6 and spills 8 B in one kernel under 3.7
+    # with whole Cf-wide gate products, 64 rows x 4 warps (32 in the forward) made ptxas
+    # (Triton 3.6 and 3.7) fall back to 32 registers and a 3.6-9.6 KB stack frame here; with
+    # the products in gate_chunk columns the same configs compile (F 2 here; F 1 over the
+    # whole grid: tests/test_compiler_grid.py)
     cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3} if compensated else None
     launches = compiler_report.stack_launches(StackLayout(lmax, cf), 2, True, edges=1000, gemm_cfg=cfg,
                                         compensated=compensated)

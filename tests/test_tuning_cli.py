@@ -99,7 +99,7 @@ def fake_gpu(monkeypatch):
 
 
 def test_cli_tune_prints_a_summary_and_records_then_skips(capsys, fake_gpu, tuning_env):
-    assert main(["tune", "--shape", "S1", "--shape", "S3", "--rounds", "2", "--warmup", "0"]) == 0
+    assert main(["tune", "--full", "--shape", "S1", "--shape", "S3", "--rounds", "2", "--warmup", "0"]) == 0
     out = capsys.readouterr().out
     assert "fake-gpu" in out and str(tuning_env.user_file) in out
     assert "| stack_bwd_fused | Cf32 l3 F2 alpha | tuned |" in out
@@ -145,3 +145,17 @@ def test_cli_tune_reports_a_failure_and_exits_1(capsys, fake_gpu, monkeypatch):
 def test_cli_tune_refuses_bad_arguments(capsys, fake_gpu, args, why):
     assert main(["tune", *args]) == 2
     assert why in capsys.readouterr().err
+
+
+def test_cli_tune_runs_the_quick_sweep_by_default_over_a_tables_keys(capsys, fake_gpu, tuning_env, tmp_path):
+    table = tmp_path / "old.json"
+    table.write_text('{"format": 1, "entries": {"stack_compensated": {"focus_dim=32;lmax=3;n_focus=2;apply_alpha=1": '
+                     '{"config": null}, "focus_dim=64;lmax=3;n_focus=1;apply_alpha=1": {"config": null}}, '
+                     '"stack_bwd_relay": {"focus_dim=32;lmax=3;n_focus=2;apply_alpha=1": {"config": null}}}}')
+    assert main(["tune", "--keys-of", str(table), "--rounds", "2", "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "quick sweep" in out and "families stack_bwd_relay, stack_compensated" in out
+    assert fake_gpu == [("stack_bwd_relay", KEY), ("stack_compensated", KEY),
+                        ("stack_bwd_relay", KEY64), ("stack_compensated", KEY64)]
+    assert main(["tune", "--keys-of", str(tmp_path / "none.json")]) == 2
+    assert "no such file" in capsys.readouterr().err

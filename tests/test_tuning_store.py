@@ -188,3 +188,10 @@ def test_an_unknown_kernel_module_is_an_error(tmp_path):
     (tmp_path / "a.py").write_text("from .missing import x\n")
     with pytest.raises(FileNotFoundError, match="missing"):
         validity.kernel_modules(["a"], str(tmp_path))
+
+
+def test_the_code_of_a_kernel_module_is_its_text_without_comments_and_docstrings():
+    """A subset of the file's own text, so every Python version reads the same bytes."""
+    source = (b'"""Module doc."""\n\nimport triton  # why\n\n\n@triton.jit\ndef f(x):\n'
+              b'    """Doc of f,\n    two lines."""\n    y = x + 1   # a comment\n    return "#not a comment"\n')
+    assert validity.code_of(source) == b'import triton\n@triton.jit\ndef f(x):\n    y = x + 1\n    return "#not a comment"'

@@ -343,7 +343,11 @@ def run_bench(config: BenchConfig, *, on_step: Callable[[str], None] | None = No
     return record
 
 
-def _run_shape(config, shape, keys, device, clock, step, roof, timings) -> dict:
+def _run_shape(config, shape, keys, device, clock, step, roof, timings, make_forward=None) -> dict:
+    """Probe and time every variant of ``keys`` on ``shape``; timing rows go to ``timings``.
+    ``make_forward(key, shape, inp)``: the forward factory (default ``forward_fn``; the grid
+    bench passes one that keeps a compiled reference across keys)."""
+    make_forward = make_forward or forward_fn
     log.info("bench %s on %s", shape.describe(), device)
     inp = make_inputs(shape, device, seed=config.seed)
     u0, alpha = inp.u0.requires_grad_(), inp.alpha.requires_grad_()
@@ -356,7 +360,7 @@ def _run_shape(config, shape, keys, device, clock, step, roof, timings) -> dict:
         step(f"{shape.name}: warming up {VARIANTS[key]}")
         try:
             scope = _scope(key, shape)
-            fwd = forward_fn(key, shape, inp)
+            fwd = make_forward(key, shape, inp)
             records[key] = _probe(key, fwd, scope, shape, inp, u0, alpha, wrt, ref, n, device)
             fwds[key] = (fwd, scope)
         except Exception as exc:                      # recorded and shown; the rest still runs

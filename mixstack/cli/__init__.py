@@ -1,7 +1,7 @@
 """The ``mixstack`` command.
 
-``mixstack info``, ``mixstack bench [stack|model]``, ``mixstack tune`` and
-``mixstack freeze``, one module each (``add_parser`` and ``run``).  ``main(argv)``
+``mixstack info``, ``mixstack bench [stack|model]``, ``mixstack tune``,
+``mixstack freeze`` and ``mixstack md``, one module each (``add_parser`` and ``run``).  ``main(argv)``
 returns the exit status, so tests call it directly; the console script
 ``mixstack``, ``python -m mixstack`` and ``python -m mixstack.cli`` run it.
 Bad input (a flag, a device, a file, a value) ends with one line naming it and
@@ -14,9 +14,9 @@ import argparse
 import logging
 import sys
 
-from . import bench, freeze, info, tune
+from . import bench, freeze, info, md, tune
 
-COMMANDS = {"info": info, "bench": bench, "tune": tune, "freeze": freeze}
+COMMANDS = {"info": info, "bench": bench, "tune": tune, "freeze": freeze, "md": md}
 
 DESCRIPTION = ("Exact, fast GPU kernels for the gated SO(2) mixing stack of equivariant interatomic "
                "potentials: benchmark, tune, inspect and deploy.")

@@ -28,14 +28,17 @@ def add_parser(sub) -> None:
                        "every level on a GPU; two small shapes at level 0 on a CPU (about a minute). "
                        "`mixstack bench model`: energy+forces frames of an SO2Potential on diamond and "
                        "bcc Cu cells of about 500, 2000 and 4400 atoms.")
-    b.add_argument("target", nargs="?", choices=("stack", "model"), default="stack",
-                   help="stack: the operator (default); model: a whole potential, energy + forces")
+    b.add_argument("target", nargs="?", choices=("stack", "model", "grid"), default="stack",
+                   help="stack: the operator (default); model: a whole potential, energy + forces; "
+                        "grid: every supported (Cf, lmax, F) against the compiled reference, resumable")
     b.add_argument("--shape", action="append", metavar="ID",
                    help="a standard shape: S1..S4 (GPU sizes) or C1, C4 (CPU sizes); repeatable")
     b.add_argument("--edges", type=int, help="a custom shape with this many edges E")
-    b.add_argument("--focus", type=int, help="custom shape / model: focus streams F (default 2)")
-    b.add_argument("--focus-dim", type=int, help="custom shape / model: channels Cf (default 32)")
-    b.add_argument("--lmax", type=int, help="custom shape / model: lmax (default 3)")
+    b.add_argument("--focus", type=_ints, help="custom shape / model: focus streams F (default 2); "
+                   "grid: a comma-separated subset of 1,2,4")
+    b.add_argument("--focus-dim", type=_ints, help="custom shape / model: channels Cf (default 32); "
+                   "grid: a comma-separated subset of 16,32,...,128")
+    b.add_argument("--lmax", type=_ints, help="custom shape / model: lmax (default 3); grid: a subset of 1..6")
     b.add_argument("--layers", type=int, help="custom shape / model: n_layers (default 4)")
     b.add_argument("--cell", action="append", metavar="NAME",
                    help="model: diamond or cu-bcc; repeatable (default both)")
@@ -65,6 +68,27 @@ def add_parser(sub) -> None:
     b.add_argument("--quick", action="store_true", help="one shape, few rounds: a smoke run")
     b.add_argument("--out", help="results folder (default results/<date>-<device>-bench/)")
     b.add_argument("--no-plot", action="store_true", help="write JSON, Markdown and CSV only")
+    b.add_argument("--seconds", type=float, help="grid: stop cleanly before a key that would not fit in "
+                   "this many seconds (0: measure nothing, rebuild the outputs from --out's key files)")
+    b.add_argument("--resume", action="store_true", help="grid: skip keys already measured in --out")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    """``"32"`` or ``"32,64"`` -> ``(32,)`` / ``(32, 64)``."""
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"expected integers separated by commas, got {text!r}") from None
+
+
+def _single(args) -> None:
+    """``stack`` and ``model`` take one value of --focus, --focus-dim and --lmax."""
+    for opt in ("focus", "focus_dim", "lmax"):
+        value = getattr(args, opt)
+        if isinstance(value, tuple):
+            if len(value) != 1:
+                raise ValueError(f"--{opt.replace('_', '-')} takes one value here (lists are for `bench grid`)")
+            setattr(args, opt, value[0])
 
 
 def _or(value, default):
@@ -75,6 +99,7 @@ def bench_config(args):
     """The ``BenchConfig`` the parsed ``bench`` arguments ask for."""
     from ..bench import counts, env, runner, shapes
 
+    _single(args)
     model_only = [f"--{o}" for o, v in (("breakdown", args.breakdown or None), ("md-steps", args.md_steps),
                                         ("md-atoms", args.md_atoms)) if v is not None]
     if model_only:
@@ -109,6 +134,7 @@ def model_bench_config(args):
     """The ``ModelBenchConfig`` the parsed ``bench model`` arguments ask for."""
     from ..bench import model_bench
 
+    _single(args)
     stack_only = [f"--{o}" for o, v in (("shape", args.shape), ("edges", args.edges),
                                         ("pass", args.passes), ("check-edges", args.check_edges))
                   if v is not None]
@@ -157,6 +183,9 @@ def cpu_warnings(cfg, device) -> list[str]:
 
 
 def run(args, argv=None) -> int:
+    if args.target == "grid":
+        return _run_grid(args, argv)
+    _single(args)
     if args.target == "model":
         return _run_model(args, argv)
     from ..bench import env, report, runner
@@ -210,3 +239,70 @@ def _run_model(args, argv) -> int:
     failed = [f"{v['variant']} on {c['label']}: {v['failed']}" for c in record["cells"]
               for v in c["variants"] if v["failed"]]
     return write_results(model_bench.write, record, out, args.no_plot, failed)
+
+
+def grid_config(args):
+    """The ``GridConfig`` the parsed ``bench grid`` arguments ask for."""
+    from ..bench import grid, runner
+
+    other = [f"--{o}" for o, v in (("shape", args.shape), ("cell", args.cell), ("atoms", args.atoms),
+                                   ("blocks", args.blocks), ("cutoff", args.cutoff), ("layers", args.layers),
+                                   ("breakdown", args.breakdown or None), ("md-steps", args.md_steps),
+                                   ("md-atoms", args.md_atoms))
+             if v is not None]
+    if other or args.no_alpha or args.quick:
+        raise ValueError(f"{', '.join(other or ['--no-alpha / --quick'])}: not an option of `mixstack bench grid`")
+    cfg = grid.with_subset(grid.GridConfig(device=args.device, seed=args.seed, resume=args.resume,
+                                           seconds=positive("--seconds", args.seconds, allow_zero=True)),
+                           focus_dims=args.focus_dim, lmaxes=args.lmax, focus=args.focus)
+    bad = [f"Cf {c}" for c in cfg.focus_dims if c % 16 or not 16 <= c <= 128]
+    bad += [f"lmax {x}" for x in cfg.lmaxes if not 1 <= x <= 6] + [f"F {x}" for x in cfg.focus if x < 1]
+    if bad:
+        raise ValueError(f"outside the supported grid: {', '.join(bad)}")
+    if args.levels:
+        cfg = replace(cfg, variants=runner.parse_variants(args.levels))
+    if args.passes:
+        passes = tuple(dict.fromkeys(p.strip() for item in args.passes for p in item.split(",") if p.strip()))
+        if not set(passes) <= {"fwd", "bwd", "both"}:
+            raise ValueError(f"--pass takes fwd, bwd, both; got {', '.join(passes)}")
+        cfg = replace(cfg, passes=passes)
+    for option, field, value in (("--repeats", "rounds", args.repeats), ("--warmup", "warmup", args.warmup),
+                                 ("--check-edges", "check_edges", args.check_edges), ("--edges", "edges", args.edges)):
+        if value is not None:
+            cfg = replace(cfg, **{field: positive(option, value, allow_zero=field == "warmup")})
+    return cfg
+
+
+def _run_grid(args, argv) -> int:
+    import time
+
+    from ..bench import env, grid, runner
+
+    cfg = grid_config(args)
+    device = env.resolve_device(cfg.device)
+    out = args.out or "results/grid"
+    keys, skipped = runner.plan(cfg.bench_config(cfg.shape(*cfg.keys()[0])))
+    print(f"mixstack bench grid on {device}: {len(cfg.keys())} keys (Cf {','.join(map(str, cfg.focus_dims))}; "
+          f"lmax {','.join(map(str, cfg.lmaxes))}; F {','.join(map(str, cfg.focus))}); variants "
+          f"{', '.join(runner.VARIANTS[k] for k in keys) or 'none'}; {cfg.rounds} rounds; into {out}"
+          + (f"; at most {cfg.seconds:.0f} s" if cfg.seconds else "") + ("; resuming" if cfg.resume else ""))
+    if not announce("mixstack bench grid", keys, skipped, ()):
+        return 2
+    t0 = time.monotonic()
+
+    def on_key(event, name, detail):
+        print(f"  [{time.monotonic() - t0:6.0f} s] {event} {name} {detail}".rstrip(), flush=True)
+    done = grid.run_grid(cfg, out, on_key=on_key)
+    try:
+        paths = grid.write_outputs(out, with_plot=not args.no_plot)
+    except ImportError as exc:
+        paths = grid.write_outputs(out, with_plot=False)
+        print(f"  note: no plot: {exc}")
+    print(f"measured {len(done['measured'])}, skipped {len(done['skipped'])} (done before), "
+          f"left {len(done['stopped'])} (time)")
+    print("results: " + ", ".join(str(p) for p in paths.values()))
+    failed = [f"{r['key']}: {v['variant']}: {v['failed']}" for r in grid.load_records(out)
+              for v in r["shape"]["variants"] if v["failed"]]
+    for line in failed:
+        print(f"FAILED {line}", file=sys.stderr)
+    return 1 if failed else 0

@@ -7,7 +7,7 @@ import contextlib
 import itertools
 import sys
 
-from .common import fancy_output, positive, print_table
+from .common import existing_file, fancy_output, positive, print_table
 
 
 def add_parser(sub) -> None:
@@ -22,12 +22,20 @@ def add_parser(sub) -> None:
     t.add_argument("--focus", type=int, nargs="+", default=[2], metavar="F",
                    help="custom keys: focus streams F (default 2)")
     t.add_argument("--no-alpha", action="store_true", help="custom key: apply_alpha=False")
+    t.add_argument("--keys-of", metavar="TABLE.json",
+                   help="every shape key of a tuning table file (e.g. results/2026-12-01-h200-tuning/"
+                        "NVIDIA_H200.json: re-sweep the keys it covered after a kernel change voided them)")
     t.add_argument("--family", action="append", metavar="NAME",
                    help="stack_fwd, stack_bwd_relay, stack_bwd_fused, stack_compensated; repeatable "
-                        "(default: all four)")
+                        "(default: stack_bwd_relay and stack_compensated; with --full all four)")
+    t.add_argument("--full", action="store_true",
+                   help="the full candidate sets, timing set and rounds (minutes a key) instead of the "
+                        "quick sweep (pruned candidates, half the timing set, 5 rounds: ~30 s a key)")
+    t.add_argument("--seconds", type=float, help="stop cleanly before the next family and key once this "
+                   "many seconds are spent (run again to go on: covered keys are skipped)")
     t.add_argument("--force", action="store_true", help="measure keys that already have an entry")
-    t.add_argument("--rounds", type=int, help="timed rounds (default 20)")
-    t.add_argument("--warmup", type=int, help="untimed warm-up rounds (default 2)")
+    t.add_argument("--rounds", type=int, help="timed rounds (default 5; --full 20)")
+    t.add_argument("--warmup", type=int, help="untimed warm-up rounds (default 1; --full 2)")
     t.add_argument("--margin", type=float, default=0.02,
                    help="fraction a candidate must win by, beyond the baseline's spread (default 0.02)")
     t.add_argument("--device", help="CUDA device (default: the current one)")
@@ -43,7 +51,22 @@ def tune_keys(args) -> list | None:
         raise ValueError("a custom key needs both --focus-dim and --lmax")
     for cf, lmax, focus in itertools.product(args.focus_dim or (), args.lmax or (), args.focus):
         keys.append(tuning.shape_key(focus_dim=cf, lmax=lmax, n_focus=focus, apply_alpha=not args.no_alpha))
+    if getattr(args, "keys_of", None):
+        keys += table_keys(args.keys_of)
     return keys or None                              # repeated keys: the sweep measures each once
+
+
+def table_keys(path: str) -> list:
+    """The shape keys of every entry of a tuning table file, in the file's order, once each."""
+    import json
+
+    from ..tuning.keys import ShapeKey
+    try:
+        with open(existing_file("--keys-of", path), encoding="utf-8") as fh:
+            entries = json.load(fh)["entries"]
+        return list(dict.fromkeys(ShapeKey.parse(k) for fam in entries.values() for k in fam))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"--keys-of {path}: not a mixstack tuning table ({exc})") from None
 
 
 def _progress(enabled: bool):
@@ -69,7 +92,7 @@ def tune_rows(results) -> list[dict]:
     rows = []
     for r in results:
         base, win = r.baseline_ms, r.winner_ms
-        if r.status in ("failed", "not-run", "no-candidates"):
+        if r.status in ("failed", "not-run", "no-candidates", "out-of-time"):
             entry = ""
         else:
             entry = label(r.config) if r.config is not None else f"None ({family(r.family).baseline_name})"
@@ -89,27 +112,34 @@ def run(args, argv=None) -> int:
     from ..tuning import store
 
     keys = tune_keys(args)
-    names = tuner.resolve_families(args.family)
+    quick = not args.full
+    names = tuner.resolve_families(args.family, quick)
     positive("--rounds", args.rounds)
     positive("--warmup", args.warmup, allow_zero=True)
+    positive("--seconds", args.seconds)
+    rounds = args.rounds or (sweep.QUICK_ROUNDS if quick else sweep.DEFAULT_ROUNDS)
+    warmup = args.warmup if args.warmup is not None else (sweep.QUICK_WARMUP if quick else sweep.DEFAULT_WARMUP)
     device = probes.tuning_device(args.device)
     dev_name = tuning.device_name(device)
     shown = keys or tuner.default_keys()
     print(f"mixstack tune on {dev_name}: {len(shown)} key(s) ({'; '.join(k.short() for k in shown)}); "
-          f"families {', '.join(names)}; results in {store.user_path(dev_name)}")
+          f"families {', '.join(names)}; {'quick' if quick else 'full'} sweep, {rounds} rounds; "
+          f"results in {store.user_path(dev_name)}")
     fancy = fancy_output()
     bar, step = _progress(fancy)
     with bar:
-        results = tuner.tune(keys, families=names, force=args.force,
-                             rounds=args.rounds or sweep.DEFAULT_ROUNDS,
-                             warmup=sweep.DEFAULT_WARMUP if args.warmup is None else args.warmup,
-                             margin=args.margin, device=device, progress=step, stop_on_error=False)
+        results = tuner.tune(keys, families=names, force=args.force, rounds=rounds, warmup=warmup,
+                             margin=args.margin, device=device, progress=step, stop_on_error=False,
+                             quick=quick, seconds=args.seconds)
     print()
     if results:
         print_table(tune_rows(results), fancy)
     for r in results:
         for lab, why in {**r.skipped, **r.rejected}.items():
             print(f"  note: {r.family} {r.key.short()}: {lab}: {why}")
+    late = sorted({r.key.short() for r in results if r.status == "out-of-time"})
+    if late:
+        print(f"  note: --seconds ran out before {len(late)} key(s): {'; '.join(late)}; run again to go on")
     failed = [r for r in results if r.status == "failed"]
     for r in failed:
         print(f"FAILED {r.family} {r.key.short()}: {r.error}", file=sys.stderr)

@@ -8,7 +8,6 @@ with a one-time warning that says why.
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import torch
@@ -23,14 +22,21 @@ log = logging.getLogger(__name__)
 MAX_FOCUS_DIM = 128
 
 
-@functools.cache
+_triton_installed: bool | None = None
+
+
 def triton_installed() -> bool:
-    """Whether Triton can be imported (it ships for Linux only; elsewhere: level 0)."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether Triton can be imported (it ships for Linux only; elsewhere: level 0).  Asked
+    once; a plain global rather than ``functools.cache``, which Dynamo warns about when a
+    compiled graph calls it."""
+    global _triton_installed
+    if _triton_installed is None:
+        try:
+            import triton  # noqa: F401
+            _triton_installed = True
+        except ImportError:
+            _triton_installed = False
+    return _triton_installed
 
 
 def kernels_can_run(t: torch.Tensor) -> bool:

@@ -18,6 +18,7 @@ import torch
 _logs: list[Counter] = []
 _logs_lock = threading.Lock()
 _warned: set[str] = set()
+_quiet = threading.local()
 
 
 @contextlib.contextmanager
@@ -33,9 +34,21 @@ def dispatch_log():
             _logs.remove(counter)
 
 
+@contextlib.contextmanager
+def unlogged():
+    """Record nothing from this thread inside the block: runs mixstack makes for its own checks
+    (the level-3 validation at first use) are not the caller's paths."""
+    before = getattr(_quiet, "on", False)
+    _quiet.on = True
+    try:
+        yield
+    finally:
+        _quiet.on = before
+
+
 def record(path: str) -> None:
     """Count one run of ``path`` in every open ``dispatch_log``."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or getattr(_quiet, "on", False):
         return
     with _logs_lock:
         for counter in _logs:

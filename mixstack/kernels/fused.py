@@ -48,12 +48,13 @@ def fused_backward_kernel(
     h_ptr, z_ptr, gw_ptr, w0t_ptr, w1t_ptr, scratch_ptr, w0lo_ptr, w1lo_ptr, wup_ptr,
     layer, E, F, n_tiles,
     LMAX: tl.constexpr, CF: tl.constexpr, SEGMENT: tl.constexpr, COMPENSATED: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GC: tl.constexpr,
 ):
     M0: tl.constexpr = (LMAX + 1) * CF
     M1: tl.constexpr = 2 * LMAX * CF
     ROW: tl.constexpr = M0 + M1
     G: tl.constexpr = LMAX * CF
+    R: tl.constexpr = CF // GC
     if SEGMENT == 0:
         SEG: tl.constexpr = M0
         COL0: tl.constexpr = 0
@@ -64,7 +65,7 @@ def fused_backward_kernel(
     n_programs = tl.num_programs(0)
     rows_per_focus = tl.cdiv(E, BLOCK_M)
     c = tl.arange(0, CF)
-    w_mask = (c < CF)[:, None] & (c < CF)[None, :]        # every lane: CF is a power of two here
+    cg = tl.arange(0, GC)
     r = tl.arange(0, BLOCK_M).to(tl.int64)
     s_rows = (pid.to(tl.int64) * BLOCK_M + r) * SEG       # this program's scratch rows
     s2 = s_rows[:, None]
@@ -77,28 +78,30 @@ def fused_backward_kernel(
         mask = e_mask[:, None]
         rows = (f * E + e) * ROW
         r2 = rows[:, None]
-        z_r2 = (((layer * F + f) * E + e) * ROW)[:, None]
+        z_rows = ((layer * F + f) * E + e) * ROW
+        z_r2 = z_rows[:, None]
+        zs_rows = z_ptr + z_rows                          # the rows of s, for the gate's products
         gw_base = gw_ptr + (layer * F + f) * (CF * G)
 
         # Phase 1: the segment's gz subtiles, into the scratch (natural column order).
-        s = tl.load(z_ptr + z_r2 + c[None, :], mask=mask, other=0.0)
         if SEGMENT == 0:
             contraction = tl.zeros((BLOCK_M, CF), dtype=tl.float32)
         amax = tl.zeros((BLOCK_M,), dtype=tl.float32)      # level 3: the segment's row maxima of gz
-        for j in tl.range(0, LMAX):
-            sg = gate_sigmoids(s, s, s, s, gw_base, gw_base, 1.0, j, c, w_mask, G, CF, CF, BLOCK_M, False)
-            col_neg = (M0 + j * CF + c)[None, :]
-            col_pos = (M0 + G + j * CF + c)[None, :]
+        for t in tl.range(0, LMAX * R):                    # gate columns, GC at a time, as the relay
+            gcol = t * GC + cg
+            sg = gate_sigmoids(zs_rows, mask, amax, amax, gw_base, gw_base, 1.0, gcol, G, GC, R, BLOCK_M, False)
+            col_neg = (M0 + gcol)[None, :]
+            col_pos = (M0 + G + gcol)[None, :]
             h_neg = tl.load(h_ptr + r2 + col_neg, mask=mask, other=0.0)
             h_pos = tl.load(h_ptr + r2 + col_pos, mask=mask, other=0.0)
             if SEGMENT == 0:
-                col_m0 = ((j + 1) * CF + c)[None, :]
+                col_m0 = (CF + gcol)[None, :]
                 h_m0 = tl.load(h_ptr + r2 + col_m0, mask=mask, other=0.0)
                 z_m0 = tl.load(z_ptr + z_r2 + col_m0, mask=mask, other=0.0)
                 z_neg = tl.load(z_ptr + z_r2 + col_neg, mask=mask, other=0.0)
                 z_pos = tl.load(z_ptr + z_r2 + col_pos, mask=mask, other=0.0)
                 gl = gate_logit_grad(gate_grad(h_m0, z_m0, h_neg, z_neg, h_pos, z_pos), sg)
-                gw_t = tl.load(gw_base + c[None, :] * G + (j * CF + c)[:, None])
+                gw_t = tl.load(gw_base + c[None, :] * G + gcol[:, None])
                 contraction = tl.dot(gl, gw_t, contraction, input_precision="ieee")
                 g_m0 = h_m0 * sg
                 tl.store(scratch_ptr + s2 + col_m0, g_m0)
@@ -107,12 +110,13 @@ def fused_backward_kernel(
             else:
                 g_neg = h_neg * sg
                 g_pos = h_pos * sg
-                tl.store(scratch_ptr + s2 + (j * CF + c)[None, :], g_neg)
-                tl.store(scratch_ptr + s2 + (G + j * CF + c)[None, :], g_pos)
+                tl.store(scratch_ptr + s2 + gcol[None, :], g_neg)
+                tl.store(scratch_ptr + s2 + (G + gcol)[None, :], g_pos)
                 if COMPENSATED:
                     amax = tl.maximum(amax, tl.maximum(row_amax(g_neg, mask), row_amax(g_pos, mask)))
         if SEGMENT == 0:
             h_s = tl.load(h_ptr + r2 + c[None, :], mask=mask, other=0.0)
+            s = tl.load(z_ptr + z_r2 + c[None, :], mask=mask, other=0.0)
             g_s = silu_grad(h_s, s) + contraction
             tl.store(scratch_ptr + s2 + c[None, :], g_s)
             if COMPENSATED:

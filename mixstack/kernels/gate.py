@@ -28,90 +28,127 @@ gradient ``h``, the saved ``z`` and the sigmoid surface it writes ``gz``, the
 cotangent of the layer's pre-activations, with the gate-logit contraction
 ``gl @ gw^T`` folded into the scalar columns.
 
-Register tiles are ``CP = next_pow2(Cf)`` wide with column masks, so any Cf
-that is a multiple of 16 runs; padded lanes load zeros and are never stored.
-The loop over degrees is a runtime loop: unrolled (``static_range``) it kept
-every degree's tiles live and spilled 116-224 registers at Cf = 64 (H200).
+The kernels walk the gate columns ``GC`` at a time (``GC`` = ``ops.configs.gate_chunk``:
+the largest power of two dividing Cf, at most 32), in degree order, and form each chunk's
+logits over ``s`` in ``GC``-wide K chunks, so every register tile is ``BLOCK_M x GC`` and
+needs no column mask; only the logit contraction's accumulator and the scalar columns'
+last step are ``CP = next_pow2(Cf)`` wide, with masks.  Whole ``Cf``-wide products made
+ptxas give up on registers at Cf 80-128 with lmax 1 (32 registers, 3.0-4.7 KB of stack,
+every config tried) and in the level-3 forward gate at Cf 80-128 at every lmax (offline
+sm_90 report, ``tests/test_compiler_grid.py``).  The loops are runtime loops: unrolled
+(``static_range``) the degree loop kept every degree's tiles live and spilled 116-224
+registers at Cf = 64 (H200).
 """
 
 import triton
 import triton.language as tl
 
 from .activations import gate_grad, gate_logit_grad, sigmoid, silu, silu_grad
-from .compensated import row_amax, split_rows, split_tile_dot
+from .compensated import (
+    pow2_scales,
+    row_amax,
+    split_fp16,
+    split_products,
+    split_result,
+    split_rows,
+    split_tile_dot,
+)
 
 
 @triton.jit
-def gate_operands(s, mask, gwup_ptr, COMPENSATED: tl.constexpr):
-    """What ``gate_sigmoids`` takes besides ``gw``: at level 3 the split rows of ``s`` and
-    ``gw``'s scale ``(s_hi, s_lo, s_up, w_up)``; exact, placeholders (``s`` itself)."""
-    if COMPENSATED:
-        s_hi, s_lo, s_up = split_rows(s, mask)
-        w_up = tl.load(gwup_ptr)
-    else:
-        s_hi, s_lo, s_up, w_up = s, s, s, 1.0
-    return s_hi, s_lo, s_up, w_up
+def gate_row_scales(s_rows, mask, GC: tl.constexpr, R: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Level 3: the power-of-two scales ``(down, up)`` that bring each row of ``s`` (the
+    scalar columns, read through the row pointers ``s_rows`` in ``R`` chunks of ``GC``)
+    into [1, 2): ``compensated.pow2_scales`` of the row's largest magnitude."""
+    cg = tl.arange(0, GC)
+    amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k in tl.range(0, R):
+        s_k = tl.load(s_rows[:, None] + (k * GC + cg)[None, :], mask=mask, other=0.0)
+        amax = tl.maximum(amax, row_amax(s_k, mask))
+    return pow2_scales(amax)
 
 
 @triton.jit
-def gate_sigmoids(s, s_hi, s_lo, s_up, gw_base, gwlo_base, w_up, j, c, w_mask,
-                  G: tl.constexpr, CF: tl.constexpr, CP: tl.constexpr, BLOCK_M: tl.constexpr,
+def gate_sigmoids(s_rows, mask, s_down, s_up, gw_base, gwlo_base, w_up, gcol,
+                  G: tl.constexpr, GC: tl.constexpr, R: tl.constexpr, BLOCK_M: tl.constexpr,
                   COMPENSATED: tl.constexpr):
-    """Degree ``j``'s gate sigmoids ``sigmoid(s @ gw[:, j*Cf:(j+1)*Cf])``, one register tile:
-    the forward gate, the relay's recompute and the fused backward all call this, so the
-    sigmoids have the same bits wherever they are formed (at level 3, from split products)."""
-    w_offs = c[:, None] * G + (j * CF + c)[None, :]
+    """The gate sigmoids of the ``GC`` gate columns ``gcol``: ``sigmoid(s @ gw[:, gcol])``.
+
+    ``s`` (the scalar columns of ``z``, ``Cf = R * GC`` wide) is read through the row
+    pointers ``s_rows`` in ``R`` chunks of ``GC`` columns, and the product runs over
+    them in order with one accumulator (exact: one ``tl.dot`` per chunk; level 3: the
+    split products of ``compensated.split_products``, the rows scaled by ``s_down`` /
+    ``s_up`` from ``gate_row_scales`` and ``gw`` split once per call).  Chunks keep
+    each product's operands to ``GC`` columns: a whole ``Cf``-wide FMA dot needs
+    ``Cf x (rows + columns per thread)`` registers for its operands, and at Cf 80-128
+    with lmax <= 2 ptxas gave up on that (32 registers, 3.4-4.6 KB of stack; offline
+    sm_90 report).  The forward gate, the relay's recompute and the fused backward all
+    call this, so the sigmoids have the same bits wherever they are formed."""
+    cg = tl.arange(0, GC)
+    acc = tl.zeros((BLOCK_M, GC), dtype=tl.float32)
+    tail = tl.zeros((BLOCK_M, GC), dtype=tl.float32)
+    for k in tl.range(0, R):
+        kc = k * GC + cg
+        s_k = tl.load(s_rows[:, None] + kc[None, :], mask=mask, other=0.0)
+        w_offs = kc[:, None] * G + gcol[None, :]
+        if COMPENSATED:
+            s_hi, s_lo = split_fp16(s_k * s_down[:, None])
+            gw_hi = tl.load(gw_base + w_offs)
+            gw_lo = tl.load(gwlo_base + w_offs)
+            acc, tail = split_products(s_hi, s_lo, gw_hi, gw_lo, acc, tail)
+        else:
+            acc = tl.dot(s_k, tl.load(gw_base + w_offs), acc, input_precision="ieee")
     if COMPENSATED:
-        gw_hi = tl.load(gw_base + w_offs, mask=w_mask, other=0.0)
-        gw_lo = tl.load(gwlo_base + w_offs, mask=w_mask, other=0.0)
-        logits = split_tile_dot(s_hi, s_lo, s_up, gw_hi, gw_lo, w_up, BLOCK_M, CP)
-    else:
-        gw_j = tl.load(gw_base + w_offs, mask=w_mask, other=0.0)
-        logits = tl.dot(s, gw_j, input_precision="ieee")
-    return sigmoid(logits)
+        acc = split_result(acc, tail, s_up * w_up)
+    return sigmoid(acc)
 
 
 @triton.jit(do_not_specialize=["layer"])
 def gate_kernel(
     z_ptr, gw_ptr, u_ptr, u_next_ptr, sg_ptr, amax_ptr, gwlo_ptr, gwup_ptr,
     layer, E, F,
-    LMAX: tl.constexpr, CF: tl.constexpr, CP: tl.constexpr,
+    LMAX: tl.constexpr, CF: tl.constexpr, GC: tl.constexpr,
     WRITE_U: tl.constexpr, WRITE_AMAX: tl.constexpr, COMPENSATED: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     M0: tl.constexpr = (LMAX + 1) * CF
     ROW: tl.constexpr = M0 + 2 * LMAX * CF
     G: tl.constexpr = LMAX * CF
+    R: tl.constexpr = CF // GC
     pid = tl.program_id(0).to(tl.int64)
     f = tl.program_id(1).to(tl.int64)
     e = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    c = tl.arange(0, CP)
-    c_mask = c < CF
-    mask = (e < E)[:, None] & c_mask[None, :]
-    rows = (f * E + e) * ROW
+    cg = tl.arange(0, GC)
+    mask = (e < E)[:, None]                      # chunks never cross Cf: rows are the only mask
+    rows = ((f * E + e) * ROW)[:, None]
     z_rows = ((layer * F + f) * E + e) * ROW     # int64 before the multiply by E
-    sg_rows = (f * E + e) * G
-
-    s = tl.load(z_ptr + z_rows[:, None] + c[None, :], mask=mask, other=0.0)
+    s_rows = z_ptr + z_rows
+    sg_rows = ((f * E + e) * G)[:, None]
+    amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if WRITE_U:
-        u_s = tl.load(u_ptr + rows[:, None] + c[None, :], mask=mask, other=0.0)
-        v = u_s + silu(s)
-        tl.store(u_next_ptr + rows[:, None] + c[None, :], v, mask=mask)
-        if WRITE_AMAX:
-            amax = row_amax(v, mask)
+        for k in tl.range(0, R):                 # the scalar columns: u + silu(s)
+            cols = (k * GC + cg)[None, :]
+            s_k = tl.load(z_ptr + z_rows[:, None] + cols, mask=mask, other=0.0)
+            v = tl.load(u_ptr + rows + cols, mask=mask, other=0.0) + silu(s_k)
+            tl.store(u_next_ptr + rows + cols, v, mask=mask)
+            if WRITE_AMAX:
+                amax = tl.maximum(amax, row_amax(v, mask))
     gw_base = gw_ptr + (layer * F + f) * (CF * G)
     gwlo_base = gwlo_ptr + (layer * F + f) * (CF * G)
-    w_mask = c_mask[:, None] & c_mask[None, :]
-    s_hi, s_lo, s_up, w_up = gate_operands(s, mask, gwup_ptr + layer * F + f, COMPENSATED)
-    for j in tl.range(0, LMAX):
-        sg = gate_sigmoids(s, s_hi, s_lo, s_up, gw_base, gwlo_base, w_up, j, c, w_mask,
-                           G, CF, CP, BLOCK_M, COMPENSATED)
-        tl.store(sg_ptr + sg_rows[:, None] + (j * CF + c)[None, :], sg, mask=mask)
+    if COMPENSATED:
+        s_down, s_up = gate_row_scales(s_rows, mask, GC, R, BLOCK_M)
+        w_up = tl.load(gwup_ptr + layer * F + f)
+    else:
+        s_down, s_up, w_up = amax, amax, 1.0     # unused
+    for t in tl.range(0, LMAX * R):              # gate columns, GC at a time, in degree order
+        gcol = t * GC + cg
+        sg = gate_sigmoids(s_rows, mask, s_down, s_up, gw_base, gwlo_base, w_up, gcol,
+                           G, GC, R, BLOCK_M, COMPENSATED)
+        tl.store(sg_ptr + sg_rows + gcol[None, :], sg, mask=mask)
         if WRITE_U:
-            cols = (j + 1) * CF + c
-            z_j = tl.load(z_ptr + z_rows[:, None] + cols[None, :], mask=mask, other=0.0)
-            u_j = tl.load(u_ptr + rows[:, None] + cols[None, :], mask=mask, other=0.0)
-            v = u_j + z_j * sg
-            tl.store(u_next_ptr + rows[:, None] + cols[None, :], v, mask=mask)
+            cols = (CF + gcol)[None, :]          # the m = 0 columns of the same degree
+            z_j = tl.load(z_ptr + z_rows[:, None] + cols, mask=mask, other=0.0)
+            v = tl.load(u_ptr + rows + cols, mask=mask, other=0.0) + z_j * sg
+            tl.store(u_next_ptr + rows + cols, v, mask=mask)
             if WRITE_AMAX:
                 amax = tl.maximum(amax, row_amax(v, mask))
     if WRITE_AMAX:
@@ -122,48 +159,56 @@ def gate_kernel(
 def gate_backward_kernel(
     h_ptr, z_ptr, sg_ptr, gw_ptr, gz_ptr, amax_ptr, gwlo_ptr, gwup_ptr,
     layer, E, F,
-    LMAX: tl.constexpr, CF: tl.constexpr, CP: tl.constexpr,
+    LMAX: tl.constexpr, CF: tl.constexpr, CP: tl.constexpr, GC: tl.constexpr,
     WRITE_AMAX: tl.constexpr, RECOMPUTE_SG: tl.constexpr, COMPENSATED: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     M0: tl.constexpr = (LMAX + 1) * CF
     ROW: tl.constexpr = M0 + 2 * LMAX * CF
     G: tl.constexpr = LMAX * CF
+    R: tl.constexpr = CF // GC
     pid = tl.program_id(0).to(tl.int64)
     f = tl.program_id(1).to(tl.int64)
     e = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    cg = tl.arange(0, GC)
     c = tl.arange(0, CP)
     c_mask = c < CF
-    mask = (e < E)[:, None] & c_mask[None, :]
+    mask = (e < E)[:, None]
     rows = ((f * E + e) * ROW)[:, None]
-    z_rows = (((layer * F + f) * E + e) * ROW)[:, None]
+    z_rows = ((layer * F + f) * E + e) * ROW
+    s_rows = z_ptr + z_rows
+    z2 = z_rows[:, None]
     sg_rows = ((f * E + e) * G)[:, None]
     gw_base = gw_ptr + (layer * F + f) * (CF * G)
     gwlo_base = gwlo_ptr + (layer * F + f) * (CF * G)
-    w_mask = c_mask[:, None] & c_mask[None, :]
 
-    s = tl.load(z_ptr + z_rows + c[None, :], mask=mask, other=0.0)
     contraction = tl.zeros((BLOCK_M, CP), dtype=tl.float32)
-    if RECOMPUTE_SG:
-        s_hi, s_lo, s_up, w_up = gate_operands(s, mask, gwup_ptr + layer * F + f, COMPENSATED)
-    elif COMPENSATED:
+    if COMPENSATED:
         w_up = tl.load(gwup_ptr + layer * F + f)
+    else:
+        w_up = 1.0
+    if RECOMPUTE_SG and COMPENSATED:
+        s_down, s_up = gate_row_scales(s_rows, mask, GC, R, BLOCK_M)
+    else:
+        s_down = tl.zeros((BLOCK_M,), dtype=tl.float32)      # unused
+        s_up = s_down
     amax0 = tl.zeros((BLOCK_M,), dtype=tl.float32)
     amax1 = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for j in tl.range(0, LMAX):
-        col_m0 = ((j + 1) * CF + c)[None, :]
-        col_neg = (M0 + j * CF + c)[None, :]
-        col_pos = (M0 + G + j * CF + c)[None, :]
+    for t in tl.range(0, LMAX * R):              # gate columns, GC at a time, in degree order
+        gcol = t * GC + cg
+        col_m0 = (CF + gcol)[None, :]
+        col_neg = (M0 + gcol)[None, :]
+        col_pos = (M0 + G + gcol)[None, :]
         if RECOMPUTE_SG:
-            sg = gate_sigmoids(s, s_hi, s_lo, s_up, gw_base, gwlo_base, w_up, j, c, w_mask,
-                               G, CF, CP, BLOCK_M, COMPENSATED)
+            sg = gate_sigmoids(s_rows, mask, s_down, s_up, gw_base, gwlo_base, w_up, gcol,
+                               G, GC, R, BLOCK_M, COMPENSATED)
         else:
-            sg = tl.load(sg_ptr + sg_rows + (j * CF + c)[None, :], mask=mask, other=0.0)
+            sg = tl.load(sg_ptr + sg_rows + gcol[None, :], mask=mask, other=0.0)
         h_m0 = tl.load(h_ptr + rows + col_m0, mask=mask, other=0.0)
         h_neg = tl.load(h_ptr + rows + col_neg, mask=mask, other=0.0)
         h_pos = tl.load(h_ptr + rows + col_pos, mask=mask, other=0.0)
-        z_m0 = tl.load(z_ptr + z_rows + col_m0, mask=mask, other=0.0)
-        z_neg = tl.load(z_ptr + z_rows + col_neg, mask=mask, other=0.0)
-        z_pos = tl.load(z_ptr + z_rows + col_pos, mask=mask, other=0.0)
+        z_m0 = tl.load(z_ptr + z2 + col_m0, mask=mask, other=0.0)
+        z_neg = tl.load(z_ptr + z2 + col_neg, mask=mask, other=0.0)
+        z_pos = tl.load(z_ptr + z2 + col_pos, mask=mask, other=0.0)
         g_m0 = h_m0 * sg
         g_neg = h_neg * sg
         g_pos = h_pos * sg
@@ -174,19 +219,21 @@ def gate_backward_kernel(
             amax0 = tl.maximum(amax0, row_amax(g_m0, mask))
             amax1 = tl.maximum(amax1, tl.maximum(row_amax(g_neg, mask), row_amax(g_pos, mask)))
         gl = gate_logit_grad(gate_grad(h_m0, z_m0, h_neg, z_neg, h_pos, z_pos), sg)
-        wt_offs = c[None, :] * G + (j * CF + c)[:, None]
+        wt_offs = c[None, :] * G + gcol[:, None]              # gw^T rows gcol, all Cf columns
         if COMPENSATED:
             gl_hi, gl_lo, gl_up = split_rows(gl, mask)
-            gwt_hi = tl.load(gw_base + wt_offs, mask=w_mask, other=0.0)
-            gwt_lo = tl.load(gwlo_base + wt_offs, mask=w_mask, other=0.0)
+            gwt_hi = tl.load(gw_base + wt_offs, mask=c_mask[None, :], other=0.0)
+            gwt_lo = tl.load(gwlo_base + wt_offs, mask=c_mask[None, :], other=0.0)
             contraction += split_tile_dot(gl_hi, gl_lo, gl_up, gwt_hi, gwt_lo, w_up, BLOCK_M, CP)
         else:
-            gw_t = tl.load(gw_base + wt_offs, mask=w_mask, other=0.0)
+            gw_t = tl.load(gw_base + wt_offs, mask=c_mask[None, :], other=0.0)
             contraction = tl.dot(gl, gw_t, contraction, input_precision="ieee")
-    h_s = tl.load(h_ptr + rows + c[None, :], mask=mask, other=0.0)
+    full = mask & c_mask[None, :]
+    h_s = tl.load(h_ptr + rows + c[None, :], mask=full, other=0.0)
+    s = tl.load(z_ptr + z2 + c[None, :], mask=full, other=0.0)
     g_s = silu_grad(h_s, s) + contraction
-    tl.store(gz_ptr + rows + c[None, :], g_s, mask=mask)
+    tl.store(gz_ptr + rows + c[None, :], g_s, mask=full)
     if WRITE_AMAX:
         amax_rows = (f * E + e) * 2
-        tl.store(amax_ptr + amax_rows, tl.maximum(amax0, row_amax(g_s, mask)), mask=e < E)
+        tl.store(amax_ptr + amax_rows, tl.maximum(amax0, row_amax(g_s, full)), mask=e < E)
         tl.store(amax_ptr + amax_rows + 1, amax1, mask=e < E)

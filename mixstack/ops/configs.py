@@ -49,6 +49,23 @@ def fused_supported(layout: StackLayout) -> bool:
     return layout.focus_dim in (16, 32, 64)
 
 
+# The widest chunk of gate columns the gate kernels form at once (``gate_chunk``).
+GATE_CHUNK_MAX = 32
+
+
+def gate_chunk(layout: StackLayout) -> int:
+    """How many gate columns (and K columns of ``s``) the gate kernels take per product
+    (``kernels.gate.gate_sigmoids``; the fused backward takes the same, so relay and fused
+    run the same products): the largest power of two that divides ``Cf``, at most
+    ``GATE_CHUNK_MAX``.  Chunks tile ``Cf`` exactly (no padded lanes, as a power-of-two
+    register tile of a 48- or 96-wide subtile had) and keep each FMA dot's operands to
+    ``GC`` columns: with whole ``Cf``-wide products, Cf 80-128 compiled to ptxas's
+    register fallback at lmax 1 (and the level-3 forward gate at every lmax), see
+    ``gate_config``."""
+    cf = layout.focus_dim
+    return min(cf & -cf, GATE_CHUNK_MAX)
+
+
 def gate_config(layout: StackLayout, backward: bool = False) -> dict:
     """Launch config of the gate kernel (forward/recompute) or its backward.
 
@@ -56,27 +73,21 @@ def gate_config(layout: StackLayout, backward: bool = False) -> dict:
     128} x {4, 8}): the forward gate is flat within 5% across configs, 32 rows
     x 4 warps among the best everywhere; the pointwise backward is best at 32
     rows x 4 warps for Cf = 32 (0.91 ms at S1 against 1.31 for 32 x 8) and 64
-    rows x 4 warps for Cf = 64 (1.24 ms at S4 against 1.62-1.82).  A 128-wide
-    tile takes 16 rows x 8 warps (spill-free in the sm_90 ptxas report; not
-    timed).  Unrolling the degree loop spilled 116-224 registers at Cf = 64.
-    Compiled offline for sm_90 (``mixstack.resources``) by Triton 3.6 (the
-    H200's) and 3.7, the Cf = 64 backward config (64 x 4) takes 255 registers
-    and spills 392 bytes: it was timed fastest all the same.
+    rows x 4 warps for Cf = 64 (1.24 ms at S4 against 1.62-1.82).  Unrolling the
+    degree loop spilled 116-224 registers at Cf = 64.
 
-    At lmax <= 2 the degree loop runs once or twice, and with 64 x 4 (32 x 4 in the
-    forward) ptxas gives up on registers: 32 of them and a 3.6-9.6 KB stack frame per
-    thread (the pointwise kernel at lmax 1, the forward gate at lmax 2; Cf 48 and 64,
-    both levels, Triton 3.6 and 3.7; ``tests/test_resources.py``).  The H200 sweep saw
-    it: Cf 64, F 2, lmax 1's relay took 33.4 ms on the tuner's set against 12.5 at
-    lmax 2, a layout with over twice its GEMM FLOPs.  32 x 8 compiles there without
-    spills (up to 158 registers), so lmax <= 2 takes it (not yet timed on a GPU).
-    Widths above 64 are not cured by any config tried (16-64 rows, 4-8 warps) at lmax 1.
+    The gate kernels form their products ``gate_chunk`` columns at a time.  Before that
+    (whole ``Cf``-wide products) ptxas gave up on registers at Cf 48-64 with lmax <= 2
+    under these configs (32 registers and a 3.6-9.6 KB stack; the H200 sweep saw the
+    relay at Cf 64, F 2, lmax 1 take 33.4 ms against 12.5 at lmax 2) and at Cf 80-128
+    under every config tried (lmax 1; the level-3 forward gate at every lmax), and the
+    Cf-64 pointwise kernel spilled 392 bytes at 64 x 4.  With chunks, every launch of
+    every (Cf, lmax) compiles for sm_90 without the fallback and with at most a few
+    bytes spilled (``tests/test_compiler_grid.py``), so the measured configs hold at
+    every lmax; widths above 64, whose chunks are 16 or 32 columns like Cf 32's tiles,
+    take Cf 32's config (not yet timed).
     """
     cp = next_power_of_2(layout.focus_dim)
-    if cp > 64:
-        return {"BLOCK_M": 16, "num_warps": 8, "num_stages": 1}
-    if cp == 64 and layout.lmax <= 2:
-        return {"BLOCK_M": 32, "num_warps": 8, "num_stages": 1}
     rows = 64 if backward and cp == 64 else 32
     return {"BLOCK_M": rows, "num_warps": 4, "num_stages": 1}
 

@@ -32,6 +32,7 @@ from .configs import (
     INTERPRETER_PROGRAMS,
     block_k,
     default_gemm_config,
+    gate_chunk,
     gate_config,
     gemm_block_k,
     pointwise_config,
@@ -127,7 +128,7 @@ def gate(z, gw, layer, sg, n_edges, n_focus, layout, u=None, u_next=None, amax=N
         z, gw_main, gw if u is None else u, gw if u_next is None else u_next, sg,      # gw: unused pointers
         gw if amax is None else amax, gw_lo, gw_up,
         layer, n_edges, n_focus,
-        LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
+        LMAX=layout.lmax, CF=layout.focus_dim, GC=gate_chunk(layout),
         WRITE_U=u is not None, WRITE_AMAX=amax is not None, COMPENSATED=gate_split is not None,
         BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
@@ -251,7 +252,7 @@ def relay_gz(h, z, gw, layer, n_edges, n_focus, layout, sg, gz, amax=None, gate_
     wrap_triton(gate_backward_kernel)[((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)](
         h, z, gw if fold else sg, gw_main, gz, gw if amax is None else amax, gw_lo, gw_up,  # gw: unused
         layer, n_edges, n_focus,
-        LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
+        LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim), GC=gate_chunk(layout),
         WRITE_AMAX=amax is not None, RECOMPUTE_SG=fold, COMPENSATED=gate_split is not None,
         BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
@@ -286,6 +287,6 @@ def fused_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, cfg, scratc
         wrap_triton(fused_backward_kernel)[(programs,)](
             h, z, gw, w0t, w1t, scratch, w0lo, w1lo, wup, layer, n_edges, n_focus, n_tiles,
             LMAX=layout.lmax, CF=layout.focus_dim, SEGMENT=segment, COMPENSATED=split is not None,
-            BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k(layout),
+            BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k(layout), GC=gate_chunk(layout),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )

@@ -104,11 +104,30 @@ def _tuned(family: str, t: Tensor, n_focus: int, layout: StackLayout, apply_alph
     config becomes a constant of the graph."""
     if level < tuning.families.family(family).candidate_level:
         return None
+    if family == "stack_compensated":
+        return _compensated(t, n_focus, layout, apply_alpha)
     cfg = tuning.tuned_config(family, focus_dim=layout.focus_dim, lmax=layout.lmax, n_focus=int(n_focus),
                               apply_alpha=apply_alpha, device=t.device)
     if cfg is not None and log:
         record(f"cfg:{family}")
     return cfg
+
+
+def _compensated(t: Tensor, n_focus: int, layout: StackLayout, apply_alpha: bool) -> dict | None:
+    """Level 3's config for this call: the ``stack_compensated`` entry (swept, or recorded by
+    the level-3 policy at first use, ``mixstack.level3``), or ``None``: level 2 runs, and the
+    log says ``level3:level2`` (an entry of ``None``, a failed validation, or no entry where
+    the policy was not sure).  ``level3:policy``: the config came from the policy."""
+    key = tuning.shape_key(focus_dim=layout.focus_dim, lmax=layout.lmax, n_focus=int(n_focus),
+                           apply_alpha=apply_alpha)
+    hit = tuning.find("stack_compensated", key, device_name=tuning.device_name(t.device))
+    cfg = None if hit is None else hit[1]["config"]
+    if cfg is None:
+        record("level3:level2")
+        return None
+    if hit[1].get("source") == "policy":
+        record("level3:policy")
+    return dict(cfg)
 
 
 def _setup_context(ctx, inputs, output):

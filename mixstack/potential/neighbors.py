@@ -103,12 +103,18 @@ def neighbor_arrays(positions, cell, pbc, cutoff: float):
     order = np.lexsort((S[:, 2], S[:, 1], S[:, 0], j, i))     # centre, then neighbour, then shift
     i, j, S = i[order], j[order], S[order]
     check_edge_lengths(np.linalg.norm(positions[j] - positions[i] + S @ cell, axis=1), i, j, S)
-    counts = np.bincount(i, minlength=n)
+    return np.stack((j, i)), S, centre_slots(torch.from_numpy(i), n).numpy()
+
+
+def centre_slots(centres: torch.Tensor, n: int) -> torch.Tensor:
+    """``slots (n, K)`` of edges sorted by centre: row ``i`` lists the edges whose centre is
+    ``i``, in order, padded with ``E = len(centres)``; ``K`` is the largest count (at least 1).
+    On the centres' device (the LAMMPS path builds them on the GPU)."""
+    counts = torch.bincount(centres, minlength=n)
     k = max(int(counts.max()) if n else 0, 1)
-    start = np.cumsum(counts) - counts
-    lane = np.arange(k)
-    slots = np.where(lane[None, :] < counts[:, None], start[:, None] + lane[None, :], len(i))
-    return np.stack((j, i)), S, slots.astype(np.int64)
+    start = torch.cumsum(counts, 0) - counts
+    lane = torch.arange(k, device=centres.device)
+    return torch.where(lane[None, :] < counts[:, None], start[:, None] + lane[None, :], centres.numel())
 
 
 def host_arrays(positions, cell, numbers):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .neighbors import MIN_EDGE_LENGTH, SystemInputs, check_edge_lengths, host_arrays, neighbor_arrays
+from .neighbors import MIN_EDGE_LENGTH, SystemInputs, centre_slots, check_edge_lengths, host_arrays, neighbor_arrays
 
 
 class VerletList:
@@ -82,12 +82,7 @@ class VerletList:
         if bool((kept_len < MIN_EDGE_LENGTH).any()):
             check_edge_lengths(kept_len.cpu().numpy(), edge_index[1].cpu().numpy(), edge_index[0].cpu().numpy(),
                                shifts.cpu().numpy())
-        counts = torch.bincount(edge_index[1], minlength=n)
-        k = max(int(counts.max()), 1) if n else 1
-        start = torch.cumsum(counts, 0) - counts
-        lane = torch.arange(k, device=dev)
-        slots = torch.where(lane[None, :] < counts[:, None], start[:, None] + lane[None, :],
-                            torch.full((), edge_index.shape[1], device=dev))
+        slots = centre_slots(edge_index[1], n)
         fl = dict(device=dev, dtype=self.dtype)
         return SystemInputs(torch.as_tensor(pos, **fl), torch.as_tensor(cel, **fl), torch.as_tensor(num, device=dev),
                             edge_index, shifts.to(self.dtype), slots)

@@ -8,7 +8,9 @@ family and key.  Covered keys are skipped before any input is allocated.
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 from typing import Callable, Iterable
 
 import torch
@@ -32,10 +34,11 @@ def default_keys() -> list[ShapeKey]:
     return list(dict.fromkeys(keys))
 
 
-def resolve_families(names: Iterable[str] | None) -> list[str]:
-    """``names`` checked and put in sweep order (default: every family with candidates)."""
+def resolve_families(names: Iterable[str] | None, quick: bool = False) -> list[str]:
+    """``names`` checked and put in sweep order (default: every family with candidates; with
+    ``quick``, those of the quick sweep, ``families.QUICK_FAMILIES``)."""
     if names is None:
-        return list(_families.SWEEP_ORDER)
+        return [n for n in _families.SWEEP_ORDER if not quick or n in _families.QUICK_FAMILIES]
     if isinstance(names, str):
         names = [names]
     chosen = [_families.family(n).name for n in names]
@@ -47,7 +50,8 @@ def tune(keys=None, *, families: Iterable[str] | None = None, force: bool = Fals
          rounds: int = DEFAULT_ROUNDS, warmup: int = DEFAULT_WARMUP, margin: float = 0.02,
          persist: bool = True, device=None, progress: Callable | None = None,
          clock: Callable | None = None, make_probe: Callable | None = None,
-         device_name: str | None = None, stop_on_error: bool = True) -> list[TuneResult]:
+         device_name: str | None = None, stop_on_error: bool = True, quick: bool = False,
+         seconds: float | None = None, now: Callable[[], float] | None = None) -> list[TuneResult]:
     """Sweep ``families`` (default: ``stack_fwd``, ``stack_bwd_relay``, ``stack_bwd_fused``,
     ``stack_compensated``)
     for ``keys`` (``tuning.shape_key(...)`` values; default: S1-S4 of docs/contract.md §8) on the
@@ -60,17 +64,30 @@ def tune(keys=None, *, families: Iterable[str] | None = None, force: bool = Fals
     ``TuneResult`` per family and key.  ``make_probe(family, key, device=...)``
     replaces ``probes.StackProbe`` (tests); results then go to ``device_name``,
     else to the probe's ``device_name``.
+
+    ``quick``: the quick sweep (pruned candidates, a timing set half the size; default
+    families ``families.QUICK_FAMILIES``).  ``seconds``: a budget; once it is spent the
+    sweep stops cleanly before the next family and key (those get status
+    "out-of-time", nothing recorded; run again to go on: covered keys are skipped).
+    ``now``: the clock of that budget (``time.monotonic``; tests pass a fake).
     """
     keys = default_keys() if keys is None else list(dict.fromkeys(as_key(k) for k in keys))
-    names = resolve_families(families)
+    names = resolve_families(families, quick)
+    now = now or time.monotonic
+    deadline = None if seconds is None else now() + seconds
     make_probe = make_probe or probes.StackProbe
     if make_probe is probes.StackProbe:
         device = probes.tuning_device(device)
         device_name = device_name or validity.device_name(device)
+        if quick and isinstance(make_probe, type):        # the real probe (tests replace it)
+            make_probe = functools.partial(make_probe, quick=True)
     results: list[TuneResult] = []
     for key in keys:
         failed: dict[str, TuneResult] = {}
         for name in names:
+            if deadline is not None and now() >= deadline:
+                results.append(TuneResult(name, key, "out-of-time"))
+                continue
             dep = _DEPENDS_ON.get(name)
             if dep in failed:
                 results.append(TuneResult(name, key, "not-run", error=failed[dep].error))
@@ -79,7 +96,7 @@ def tune(keys=None, *, families: Iterable[str] | None = None, force: bool = Fals
                 results.append(TuneResult(name, key, "covered",
                                           config=registry.lookup(name, key, device_name=device_name)))
                 continue
-            if not _families.candidates(name, key):
+            if not _families.candidates(name, key, quick=quick):
                 results.append(TuneResult(name, key, "no-candidates"))
                 continue
             try:
@@ -90,7 +107,7 @@ def tune(keys=None, *, families: Iterable[str] | None = None, force: bool = Fals
                                     f"{type(exc).__name__}: {exc}") from exc
                 results.append(tune_key(name, key, probe=probe, clock=clock, rounds=rounds,
                                         warmup=warmup, margin=margin, force=force, progress=progress,
-                                        device_name=device_name, persist=persist))
+                                        device_name=device_name, persist=persist, quick=quick))
             except TuneError as exc:
                 if stop_on_error:
                     raise

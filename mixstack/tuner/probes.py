@@ -38,6 +38,7 @@ from ..tuning.keys import ShapeKey, as_key
 N_LAYERS = 4                  # docs/contract.md §8 shapes; the key has no depth (every layer launches the same kernels)
 PARTIAL_EDGES = 4099          # odd: no block size divides it
 TIMING_EDGES = 2 ** 18        # at S1's width (F * ROW = 640): ~50 waves of 64-row tiles on 132 SMs
+QUICK_TIMING_EDGES = 2 ** 17  # the quick sweep's: still ~25 waves, past launch overhead at every key
 MIN_TIMING_EDGES = 2 ** 14
 _S1_WIDTH = 640
 # Live surfaces per edge while a backward runs, in F * ROW float32 rows: inputs,
@@ -70,11 +71,11 @@ def tuning_device(device=None) -> torch.device:
                      "(TRITON_INTERPRET=1 exercises the sweep on the CPU, without meaningful times)")
 
 
-def timing_edges(key: ShapeKey, device: torch.device, n_layers: int = N_LAYERS) -> int:
-    """Edges of the timing set: ~2**18 at S1's row width, scaled down for wider rows and
-    capped so the sweep's live surfaces stay under a third of device memory."""
+def timing_edges(key: ShapeKey, device: torch.device, n_layers: int = N_LAYERS, base: int = TIMING_EDGES) -> int:
+    """Edges of the timing set: ~``base`` (2**18) at S1's row width, scaled down for wider rows
+    and capped so the sweep's live surfaces stay under a third of device memory."""
     width = key.n_focus * key.layout.row
-    edges = TIMING_EDGES * _S1_WIDTH // max(width, _S1_WIDTH)
+    edges = base * _S1_WIDTH // max(width, _S1_WIDTH)
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         edges = min(edges, total // 3 // (width * 4 * (n_layers + _EXTRA_SURFACES)))
@@ -85,14 +86,16 @@ class StackProbe:
     """Inputs and runs of ``mixing_stack`` for one family and shape key (see the module doc)."""
 
     def __init__(self, family: str, key, *, device=None, edges: int | None = None,
-                 partial_edges: int | None = None, n_layers: int = N_LAYERS, seed: int = 0):
+                 partial_edges: int | None = None, n_layers: int = N_LAYERS, seed: int = 0,
+                 quick: bool = False):
         self.family = families.family(family)
         self.key = as_key(key)
         self.device = tuning_device(device)
         self.device_name = validity.device_name(self.device)
         on_gpu = self.device.type == "cuda"
         if edges is None:
-            edges = timing_edges(self.key, self.device, n_layers) if on_gpu else INTERPRETER_EDGES[0]
+            base = QUICK_TIMING_EDGES if quick else TIMING_EDGES
+            edges = timing_edges(self.key, self.device, n_layers, base) if on_gpu else INTERPRETER_EDGES[0]
         self.edges = edges
         self.partial_edges = partial_edges or (PARTIAL_EDGES if on_gpu else INTERPRETER_EDGES[1])
         self._timing = self._inputs(self.edges, n_layers, seed)

@@ -43,12 +43,15 @@ from ..bench import timing
 from ..dispatch import levels
 from ..dispatch.log import dispatch_log
 from ..tuning import families, registry, validity
+from ..tuning.families import contract_difference
 from ..tuning.keys import ShapeKey, as_key
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ROUNDS = 20
 DEFAULT_WARMUP = 2
+QUICK_ROUNDS = 5             # the quick sweep's (mixstack tune's default)
+QUICK_WARMUP = 1
 TUNE_LEVEL = 2
 _RESOURCE_MARKERS = ("out of resource", "out of shared memory", "out of registers")
 
@@ -79,7 +82,8 @@ class TuneResult:
 
     ``status``: "tuned" (measured and recorded), "covered" (an entry existed;
     skipped), "no-candidates" (nothing to try; nothing recorded), "failed" or
-    "not-run" (only from ``tune(..., stop_on_error=False)``; nothing recorded).
+    "not-run" (only from ``tune(..., stop_on_error=False)``; nothing recorded),
+    "out-of-time" (``tune(..., seconds=...)`` stopped before it; nothing recorded).
     """
 
     family: str
@@ -135,24 +139,6 @@ def bitwise_difference(base, got) -> str | None:
             n = int((_bits(a) != _bits(b)).sum())
             diff = (a.double() - b.double()).abs().nan_to_num(float("inf")).max().item()
             return f"output {i}: {n} of {a.numel()} values differ from the baseline (max |diff| {diff:.3g})"
-    return None
-
-
-def contract_difference(reference, got, bound: float = families.CONTRACT) -> str | None:
-    """Why ``got`` breaks the accuracy contract against the float64 ``reference`` (tuples
-    of tensors): a non-finite element, or a relative Frobenius error above ``bound``."""
-    if len(reference) != len(got):
-        return f"{len(got)} outputs, the reference has {len(reference)}"
-    for i, (ref, b) in enumerate(zip(reference, got)):
-        if ref.shape != b.shape:
-            return f"output {i}: shape {tuple(b.shape)}, the reference's is {tuple(ref.shape)}"
-        if not bool(torch.isfinite(b).all()):
-            return f"output {i}: {int((~torch.isfinite(b)).sum())} of {b.numel()} values are not finite"
-        ref = ref.double()
-        den = ref.norm().item()
-        err = (b.double() - ref).norm().item() / den if den > 0 else b.double().norm().item()
-        if not err <= bound:
-            return f"output {i}: relative error {err:.3g} against float64, above the contract {bound:g}"
     return None
 
 
@@ -217,19 +203,20 @@ class _Tracker:
 def tune_key(family: str, key, *, probe, clock: Callable | None = None, rounds: int = DEFAULT_ROUNDS,
              warmup: int = DEFAULT_WARMUP, margin: float = 0.02, force: bool = False,
              progress: Callable[[TuneProgress], None] | None = None, device_name: str | None = None,
-             persist: bool = True) -> TuneResult:
+             persist: bool = True, quick: bool = False) -> TuneResult:
     """Sweep ``family`` for ``key`` with ``probe`` and record the result (see the module doc).
 
     ``device_name``: the table the result goes to (default: the probe's
     ``device_name``, else the current device's).  ``persist=False`` registers the
-    result for this process instead of writing the user's table.
+    result for this process instead of writing the user's table.  ``quick``: the pruned
+    candidates of ``families.candidates(..., quick=True)``; the rules are the same.
     """
     fam = families.family(family)
     key = as_key(key)
     device = device_name or getattr(probe, "device_name", None) or validity.device_name()
     if not force and registry.covered(family, key, device_name=device):
         return TuneResult(family, key, "covered", config=registry.lookup(family, key, device_name=device))
-    cands = families.candidates(family, key)
+    cands = families.candidates(family, key, quick=quick)
     if not cands:
         log.info("tuning %s %s: no candidates for this key; nothing to measure", family, key)
         return TuneResult(family, key, "no-candidates")
@@ -307,7 +294,7 @@ def tune_key(family: str, key, *, probe, clock: Callable | None = None, rounds: 
 
     entry = {"config": winner, **validity.stamp(device, fam.name), "baseline": fam.baseline_name,
              "winner": families.label(winner), "medians_ms": medians, "rel_spread": spreads,
-             "margin": margin, "rounds": rounds, "warmup": warmup,
+             "margin": margin, "rounds": rounds, "warmup": warmup, "sweep": "quick" if quick else "full",
              "skipped": skipped, "rejected": rejected}
     path = registry.record(family, key, entry, device_name=device, persist=persist)
     track.emit("done", families.label(winner))

@@ -60,6 +60,20 @@ _COMPENSATED = (
 )
 CONTRACT = 2e-6            # relative error of the result and of every gradient against float64
 
+# The quick sweep (``mixstack tune``'s default; ``--full`` for the sets above): the
+# candidates that won or came within ~1% on the shipped H200 table's 18 keys, where
+# the sets above cost ~190 s a key, nearly all of it compiling ~180 kernels.
+# - stack_bwd_relay: M64 N64 w4 s2 is the only config that ever beat the level-1 one
+#   (1.02-1.04x at four keys; within 1% of it at most others); every 32- or 128-row
+#   tile and every 8-warp one was 1-30% slower at every key.
+# - stack_compensated: the level-3 policy's config for the key
+#   (``policy.rule_config``), which names the winner of every swept key up to ties
+#   within 0.4%; the other tiles were 3-90% slower (one-stage ones 20-45%).
+# - stack_fwd and stack_bwd_fused are left out: the level-1 forward config won at every
+#   key it was swept at, and the fused backward lost at every key by 16-56%.
+_QUICK_RELAY = ((64, 64, 4, 2),)
+QUICK_FAMILIES = ("stack_bwd_relay", "stack_compensated")
+
 
 def block_k(key: ShapeKey) -> int:
     """The K tile the GEMM kernel uses for this key (``ops.configs.block_k``: one definition)."""
@@ -92,6 +106,39 @@ def _gemm_candidates(key: ShapeKey) -> list[dict]:
         if cfg != default and _gemm_sensible(bm, bn, w, s, key):   # never time the baseline against itself
             out.append(cfg)
     return out
+
+
+def _quick_gemm_candidates(key: ShapeKey) -> list[dict]:
+    default = _default_gemm_config(key)
+    out = []
+    for bm, bn, w, s in _QUICK_RELAY:
+        cfg = dict(zip(GEMM_FIELDS, (bm, bn, w, s)))
+        if cfg != default and _gemm_sensible(bm, bn, w, s, key):
+            out.append(cfg)
+    return out
+
+
+# The level-3 policy's configs (``policy``): the winners of the measured H200 keys.
+M64_N64 = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+M64_N128 = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4}
+WIDE_BLOCK = 384               # a GEMM block at least this wide takes the 128-wide N tile
+
+
+def rule_config(key: ShapeKey) -> dict:
+    """The level-3 config the policy names for ``key`` (``policy`` says whether it engages): M64
+    N128 w4 s4 where a GEMM block is at least ``WIDE_BLOCK`` wide, or Cf >= 64 with blocks wider
+    than 128, else M64 N64 w4 s3: the winner or within 0.4% of it at every H200 key where level 3
+    won.  (At Cf 64 lmax 1, blocks of 128, N128 tied with N64 on the H200, 8.18 against 8.21 ms,
+    and its level-3 identity-layer GEMM spills 136 bytes for sm_90; N64 spills none.)"""
+    lay = key.layout
+    widest = max(lay.m0, lay.m1)
+    wide = widest >= WIDE_BLOCK or (key.focus_dim >= 64 and widest > 128)
+    return dict(M64_N128 if wide else M64_N64)
+
+
+def _quick_compensated_candidates(key: ShapeKey) -> list[dict]:
+    cfg = rule_config(key)
+    return [{f: cfg[f] for f in GEMM_FIELDS}]
 
 
 def _compensated_candidates(key: ShapeKey) -> list[dict]:
@@ -141,6 +188,7 @@ class Family:
     candidate_level: int = 2
     accept: str = "bitwise"
     kernels: tuple[str, ...] = ("gemm", "gate", "reduce")
+    make_quick: Callable[[ShapeKey], list[dict]] | None = None
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -151,7 +199,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("stack_bwd_relay", GEMM_FIELDS, "bwd", _gemm_candidates,
            candidate_paths=("bwd:relay", "cfg:stack_bwd_relay"), candidate_forbidden=("bwd:fused",),
            baseline_paths=("bwd:relay",), baseline_forbidden=("cfg:stack_bwd_relay", "bwd:fused"),
-           disable=("stack_bwd_fused",), baseline_name="level-1 config"),
+           disable=("stack_bwd_fused",), baseline_name="level-1 config", make_quick=_quick_gemm_candidates),
     Family("stack_bwd_fused", FUSED_FIELDS, "bwd", _fused_candidates,
            candidate_paths=("bwd:fused",), candidate_forbidden=("bwd:relay",),
            baseline_paths=("bwd:relay",), baseline_forbidden=("bwd:fused",),
@@ -161,7 +209,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            candidate_forbidden=("fwd:triton", "bwd:relay", "bwd:fused"),
            baseline_paths=("fwd:triton",), baseline_forbidden=("fwd:compensated", "bwd:compensated"),
            baseline_name="level 2", candidate_level=3, accept="float64",
-           kernels=("gemm", "gate", "reduce", "compensated")),
+           kernels=("gemm", "gate", "reduce", "compensated"), make_quick=_quick_compensated_candidates),
 )}
 
 # The order a full sweep runs in: the fused backward is measured against the
@@ -177,10 +225,32 @@ def family(name: str) -> Family:
         raise ValueError(f"unknown tuning family {name!r}; known: {', '.join(FAMILIES)}") from None
 
 
-def candidates(name: str, key: ShapeKey) -> list[dict]:
-    """The launch configs the sweep tries for ``key`` (fresh dicts; the baseline is not among them)."""
+def candidates(name: str, key: ShapeKey, quick: bool = False) -> list[dict]:
+    """The launch configs the sweep tries for ``key`` (fresh dicts; the baseline is not among
+    them); ``quick``: the pruned set of the quick sweep (none for a family it leaves out)."""
     from .keys import as_key
-    return [dict(c) for c in family(name).make_candidates(as_key(key))]
+    fam = family(name)
+    make = fam.make_candidates if not quick else (fam.make_quick or (lambda _key: []))
+    return [dict(c) for c in make(as_key(key))]
+
+
+def contract_difference(reference, got, bound: float = CONTRACT) -> str | None:
+    """Why ``got`` breaks the accuracy contract against the float64 ``reference`` (tuples
+    of tensors): a non-finite element, or a relative Frobenius error above ``bound``."""
+    import torch
+    if len(reference) != len(got):
+        return f"{len(got)} outputs, the reference has {len(reference)}"
+    for i, (ref, b) in enumerate(zip(reference, got)):
+        if ref.shape != b.shape:
+            return f"output {i}: shape {tuple(b.shape)}, the reference's is {tuple(ref.shape)}"
+        if not bool(torch.isfinite(b).all()):
+            return f"output {i}: {int((~torch.isfinite(b)).sum())} of {b.numel()} values are not finite"
+        ref = ref.double()
+        den = ref.norm().item()
+        err = (b.double() - ref).norm().item() / den if den > 0 else b.double().norm().item()
+        if not err <= bound:
+            return f"output {i}: relative error {err:.3g} against float64, above the contract {bound:g}"
+    return None
 
 
 def check_config(name: str, cfg) -> dict | None:

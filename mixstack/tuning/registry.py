@@ -164,8 +164,11 @@ def lookup(family_name: str, key, *, device_name: str | None = None):
 
 
 def covered(family_name: str, key, *, device_name: str | None = None) -> bool:
-    """True when the key has any entry (a config or ``None``): the sweep skips it unless forced."""
-    return find(family_name, key, device_name=device_name) is not None
+    """True when the key has a measured entry (a config or ``None``): the sweep skips it unless
+    forced.  An entry the level-3 policy recorded at first use (``source: "policy"``: validated,
+    never timed) does not count, so a sweep still measures the key."""
+    hit = find(family_name, key, device_name=device_name)
+    return hit is not None and hit[1].get("source") != "policy"
 
 
 def record(family_name: str, key, entry: dict, *, device_name: str, persist: bool = True) -> str | None:

@@ -9,10 +9,9 @@ every kernel module those import, found by reading their ``from .x import``
 lines: editing a kernel body invalidates the entries that ran it, without
 anyone having to remember to bump a version (FlagGems keys its cache the same
 way), and leaves the other families' entries standing (an edit to the fused
-backward does not void a measured level-3 GEMM config).  The hash reads the
-code, not the text: comments, docstrings and layout are left out (each file
-is hashed as its syntax tree without docstrings), so a corrected comment does
-not throw away measured entries; any change to what compiles does.
+backward does not void a measured level-3 GEMM config).  Comments, docstrings
+and blank lines are left out of the hash (``code_of``), so a corrected comment
+does not throw away measured entries; any change to the code does.
 """
 
 from __future__ import annotations
@@ -21,8 +20,10 @@ import ast
 import datetime as _dt
 import functools
 import hashlib
+import io
 import os
 import re
+import tokenize
 
 import torch
 
@@ -56,16 +57,30 @@ def kernel_modules(roots, kernels_dir: str | None = None) -> list[str]:
 
 
 def code_of(source: bytes) -> bytes:
-    """What a kernel module compiles to, as text: its syntax tree without docstrings
-    (comments and layout never reach the tree)."""
-    tree = ast.parse(source)
+    """What a kernel module compiles to, as text: its source without comments, docstrings,
+    trailing blanks and empty lines.  A subset of the file's own text, so the same file
+    gives the same bytes under every Python version (a dump of the syntax tree would not:
+    its fields change between versions)."""
+    text = source.decode("utf-8")
+    lines = text.splitlines()
+    tree = ast.parse(text)
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body
                 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                 and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree, annotate_fields=False, include_attributes=False).encode()
+            doc = body[0]
+            first = lines[doc.lineno - 1]
+            if first.lstrip()[:1] in "\"'rRbBuU":              # the docstring starts its line
+                for i in range(doc.lineno - 1, doc.end_lineno):
+                    lines[i] = ""
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            row, col = tok.start
+            if lines[row - 1]:
+                lines[row - 1] = lines[row - 1][:col]
+    kept = [line.rstrip() for line in lines]
+    return "\n".join(line for line in kept if line).encode("utf-8")
 
 
 def kernel_source_hash(kernels_dir: str | None = None, family: str | None = None) -> str:

@@ -1,0 +1,443 @@
+"""``mixstack bench grid``: every supported shape key, every level, against the compiled reference.
+
+The grid is ``Cf`` in {16, 32, ..., 128}, ``lmax`` 1..6 and ``F`` in {1, 2, 4} (n_layers 4,
+alpha on): 144 keys.  Per key the variants ``0c`` (``torch.compile`` of the reference),
+``0`` (eager; "never slower than eager" needs it), ``1``, ``2`` and ``3`` are probed
+(peak memory, the paths that ran, float64 errors on the first ``check_edges`` edges) and
+timed by the one timing loop (``bench.timing``: interleaved, rotating order, medians),
+forward + backward by default (the gradients of ``u0`` and ``alpha``), as
+``runner`` does for the standard shapes.
+
+The edge count per key holds a fixed number of row floats, ``EDGE_ROW_FLOATS`` = the
+tuner's timing set (2**18 edges at S1's width, F * ROW = 640): about 50 waves of 64-row
+tiles on 132 SMs at S1's width and a forward + backward of ~10-20 ms there, far past the
+~0.5 ms a call costs on the host; wider rows get fewer edges but more work per edge (the
+products grow with ROW), narrow ones more edges (2.6 M at Cf 16, lmax 1, F 1).  Every
+surface is then ~0.67 GB, so the eager reference's peak (~7 surfaces) fits at every key.
+
+Compile time is the grid's main cost (tens of seconds per ``torch.compile`` on a GPU
+host), so the compiled reference is compiled once per ``(Cf, lmax)`` and reused for its
+keys: the edge count and, for F > 1, the focus count are marked dynamic
+(``torch._dynamo.mark_dynamic``; F = 1 is specialised by dynamo's 0/1 rule, so it takes
+a second compile).  Each key records how many graphs dynamo compiled for it and how long
+its first call took.
+
+Resumable and bounded: each key's record is written to ``<out>/keys/<key>.json`` as it
+finishes; ``resume`` skips keys that have one; ``seconds`` stops cleanly before a key
+that would not fit (estimated from the keys measured so far).  ``write_outputs`` builds
+``grid.json``, ``grid.csv`` (long format: one row per measurement with GPU, versions and
+date), ``grid.md``, ``grid.png`` (speed-up over the compiled reference per key and level,
+and where level 3 ran compensated kernels) and ``level3.json`` (the level-3 verdicts
+``tuning.policy`` reads) from every key file in the folder, so slices run at different
+times add up.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .. import reference
+from . import env, report, runner
+from .shapes import BenchShape
+from .timing import clock_for
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "mixstack-grid/1"
+GRID_FOCUS_DIMS = (16, 32, 48, 64, 80, 96, 112, 128)
+GRID_LMAX = (1, 2, 3, 4, 5, 6)
+GRID_FOCUS = (1, 2, 4)
+DEFAULT_VARIANTS = ("0c", "0", "1", "2", "3")
+EDGE_ROW_FLOATS = 2 ** 18 * 640        # E * F * ROW per key: the tuner's timing set
+MAX_EDGES = 2 ** 22
+LEVEL_VARIANTS = ("L1", "L2", "L3")
+SLOWER_THAN_COMPILED = 0.05            # the done-when bar: no level more than 5% slower than 0c
+
+
+def grid_edges(focus: int, focus_dim: int, lmax: int) -> int:
+    """Edges of a key: ``EDGE_ROW_FLOATS`` row floats, odd (a partial last tile everywhere)."""
+    row = (3 * lmax + 1) * focus_dim
+    edges = min(MAX_EDGES, EDGE_ROW_FLOATS // (focus * row))
+    return edges | 1
+
+
+@dataclass(frozen=True)
+class GridConfig:
+    """What a grid run measures.  ``edges``: a fixed edge count for every key (tests; default
+    ``grid_edges``).  ``seconds``: stop before a key that would not fit.  ``compile_backend``:
+    the ``torch.compile`` backend of ``0c`` (tests count recompiles with ``"eager"``)."""
+
+    focus_dims: tuple[int, ...] = GRID_FOCUS_DIMS
+    lmaxes: tuple[int, ...] = GRID_LMAX
+    focus: tuple[int, ...] = GRID_FOCUS
+    variants: tuple[str, ...] = DEFAULT_VARIANTS
+    passes: tuple[str, ...] = ("both",)
+    rounds: int = 5
+    warmup: int = 1
+    edges: int | None = None
+    check_edges: int = 4096
+    device: str | None = None
+    seed: int = 0
+    seconds: float | None = None
+    resume: bool = False
+    compile_backend: str = "inductor"
+
+    def keys(self) -> list[tuple[int, int, int]]:
+        """``(Cf, lmax, F)`` in run order: the F values of one ``(Cf, lmax)`` together (they
+        share its compiled reference)."""
+        return list(itertools.product(self.focus_dims, self.lmaxes, self.focus))
+
+    def shape(self, cf: int, lmax: int, focus: int) -> BenchShape:
+        edges = self.edges or grid_edges(focus, cf, lmax)
+        return BenchShape(key_name(cf, lmax, focus), edges, focus, cf, lmax)
+
+    def bench_config(self, shape: BenchShape) -> runner.BenchConfig:
+        return runner.BenchConfig((shape,), self.variants, self.passes, self.rounds, self.warmup, self.device,
+                                  self.check_edges, seed=self.seed)
+
+
+def key_name(cf: int, lmax: int, focus: int) -> str:
+    return f"Cf{cf}-l{lmax}-F{focus}"
+
+
+class CompiledReference:
+    """``torch.compile`` of ``mixstack.reference.mixing_stack``, one per ``(Cf, lmax)``, with the
+    edge count (and F > 1) dynamic, so the keys of one ``(Cf, lmax)`` share it."""
+
+    def __init__(self, backend: str = "inductor"):
+        self.backend = backend
+        self.group = None
+        self.fn = None
+
+    def forward(self, shape: BenchShape, inp) -> Callable:
+        group = (shape.focus_dim, shape.lmax)
+        if group != self.group:
+            torch.compiler.reset()              # a fresh cache per (Cf, lmax): never the recompile limit
+            self.fn = torch.compile(reference.mixing_stack, fullgraph=True, backend=self.backend)
+            self.group = group
+        fn, w0, w1, gw = self.fn, inp.w0, inp.w1, inp.gw
+        kw = dict(lmax=shape.lmax, focus_dim=shape.focus_dim, apply_alpha=shape.apply_alpha)
+        dims = {"u0": (1,), "alpha": (0,), "grad": (0,)}
+        if shape.focus > 1:
+            dims = {"u0": (0, 1), "alpha": (0, 1), "grad": (0, 1)}
+            for w in (w0, w1, gw):
+                torch._dynamo.mark_dynamic(w, 1)
+        torch._dynamo.mark_dynamic(inp.grad_out, dims["grad"])
+
+        def fwd(u0, alpha):
+            torch._dynamo.mark_dynamic(u0, dims["u0"])
+            torch._dynamo.mark_dynamic(alpha, dims["alpha"])
+            return fn(u0, alpha, w0, w1, gw, **kw)
+        return fwd
+
+
+def _graphs() -> int:
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+def run_key(cfg: GridConfig, cf: int, lmax: int, focus: int, compiled: CompiledReference, *, device, clock,
+            roof: dict, on_step=None) -> dict:
+    """Measure one key (see the module doc); its record."""
+    shape = cfg.shape(cf, lmax, focus)
+    bench = cfg.bench_config(shape)
+    keys, skipped = runner.plan(bench)
+
+    def make_forward(key, shape_, inp):
+        if key == "0c":
+            return compiled.forward(shape_, inp)
+        return runner.forward_fn(key, shape_, inp)
+
+    t0 = time.perf_counter()
+    graphs = _graphs()
+    timings: list[dict] = []
+    step = on_step or (lambda _d: None)
+    rec = runner._run_shape(bench, shape, keys, device, clock, step, roof, timings, make_forward=make_forward)
+    first = {v["variant"]: v["first_call_s"] for v in rec["variants"]}
+    return {"schema": SCHEMA, "key": {"focus_dim": cf, "lmax": lmax, "focus": focus, "edges": shape.edges},
+            "env": env.collect(device), "roof": roof, "shape": rec, "timings": timings, "skipped": skipped,
+            "compile": {"graphs": _graphs() - graphs, "first_call_s": first.get(runner.VARIANTS["0c"])},
+            "seconds": time.perf_counter() - t0,
+            "config": {"rounds": cfg.rounds, "warmup": cfg.warmup, "passes": list(cfg.passes),
+                       "variants": [runner.VARIANTS[v] for v in cfg.variants], "check_edges": cfg.check_edges}}
+
+
+def key_path(out: str | os.PathLike, cf: int, lmax: int, focus: int) -> Path:
+    return Path(out) / "keys" / f"{key_name(cf, lmax, focus)}.json"
+
+
+def run_grid(cfg: GridConfig, out: str | os.PathLike, *, on_key=None, on_step=None, clock=None,
+             now: Callable[[], float] = time.monotonic) -> dict:
+    """Measure the keys of ``cfg`` into ``out`` (see the module doc).  ``on_key(event, name,
+    detail)`` reports progress ("skip", "start", "done", "stop").  Returns ``{"measured": [...],
+    "skipped": [...], "stopped": [...]}`` (key names)."""
+    device = env.resolve_device(cfg.device)
+    clock = clock or clock_for(device)
+    say = on_key or (lambda *_a: None)
+    (Path(out) / "keys").mkdir(parents=True, exist_ok=True)
+    start = now()
+    compiled = CompiledReference(cfg.compile_backend)
+    done = {"measured": [], "skipped": [], "stopped": []}
+    roof = None
+    durations: list[float] = []
+    with runner.exact_fp32():
+        for cf, lmax, focus in cfg.keys():
+            name = key_name(cf, lmax, focus)
+            path = key_path(out, cf, lmax, focus)
+            if cfg.resume and path.exists():
+                done["skipped"].append(name)
+                say("skip", name, "measured already")
+                continue
+            if cfg.seconds is not None:                 # 0: measure nothing, only rebuild the outputs
+                estimate = max(durations) if durations else 0.0
+                if cfg.seconds <= 0 or now() - start + estimate > cfg.seconds:
+                    done["stopped"].append(name)
+                    continue
+            if roof is None:
+                cuda = device.type == "cuda"
+                roof = runner.measure_roofs(device, clock, n=8192 if cuda else 256, copy_mib=1024 if cuda else 16)
+            say("start", name, "")
+            t0 = now()
+            rec = run_key(cfg, cf, lmax, focus, compiled, device=device, clock=clock, roof=roof, on_step=on_step)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(rec, indent=1) + "\n")
+            os.replace(tmp, path)
+            durations.append(now() - t0)
+            done["measured"].append(name)
+            comp = rec["compile"]
+            first = "" if comp["first_call_s"] is None else f"; 0c first call {comp['first_call_s']:.1f} s"
+            say("done", name, f"{durations[-1]:.1f} s ({comp['graphs']} graphs compiled{first})")
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    if done["stopped"]:
+        say("stop", f"{len(done['stopped'])} keys", "--seconds reached; run again with --resume")
+    return done
+
+
+# ---------------------------------------------------------------- outputs
+
+def load_records(out: str | os.PathLike) -> list[dict]:
+    """Every key record in ``out/keys``, in grid order."""
+    recs = []
+    for path in sorted((Path(out) / "keys").glob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            log.warning("grid: ignoring %s: %s", path, exc)
+            continue
+        if rec.get("schema") == SCHEMA:
+            recs.append(rec)
+    return sorted(recs, key=lambda r: (r["key"]["focus_dim"], r["key"]["lmax"], r["key"]["focus"]))
+
+
+def _medians(rec: dict, pass_: str) -> dict[str, float]:
+    return {t["variant"]: t["median_ms"] for t in rec["timings"] if t["pass"] == pass_}
+
+
+def _variant(rec: dict, name: str) -> dict | None:
+    return next((v for v in rec["shape"]["variants"] if v["variant"] == name), None)
+
+
+def compensated_ran(rec: dict) -> bool | None:
+    """Whether level 3 ran compensated kernels at this key (``None``: L3 not measured)."""
+    v = _variant(rec, "L3")
+    if v is None or v["failed"]:
+        return None
+    return any(p.endswith(":compensated") for p in v["dispatch"])
+
+
+def _pass(rec: dict, pass_: str | None) -> str:
+    """``pass_``, or the key's forward + backward, or the first pass it measured."""
+    passes = rec.get("config", {}).get("passes") or ["both"]
+    return pass_ or ("both" if "both" in passes else passes[0])
+
+
+def summary(rec: dict, pass_: str | None = None) -> dict:
+    """Speed-ups over the compiled reference (and eager) of each level at one key (forward +
+    backward where measured)."""
+    med = _medians(rec, _pass(rec, pass_))
+    base, eager = med.get("L0-compile"), med.get("L0-eager")
+    row = {"key": key_name(rec["key"]["focus_dim"], rec["key"]["lmax"], rec["key"]["focus"]), **rec["key"],
+           "compiled_ms": base, "eager_ms": eager, "level3_compensated": compensated_ran(rec)}
+    for lv in LEVEL_VARIANTS:
+        t = med.get(lv)
+        row[f"{lv}_ms"] = t
+        row[f"{lv}_vs_compiled"] = base / t if base and t else None
+        row[f"{lv}_vs_eager"] = eager / t if eager and t else None
+    return row
+
+
+def long_rows(records: list[dict]) -> list[dict]:
+    """One row per measurement (time statistics per pass, speed-up over the compiled reference,
+    peak memory, float64 errors, first-call time), each with its key and environment."""
+    rows = []
+    for rec in records:
+        head = {**report.env_columns(rec), "bench": "grid",
+                "case": key_name(rec["key"]["focus_dim"], rec["key"]["lmax"], rec["key"]["focus"]),
+                "focus_dim": rec["key"]["focus_dim"], "lmax": rec["key"]["lmax"], "focus": rec["key"]["focus"],
+                "edges": rec["key"]["edges"]}
+        base = {p: _medians(rec, p).get("L0-compile") for p in rec["config"]["passes"]}
+        for t in rec["timings"]:
+            for stat in ("median", "p20", "p80"):
+                rows.append({**head, "variant": t["variant"], "metric": f"time_{stat}_{t['pass']}",
+                             "value": t[f"{stat}_ms"], "unit": "ms"})
+            if base.get(t["pass"]):
+                rows.append({**head, "variant": t["variant"], "metric": f"speedup_vs_compiled_{t['pass']}",
+                             "value": base[t["pass"]] / t["median_ms"], "unit": "x"})
+        for v in rec["shape"]["variants"]:
+            if v["peak_mib"] is not None:
+                rows.append({**head, "variant": v["variant"], "metric": "peak_memory", "value": v["peak_mib"],
+                             "unit": "MiB"})
+            for name, err in v["rel_error"].items():
+                rows.append({**head, "variant": v["variant"], "metric": f"rel_error_{name}", "value": err,
+                             "unit": "1"})
+            if v["first_call_s"] is not None:
+                rows.append({**head, "variant": v["variant"], "metric": "first_call", "value": v["first_call_s"],
+                             "unit": "s"})
+        engaged = compensated_ran(rec)
+        if engaged is not None:
+            rows.append({**head, "variant": "L3", "metric": "compensated_ran", "value": int(engaged), "unit": "1"})
+    return rows
+
+
+def level3_verdicts(records: list[dict], pass_: str | None = None) -> dict:
+    """What ``tuning.policy`` reads (``<device>.level3.json``): per measured key, level 2's time
+    over level 3's where level 3 ran compensated kernels, and the config it ran."""
+    from ..tuning.keys import shape_key
+    from ..tuning.policy import rule_config
+    out = {}
+    for rec in records:
+        med = _medians(rec, _pass(rec, pass_))
+        if compensated_ran(rec) and med.get("L2") and med.get("L3"):
+            k = rec["key"]
+            key = shape_key(focus_dim=k["focus_dim"], lmax=k["lmax"], n_focus=k["focus"], apply_alpha=True)
+            out[str(key)] = {"speedup": med["L2"] / med["L3"], "config": rule_config(key),
+                             "l2_ms": med["L2"], "l3_ms": med["L3"]}
+    return out
+
+
+def markdown(records: list[dict]) -> str:
+    rows = [summary(r) for r in records]
+    lines = ["# mixstack bench grid\n"]
+    if records:
+        lines.append("\n".join(f"- {x}" for x in report.header_lines({**records[-1], "command": None})) + "\n")
+    n = len(rows)
+    bad = {lv: [r["key"] for r in rows if r[f"{lv}_vs_compiled"] and r[f"{lv}_vs_compiled"] < 1 - SLOWER_THAN_COMPILED]
+           for lv in LEVEL_VARIANTS}
+    eager = {lv: [r["key"] for r in rows if r[f"{lv}_vs_eager"] and r[f"{lv}_vs_eager"] < 1] for lv in LEVEL_VARIANTS}
+    faster = [r for r in rows if r["L2_ms"] and r["L3_ms"] and r["L3_ms"] < r["L2_ms"]]
+    lines.append(f"{n} keys measured (forward + backward, medians). Speed-up = compiled reference's time / "
+                 "the level's.\n")
+    for lv in LEVEL_VARIANTS:
+        lines.append(f"- {lv}: more than {100 * SLOWER_THAN_COMPILED:.0f}% slower than the compiled reference "
+                     f"at {len(bad[lv])} keys ({', '.join(bad[lv]) or 'none'}); slower than eager at "
+                     f"{len(eager[lv])} ({', '.join(eager[lv]) or 'none'})")
+    if faster:
+        ran = sum(1 for r in faster if r["level3_compensated"])
+        lines.append(f"- level 3 faster than level 2 at {len(faster)} keys; compensated kernels ran at {ran} "
+                     f"of them ({100 * ran / len(faster):.0f}%)")
+    compile_s = [r["compile"]["first_call_s"] for r in records if r["compile"]["graphs"]]
+    if compile_s:
+        lines.append(f"- torch.compile of the reference: {sum(r['compile']['graphs'] for r in records)} graphs "
+                     f"over {n} keys, {sum(compile_s):.0f} s in the first calls that compiled")
+    lines.append("")
+    table = [{"key": r["key"], "edges": r["edges"], "0c ms": _f(r["compiled_ms"]), "eager ms": _f(r["eager_ms"]),
+              **{f"{lv} x": _f(r[f"{lv}_vs_compiled"]) for lv in LEVEL_VARIANTS},
+              "L3 compensated": {True: "yes", False: "no", None: "—"}[r["level3_compensated"]]} for r in rows]
+    lines.append(report.markdown_table(table))
+    return "\n".join(lines)
+
+
+def _f(x) -> str:
+    return "—" if x is None else f"{x:.3g}"
+
+
+def plot(records: list[dict], path: str | os.PathLike) -> Path:
+    """Heat maps: per F (rows) the speed-up over the compiled reference of each level, and
+    whether level 3 ran compensated kernels."""
+    matplotlib = report.require_extra("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import TwoSlopeNorm
+
+    rows = [summary(r) for r in records]
+    focus = sorted({r["focus"] for r in rows}) or [1]
+    cfs = sorted({r["focus_dim"] for r in rows}) or [16]
+    lmaxes = sorted({r["lmax"] for r in rows}) or [1]
+    cols = list(LEVEL_VARIANTS) + ["L3 engaged"]
+    fig, axes = plt.subplots(len(focus), len(cols), figsize=(3.3 * len(cols), 2.9 * len(focus)), squeeze=False)
+    norm = TwoSlopeNorm(vmin=0.25, vcenter=1.0, vmax=4.0)
+    for i, f in enumerate(focus):
+        for j, col in enumerate(cols):
+            ax = axes[i][j]
+            grid = [[math.nan] * len(lmaxes) for _ in cfs]
+            for r in rows:
+                if r["focus"] != f:
+                    continue
+                y, x = cfs.index(r["focus_dim"]), lmaxes.index(r["lmax"])
+                if col == "L3 engaged":
+                    v = r["level3_compensated"]
+                    grid[y][x] = math.nan if v is None else float(v)
+                else:
+                    v = r[f"{col}_vs_compiled"]
+                    grid[y][x] = math.nan if v is None else v
+            if col == "L3 engaged":
+                ax.imshow(grid, cmap="Blues", vmin=-0.3, vmax=2.5, aspect="auto", origin="lower")
+                text = {0.0: "L2", 1.0: "comp"}
+            else:
+                ax.imshow([[max(min(v, 4.0), 0.25) if v == v else v for v in row] for row in grid],
+                          cmap="RdYlGn", norm=norm, aspect="auto", origin="lower")
+                text = None
+            for y, row in enumerate(grid):
+                for x, v in enumerate(row):
+                    if v == v:
+                        ax.text(x, y, text[v] if text else f"{v:.2f}", ha="center", va="center", fontsize=6,
+                                color="tab:red" if (text and v == 0.0) else "black")
+            ax.set_xticks(range(len(lmaxes)), lmaxes, fontsize=7)
+            ax.set_yticks(range(len(cfs)), cfs, fontsize=7)
+            ax.set_xlabel("lmax", fontsize=7)
+            ax.set_ylabel("Cf", fontsize=7)
+            ax.set_title(f"F {f}: {col}" + ("" if col == "L3 engaged" else " / compiled ref."), fontsize=8)
+    head = report.header_lines({**records[-1], "command": None}) if records else ["", "", ""]
+    fig.suptitle("mixstack bench grid: fwd+bwd speed-up over torch.compile of the reference — "
+                 + head[0].removeprefix("device: "), fontsize=9)
+    fig.text(0.01, 0.005, head[1] + "\n" + head[2], fontsize=6, va="bottom")
+    fig.tight_layout(rect=(0, 0.05, 1, 0.95))
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(out: str | os.PathLike, *, with_plot: bool = True) -> dict[str, Path]:
+    """``grid.json``, ``grid.csv``, ``grid.md``, ``level3.json`` and ``grid.png`` in ``out``, from
+    every key record there.  The plot last, so a missing matplotlib loses nothing."""
+    out = Path(out)
+    records = load_records(out)
+    paths = {"json": out / "grid.json", "csv": out / "grid.csv", "markdown": out / "grid.md",
+             "level3": out / "level3.json"}
+    paths["json"].write_text(json.dumps({"schema": SCHEMA, "keys": records}, indent=1) + "\n")
+    report.write_csv(long_rows(records), paths["csv"])
+    paths["markdown"].write_text(markdown(records))
+    device = records[-1]["env"]["device"]["name"] if records else None
+    paths["level3"].write_text(json.dumps({"device": device, "verdicts": level3_verdicts(records)}, indent=1,
+                                          sort_keys=True) + "\n")
+    if with_plot:
+        paths["plot"] = plot(records, out / "grid.png")
+    return paths
+
+
+def with_subset(cfg: GridConfig, *, focus_dims=None, lmaxes=None, focus=None) -> GridConfig:
+    """``cfg`` restricted to the given values (``None``: keep)."""
+    return replace(cfg, focus_dims=tuple(focus_dims or cfg.focus_dims), lmaxes=tuple(lmaxes or cfg.lmaxes),
+                   focus=tuple(focus or cfg.focus))

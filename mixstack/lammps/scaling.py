@@ -1,0 +1,610 @@
+"""Strong and weak scaling of ``mixstack md`` in LAMMPS, one MPI rank per GPU.
+
+    python -m mixstack.lammps.scaling --ranks 1,2,4 --strong diamond:50000,cu-bcc:500000 \\
+        --weak diamond:100000 --levels 2,3 --out DIR
+    python -m mixstack.lammps.scaling --report DIR        # the report again, from DIR/points
+
+A *point* is one system (structure, atoms, model) at one level on one number
+of ranks.  Strong points keep the system and add ranks; weak points keep
+``ATOMS`` per rank.  Each point is an NVE run of ``--steps`` timed steps after
+``--warmup`` untimed ones, through ``mixstack.lammps.md.run_md``: its record
+(steps per second, LAMMPS's timing breakdown, per rank the device and the
+model calls' phases, copies and peak memory) lands in ``DIR/points``.  Strong
+points also write their step-0 energy and forces by atom ID, and every rank
+count is compared with the fewest ranks of the same system (``checks``).
+
+The points of one (level, ranks) pair run in one ``mpirun`` (``--worker``,
+every rank running them in turn), so Python, CUDA and Triton start once per
+launch; a launch that dies (a point out of memory aborts the MPI job) is
+started again after the point that killed it.  ``--budget`` seconds bound the
+whole measurement: the worker starts no point after the deadline and the
+launch is killed at it; what finished is reported.  Points whose memory,
+estimated from the model's bytes per edge (``BYTES_PER_EDGE``) and the ghost
+shell of LAMMPS's processor grid, exceeds ``--memory-limit`` are skipped with
+the estimate, and so are level-3 points of a model whose stack level 3 runs at level 2
+(``level3_runs_level2``).  Ranks share GPUs round robin when there are more ranks than
+GPUs (``placement``): such a run is a *dry run* of the procedure, and its
+report says so; its efficiencies are not scaling figures.
+
+Every launch runs with ``placement.MULTICAST_OFF`` in its environment.
+``mixstack.lammps.scaling_report`` writes the JSON, Markdown, CSV and plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from . import placement, runtime
+
+log = logging.getLogger(__name__)
+
+POINTS_DIR = "points"
+PLAN_NAME = "plan.json"
+DEFAULT_RANKS = (1, 2, 4)
+DEFAULT_STRONG = "diamond:50000,cu-bcc:50000,diamond:500000:scaling-lite,cu-bcc:500000:scaling-lite"
+DEFAULT_WEAK = "diamond:100000,cu-bcc:100000"
+DEFAULT_LEVELS = (2, 3)
+# Peak memory of one energy + forces evaluation per evaluated edge, bytes: level 0 on a CPU (the
+# torch profiler's memory timeline, 500-atom cells, BENCHMARKS.md "Several GPUs").  In LAMMPS on
+# the H200 (level 2) the bench and small models took 0.80 and 0.86 of these: upper bounds.
+BYTES_PER_EDGE = {"small": 22.7e3, "scaling": 25.2e3, "scaling-lite": 14.3e3, "bench": 75.3e3}
+MEMORY_FRACTION = 0.95        # of a GPU's memory, the default --memory-limit
+
+
+# ------------------------------------------------------------------ the plan
+
+@dataclass(frozen=True)
+class Point:
+    """One run: ``atoms`` is the system's size (strong) or the size per rank (weak)."""
+
+    series: str
+    structure: str
+    atoms: int
+    model: str
+    level: int | None
+    ranks: int
+
+    @property
+    def total_atoms(self) -> int:
+        """The target size of the whole system (the builder rounds it to whole unit cells)."""
+        return self.atoms * self.ranks if self.series == "weak" else self.atoms
+
+    @property
+    def system(self) -> tuple:
+        """What stays fixed along a scaling curve."""
+        return (self.series, self.structure, self.atoms, self.model, self.level)
+
+    @property
+    def name(self) -> str:
+        model = os.path.splitext(os.path.basename(self.model))[0]
+        level = "default" if self.level is None else self.level
+        return f"{self.series}-{self.structure}-{self.atoms}-{model}-L{level}-r{self.ranks}"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "name": self.name, "total_atoms": self.total_atoms}
+
+
+def parse_list(text: str, kind=int, option: str = "--ranks") -> tuple:
+    """``"1,2,4"`` -> ``(1, 2, 4)`` (duplicates dropped, order kept); the error names ``option``."""
+    items = [t.strip() for t in str(text).replace(" ", ",").split(",") if t.strip()]
+    try:
+        values = tuple(dict.fromkeys(kind(t) for t in items))
+    except ValueError:
+        raise ValueError(f"{option}: {text!r} is not a comma-separated list of {kind.__name__}s") from None
+    if not values:
+        raise ValueError(f"{option}: empty list")
+    return values
+
+
+def parse_systems(text: str, default_model: str, option: str) -> list[tuple[str, int, str]]:
+    """``"diamond:50000,cu-bcc:500000:small"`` -> ``[(structure, atoms, model), ...]``."""
+    from .md import BUILDERS
+    out = []
+    for item in (t.strip() for t in str(text).split(",") if t.strip()):
+        parts = item.split(":")
+        if len(parts) not in (2, 3):
+            raise ValueError(f"{option}: {item!r} is not STRUCTURE:ATOMS or STRUCTURE:ATOMS:MODEL")
+        structure, atoms = parts[0], parts[1]
+        if structure not in BUILDERS:
+            raise ValueError(f"{option}: structure {structure!r} is not one of {', '.join(BUILDERS)}")
+        try:
+            n = int(atoms)
+        except ValueError:
+            raise ValueError(f"{option}: {item!r}: ATOMS must be an integer") from None
+        if n < 1:
+            raise ValueError(f"{option}: {item!r}: ATOMS must be positive")
+        out.append((structure, n, parts[2] if len(parts) == 3 else default_model))
+    return out
+
+
+def make_plan(ranks, strong, weak, levels) -> list[Point]:
+    """Every point: for each level, each strong system on every rank count, then each weak one.
+    ``strong`` and ``weak``: ``(structure, atoms, model)`` triples; ``levels`` may hold ``None``."""
+    ranks = sorted({int(r) for r in ranks})
+    if not ranks or ranks[0] < 1:
+        raise ValueError(f"ranks must be positive integers, got {ranks}")
+    points = []
+    for level in levels:
+        for series, systems in (("strong", strong), ("weak", weak)):
+            for (structure, atoms, model), r in itertools.product(systems, ranks):
+                points.append(Point(series, structure, int(atoms), model, level, r))
+    return points
+
+
+# ------------------------------------------------------------------ memory estimate
+
+def processor_grid(lengths, ranks: int) -> tuple[int, int, int]:
+    """LAMMPS's default brick grid for an orthogonal box: the factorisation of ``ranks`` whose
+    sub-domains have the least surface (``Comm::procs2box``)."""
+    lx, ly, lz = (float(v) for v in lengths)
+    best, grid = math.inf, (ranks, 1, 1)
+    for px in range(1, ranks + 1):
+        if ranks % px:
+            continue
+        for py in range(1, ranks // px + 1):
+            if (ranks // px) % py:
+                continue
+            pz = ranks // px // py
+            a, b, c = lx / px, ly / py, lz / pz
+            surface = a * b + b * c + a * c
+            if surface < best - 1e-9:
+                best, grid = surface, (px, py, pz)
+    return grid
+
+
+def edges_per_atom(structure: str, cutoff: float) -> float:
+    """Neighbours within ``cutoff`` per atom of a ~500-atom rattled cell of ``structure``."""
+    from ..bench.model_bench import build_cell
+    from ..potential.neighbors import neighbor_arrays
+    atoms = build_cell(structure, 500)
+    edge_index, _, _ = neighbor_arrays(atoms.get_positions(), atoms.cell.array, atoms.pbc, cutoff)
+    return edge_index.shape[1] / len(atoms)
+
+
+def estimate_memory(point: Point, gpus: int, *, lengths=None, epa=None) -> dict | None:
+    """``{"edges_per_rank", "bytes_per_gpu"}`` for a named model, ``None`` for a checkpoint.
+
+    A rank evaluates the edges whose centre lies within one cutoff of its
+    sub-domain (``domain.local_graph``); ranks on one GPU add up."""
+    from .md import model_size
+    if point.model not in BYTES_PER_EDGE:
+        return None
+    cutoff = model_size(point.model)["cutoff"]
+    if lengths is None:
+        from ..bench.model_bench import build_cell
+        lengths = build_cell(point.structure, point.total_atoms).cell.lengths()
+    if epa is None:
+        epa = edges_per_atom(point.structure, cutoff)
+    grid = processor_grid(lengths, point.ranks)
+    shell = math.prod(1 + 2 * cutoff * p / length for p, length in zip(grid, lengths))
+    edges = point.total_atoms / point.ranks * epa * shell
+    per_gpu = math.ceil(point.ranks / max(gpus, 1))
+    return {"edges_per_rank": edges, "grid": list(grid),
+            "bytes_per_gpu": edges * BYTES_PER_EDGE[point.model] * per_gpu}
+
+
+def model_config(model: str) -> dict:
+    """The ``SO2Potential`` arguments (and ``dtype``) of a named model or a checkpoint."""
+    from .md import MODEL_NAMES, model_size
+    if model in MODEL_NAMES:
+        return {**model_size(model), "dtype": "float32"}
+    import torch
+    blob = torch.load(model, map_location="cpu", weights_only=True)
+    return {**blob["config"], "dtype": blob.get("dtype", "float32")}
+
+
+def level3_runs_level2(model: str, device: str) -> str | None:
+    """Why level 3 would run level 2 (or the reference) for ``model``'s stack on ``device``;
+    ``None`` where its compensated kernels engage: a table entry with a config, or a config from
+    the level-3 policy (docs/contract.md §3)."""
+    if not device.startswith("cuda"):
+        return "no GPU: the Triton levels run the reference"
+    import torch
+
+    from ..dispatch.guards import unsupported_reason
+    from ..layout import StackLayout
+    from ..tuning import policy, registry, shape_key, validity
+    cfg = model_config(model)
+    reason = unsupported_reason(StackLayout(cfg["lmax"], cfg["focus_dim"]), getattr(torch, cfg["dtype"]))
+    if reason:
+        return reason
+    key = shape_key(focus_dim=cfg["focus_dim"], lmax=cfg["lmax"], n_focus=cfg["n_focus"], apply_alpha=True)
+    name = validity.device_name(torch.device(device))
+    hit = registry.find("stack_compensated", key, device_name=name)
+    if hit is not None:
+        return None if hit[1].get("config") is not None else f"the table's entry for {key.short()} is level 2"
+    decision = policy.decide(key, name)
+    return None if decision.config is not None else f"{key.short()}: {decision.reason}"
+
+
+def triage(points: list[Point], gpus: int, memory_limit: float | None,
+           device: str | None = None) -> tuple[list[Point], dict]:
+    """``(points to run, {name: outcome})``: a point whose estimate exceeds ``memory_limit`` bytes
+    per GPU is skipped with the estimate as the reason (``None`` skips none), and with a
+    ``device``, a level-3 point whose model's stack level 3 runs at level 2 there (it would
+    repeat the level-2 point)."""
+    outcome: dict[str, dict] = {}
+    runnable = []
+    geometry: dict = {}
+    level2_only: dict = {}
+    for p in points:
+        if device is not None and p.level == 3:
+            if p.model not in level2_only:
+                level2_only[p.model] = level3_runs_level2(p.model, device)
+            if level2_only[p.model]:
+                outcome[p.name] = {"status": "skipped", "why": f"level 3 runs level 2 here: {level2_only[p.model]}"}
+                continue
+        estimate = None
+        if memory_limit and p.model in BYTES_PER_EDGE:
+            key = (p.structure, p.total_atoms, p.model)
+            if key not in geometry:
+                from ..bench.model_bench import build_cell
+                from .md import model_size
+                geometry[key] = (build_cell(p.structure, p.total_atoms).cell.lengths(),
+                                 edges_per_atom(p.structure, model_size(p.model)["cutoff"]))
+            estimate = estimate_memory(p, gpus, lengths=geometry[key][0], epa=geometry[key][1])
+        if estimate and estimate["bytes_per_gpu"] > memory_limit:
+            outcome[p.name] = {"status": "skipped", "estimate": estimate, "why": (
+                f"estimated {estimate['bytes_per_gpu'] / 2**30:.0f} GiB per GPU "
+                f"({estimate['edges_per_rank'] / 1e6:.2f}M edges per rank) > limit {memory_limit / 2**30:.0f} GiB")}
+        else:
+            runnable.append(p)
+            if estimate:
+                outcome[p.name] = {"status": "not run", "why": "budget", "estimate": estimate}
+    return runnable, outcome
+
+
+# ------------------------------------------------------------------ the worker (under mpirun)
+
+def _write_json(path: str, doc) -> None:
+    """``doc`` into ``path`` atomically (a reader never sees half a file)."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
+    with open(tmp, "w") as fh:
+        json.dump(doc, fh, indent=1)
+    os.replace(tmp, path)
+
+
+def run_worker(plan_path: str) -> int:
+    """Run the plan's points in order on the ranks of this MPI job; rank 0 writes each record."""
+    import gc
+
+    import torch
+
+    from .md import MDConfig, run_md
+    with open(plan_path) as fh:
+        plan = json.load(fh)
+    out = plan["points_dir"]
+    for p in plan["points"]:
+        if time.time() > plan["deadline"]:
+            log.warning("the budget is spent: %s and later points are not run", p["name"])
+            break
+        name = p["name"]
+        cfg = MDConfig(structure=p["structure"], atoms=p["total_atoms"], model=p["model"], level=p["level"],
+                       steps=plan["steps"], warmup=plan["warmup"], thermo=plan["steps"] or 1,
+                       device=plan["device"], seed=plan["seed"], screen=False,
+                       log=os.path.join(out, f"{name}.log"),
+                       forces=os.path.join(out, f"{name}.forces.npz") if p["series"] == "strong" else None)
+        record = run_md(cfg)
+        # every rank's own statistics, in case mpi4py could not gather them
+        _write_json(os.path.join(out, f"{name}.rank{record['rank']}.json"), record["rank_calls"])
+        if record["rank"] == 0:
+            record["scaling_point"] = p
+            _write_json(os.path.join(out, f"{name}.json"), record)
+        del record
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return 0
+
+
+# ------------------------------------------------------------------ the driver
+
+def _gpu_count(device: str) -> int:
+    if not device.startswith("cuda"):
+        return 0
+    import torch
+    return torch.cuda.device_count()
+
+
+def _gpu_memory(device: str) -> float | None:
+    if not device.startswith("cuda"):
+        return None
+    import torch
+    if not torch.cuda.is_available():
+        return None
+    return float(torch.cuda.get_device_properties(0).total_memory)
+
+
+def _launch_env(device: str) -> dict:
+    """The ranks' environment: multicast off, this mixstack importable; on a GPU one host thread
+    per rank (the host's share of a step is serial, and LAMMPS's and torch's OpenMP runtimes
+    contend when both get several threads); on the CPU ``mixstack md`` divides the cores."""
+    env = placement.launch_env()
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    if device.startswith("cuda"):
+        env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _launch(ranks: int, plan_path: str, log_path: str, timeout: float, device: str) -> tuple[int, bool]:
+    """``mpirun -np ranks python -m mixstack.lammps.scaling --worker PLAN``; ``(exit code, timed out)``.
+    The whole process group is killed at ``timeout``."""
+    mpirun = runtime.mpi_tool("mpirun")
+    if mpirun is None:
+        raise RuntimeError(f"no mpirun: install MPICH with {runtime.PIP_FIX}")
+    cmd = [mpirun, "-np", str(ranks), sys.executable, "-m", "mixstack.lammps.scaling", "--worker", plan_path]
+    with open(log_path, "a") as fh:
+        fh.write(f"== {' '.join(cmd)}\n")
+        fh.flush()
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=_launch_env(device),
+                                preexec_fn=os.setsid)       # its own process group, killed as one
+        try:
+            return proc.wait(timeout=max(timeout, 1.0)), False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return -9, True
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path, errors="replace") as fh:
+            return "".join(fh.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def run_plan(points: list[Point], out_dir: str, *, device: str = "cuda", steps: int = 20, warmup: int = 3,
+             budget: float = 3600.0, memory_limit: float | None = None, seed: int = 0,
+             progress=None) -> dict:
+    """Run ``points`` (see the module docstring); return the outcome of each point by name:
+    ``{"status": "done" | "failed" | "skipped" | "not run", "why": ...}``."""
+    from .build import plugin_path
+    deadline = time.time() + budget
+    points_dir = os.path.join(out_dir, POINTS_DIR)
+    os.makedirs(points_dir, exist_ok=True)
+    launch_log = os.path.join(out_dir, "launch.log")
+    plugin_path()                                   # build once here, not on every rank
+    gpus = _gpu_count(device)
+    if memory_limit is None:
+        total = _gpu_memory(device)
+        memory_limit = MEMORY_FRACTION * total if total else None
+    say = progress or (lambda text: None)
+    runnable, outcome = triage(points, gpus, memory_limit, device)
+    groups: dict[tuple, list[Point]] = {}
+    for p in runnable:
+        groups.setdefault((p.level, p.ranks), []).append(p)
+        for stale in os.listdir(points_dir):            # an earlier run's files of this point
+            if stale.startswith(p.name + "."):
+                os.remove(os.path.join(points_dir, stale))
+    for (level, ranks), group in groups.items():
+        group = sorted(group, key=lambda p: (p.total_atoms, p.series, p.structure))
+        while group:
+            left = deadline - time.time()
+            if left < 5:
+                break
+            plan_path = os.path.join(out_dir, f"plan-L{level}-r{ranks}.json")
+            with open(plan_path, "w") as fh:
+                json.dump({"points": [p.to_dict() for p in group], "points_dir": points_dir, "steps": steps,
+                           "warmup": warmup, "device": device, "seed": seed, "deadline": deadline}, fh, indent=1)
+            say(f"level {level}, {ranks} rank(s): {len(group)} point(s), {left:.0f} s left")
+            rc, timed_out = _launch(ranks, plan_path, launch_log, left, device)
+            done = [p for p in group if os.path.exists(os.path.join(points_dir, f"{p.name}.json"))]
+            for p in done:
+                outcome[p.name] = {**outcome.get(p.name, {}), "status": "done", "why": None}
+            rest = [p for p in group if p not in done]
+            if not rest:
+                break
+            if timed_out or time.time() >= deadline - 5:
+                break
+            failed = rest[0]
+            outcome[failed.name] = {**outcome.get(failed.name, {}), "status": "failed",
+                                    "why": f"exit {rc}:\n{_tail(launch_log)}"}
+            say(f"{failed.name} failed (exit {rc}); going on with the rest")
+            group = rest[1:]
+    for p in points:
+        outcome.setdefault(p.name, {"status": "not run", "why": "budget"})
+        if outcome[p.name]["status"] == "not run":
+            outcome[p.name]["why"] = "budget"
+    return outcome
+
+
+# ------------------------------------------------------------------ the force check
+
+# Step-0 forces of two rank counts differ by float32 rounding: each rank centres its positions
+# on its own atoms before rounding them to float32 and sums in another order.  The rounding of a
+# position grows with the distance from that centre, up to the box, hence the box term.
+FLOAT32_EPS = float(np.finfo(np.float32).eps)
+FORCE_RTOL_BASE = 2e-5
+
+
+ENERGY_RTOL = 1e-6            # |E_R - E_base| / |E_base|: eight float32 ulps (the sum runs in float64)
+
+
+def force_tolerance(box_length: float, cutoff: float) -> float:
+    """Largest accepted ``max |F_R - F_base| / max |F_base|``: the rank-count tests' 2e-5, plus
+    16 float32 ulps per cutoff of box length (the centred positions' rounding).  Measured on a
+    CPU at level 0: 5e-6 (11 Å box), 9e-6 (29 Å), 1.3e-5 (57 Å)."""
+    return FORCE_RTOL_BASE + 16 * FLOAT32_EPS * box_length / cutoff
+
+
+def compare_single_points(base: dict, other: dict) -> dict:
+    """Energy and force deviation of ``other`` from ``base`` (arrays from ``write_single_point``)."""
+    fb, fo = np.asarray(base["forces"], dtype=np.float64), np.asarray(other["forces"], dtype=np.float64)
+    if fb.shape != fo.shape:
+        raise ValueError(f"force arrays differ in shape: {fb.shape} against {fo.shape}")
+    eb, eo = float(base["energy"]), float(other["energy"])
+    n = fb.shape[0]
+    scale = float(np.abs(fb).max()) or 1.0
+    return {"atoms": n, "energy": eo, "energy_base": eb, "energy_diff_per_atom": abs(eo - eb) / n,
+            "energy_rel": abs(eo - eb) / max(abs(eb), 1e-30),
+            "force_max_abs_diff": float(np.abs(fo - fb).max()), "force_rel": float(np.abs(fo - fb).max()) / scale,
+            "force_max": scale}
+
+
+def check_points(points_dir: str, records: list[dict], *, keep_forces: bool = False) -> list[dict]:
+    """For every strong system: each rank count's step-0 energy and forces against the fewest
+    ranks that wrote them.  The force files are removed afterwards unless ``keep_forces``."""
+    by_system: dict[tuple, list[dict]] = {}
+    for r in records:
+        p = r["scaling_point"]
+        if p["series"] != "strong":
+            continue
+        path = os.path.join(points_dir, f"{p['name']}.forces.npz")
+        if os.path.exists(path):
+            by_system.setdefault(Point(**{k: p[k] for k in ("series", "structure", "atoms", "model", "level",
+                                                             "ranks")}).system, []).append(r)
+    checks = []
+    for system, recs in by_system.items():
+        recs = sorted(recs, key=lambda r: r["ranks"])
+        base = recs[0]
+        with np.load(os.path.join(points_dir, f"{base['scaling_point']['name']}.forces.npz")) as data:
+            ref = {"energy": data["energy"], "forces": data["forces"]}
+        cutoff = float(base["model"]["cutoff"])
+        box = float(max(base.get("cell_lengths") or [0.0]))
+        tol = force_tolerance(box, cutoff)
+        for r in recs[1:]:
+            with np.load(os.path.join(points_dir, f"{r['scaling_point']['name']}.forces.npz")) as data:
+                got = compare_single_points(ref, {"energy": data["energy"], "forces": data["forces"]})
+            checks.append({"series": system[0], "structure": system[1], "atoms": r["atoms"], "model": system[3],
+                           "level": system[4], "ranks": r["ranks"], "base_ranks": base["ranks"], **got,
+                           "force_tolerance": tol, "energy_tolerance": ENERGY_RTOL,
+                           "ok": got["force_rel"] <= tol and got["energy_rel"] <= ENERGY_RTOL})
+    if not keep_forces:
+        for r in records:
+            path = os.path.join(points_dir, f"{r['scaling_point']['name']}.forces.npz")
+            if os.path.exists(path):
+                os.remove(path)
+    return checks
+
+
+# ------------------------------------------------------------------ the command
+
+def load_records(points_dir: str) -> list[dict]:
+    """The point records in ``points_dir``, each with every rank's model-call statistics (from
+    the ranks' own files where mpi4py did not gather them)."""
+    out = []
+    for name in sorted(os.listdir(points_dir)) if os.path.isdir(points_dir) else []:
+        if name.endswith(".json") and not name.startswith(".") and ".rank" not in name:
+            with open(os.path.join(points_dir, name)) as fh:
+                doc = json.load(fh)
+            if "scaling_point" not in doc:
+                continue
+            calls = doc.get("model_calls") or []
+            if len(calls) < doc["ranks"]:
+                own = []
+                for k in range(doc["ranks"]):
+                    path = os.path.join(points_dir, f"{doc['scaling_point']['name']}.rank{k}.json")
+                    if os.path.exists(path):
+                        with open(path) as fh:
+                            own.append(json.load(fh))
+                if len(own) > len(calls):
+                    doc["model_calls"] = own
+            out.append(doc)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m mixstack.lammps.scaling",
+        description="Strong and weak scaling of LAMMPS MD with a mixstack potential, one MPI rank per GPU "
+                    "(more ranks than GPUs share them: a dry run). Writes DIR/scaling.{json,md,csv,png}.")
+    p.add_argument("--ranks", default=",".join(map(str, DEFAULT_RANKS)),
+                   help="rank counts, one rank per GPU (default 1,2,4)")
+    p.add_argument("--strong", default=DEFAULT_STRONG,
+                   help=f"strong-scaling systems STRUCTURE:ATOMS[:MODEL], comma-separated; '' for none "
+                        f"(default {DEFAULT_STRONG})")
+    p.add_argument("--weak", default=DEFAULT_WEAK,
+                   help=f"weak-scaling systems, ATOMS per rank (default {DEFAULT_WEAK}); '' for none")
+    p.add_argument("--levels", default=",".join(map(str, DEFAULT_LEVELS)), help="mixstack levels (default 2,3)")
+    p.add_argument("--model", default="scaling",
+                   help="model of systems that name none: small, bench, scaling (default) or a checkpoint")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per point (default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps before them (default 3)")
+    p.add_argument("--device", default="cuda", help="cuda (one GPU per local rank, default) or cpu")
+    p.add_argument("--budget", type=float, default=3600.0, help="seconds for the whole measurement (default 3600)")
+    p.add_argument("--memory-limit", type=float,
+                   help=f"GiB per GPU above which a point's estimate skips it (default {MEMORY_FRACTION} of "
+                        f"the GPU's memory; 0: never skip)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="scaling", help="output folder (default ./scaling)")
+    p.add_argument("--keep-forces", action="store_true", help="keep the step-0 force files of the check")
+    p.add_argument("--no-plot", action="store_true", help="no PNG (no matplotlib needed)")
+    p.add_argument("--report", metavar="DIR", help="only write the report of DIR's finished points")
+    p.add_argument("--worker", metavar="PLAN", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.worker:
+        return run_worker(args.worker)
+    from .scaling_report import write_report
+    if args.report:
+        if not os.path.isdir(os.path.join(args.report, POINTS_DIR)):
+            print(f"mixstack.lammps.scaling: error: --report {args.report}: no {POINTS_DIR}/ folder of "
+                  f"point records there", file=sys.stderr)
+            return 2
+        records = load_records(os.path.join(args.report, POINTS_DIR))
+        plan = {}
+        if os.path.exists(os.path.join(args.report, PLAN_NAME)):
+            with open(os.path.join(args.report, PLAN_NAME)) as fh:
+                plan = json.load(fh)
+        checks = check_points(os.path.join(args.report, POINTS_DIR), records, keep_forces=True)
+        paths = write_report(args.report, records, checks, plan, with_plot=not args.no_plot)
+        print("\n".join(str(v) for v in paths.values()))
+        return 0
+    try:
+        ranks = parse_list(args.ranks, int, "--ranks")
+        levels = tuple(None if v in ("default", "none") else int(v)
+                       for v in parse_list(args.levels, str, "--levels"))
+        strong = parse_systems(args.strong, args.model, "--strong")
+        weak = parse_systems(args.weak, args.model, "--weak")
+        for name, value in (("--steps", args.steps), ("--budget", args.budget)):
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if args.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+        if not strong and not weak:
+            raise ValueError("--strong and --weak are both empty: nothing to measure")
+        device = placement.rank_device(args.device, environ={}, mpi_fallback=None).device.split(":")[0]
+    except ValueError as exc:
+        print(f"mixstack.lammps.scaling: error: {exc}", file=sys.stderr)
+        return 2
+    points = make_plan(ranks, strong, weak, levels)
+    os.makedirs(args.out, exist_ok=True)
+    limit = None if args.memory_limit is None else (args.memory_limit * 2**30 or math.inf)
+    outcome = run_plan(points, args.out, device=device, steps=args.steps, warmup=args.warmup,
+                       budget=args.budget, memory_limit=limit, seed=args.seed,
+                       progress=lambda text: print(text, flush=True))
+    plan = {"points": [p.to_dict() for p in points], "outcome": outcome, "steps": args.steps, "warmup": args.warmup,
+            "device": device, "gpus": _gpu_count(device), "command": " ".join(sys.argv)}
+    with open(os.path.join(args.out, PLAN_NAME), "w") as fh:
+        json.dump(plan, fh, indent=1)
+    points_dir = os.path.join(args.out, POINTS_DIR)
+    records = load_records(points_dir)
+    checks = check_points(points_dir, records, keep_forces=args.keep_forces)
+    paths = write_report(args.out, records, checks, plan, with_plot=not args.no_plot)
+    with open(paths["markdown"]) as fh:
+        print(fh.read())
+    bad = [c for c in checks if not c["ok"]]
+    failed = [n for n, o in outcome.items() if o["status"] == "failed"]
+    return 1 if bad or failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

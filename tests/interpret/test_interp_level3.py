@@ -1,0 +1,88 @@
+"""Level 3 on a key nobody swept, through the interpreter: the policy's config is validated
+against float64 at the first call and kept in the user's table; where the policy is not
+sure, or the validation fails, level 3 runs level 2 and the dispatch log says so."""
+
+import json
+
+import helpers
+import pytest
+from helpers import Case
+from tuning_fakes import tuning_env  # noqa: F401  (private, empty tables)
+
+from mixstack import level3, tuning
+from mixstack.tuning import families, policy, registry
+
+COMP = "stack_compensated"
+DEVICE = "triton-interpreter"
+CASE = Case(F=1, E=33, Cf=16, lmax=1, n_layers=2)      # Cf 16: the rule is not sure here
+
+
+@pytest.fixture
+def tables(tuning_env, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("TRITON_INTERPRET", "1")          # tuning_env clears it
+    policy.forget_verdicts()
+    yield tuning_env
+    policy.forget_verdicts()
+
+
+def _key(case):
+    return tuning.shape_key(focus_dim=case.Cf, lmax=case.lmax, n_focus=case.F, apply_alpha=case.apply_alpha)
+
+
+def _engage_by_grid_verdict(case):
+    """A grid verdict that level 3 wins at ``case``'s key, so the policy engages there."""
+    with open(policy.verdicts_path(DEVICE), "w") as fh:
+        json.dump({"verdicts": {str(_key(case)): {"speedup": 1.5}}}, fh)
+    policy.forget_verdicts()
+
+
+def _run(case=CASE):
+    return helpers.run_stack(case, 3, helpers.make_inputs(case), helpers.make_grad_out(case))
+
+
+def test_an_unsure_key_runs_level_2_and_says_so(tables):
+    res = _run()
+    assert res["log"].get("fwd:triton", 0) and res["log"].get("bwd:relay", 0) and res["log"].get("level3:level2", 0) == 2
+    assert not res["log"].get("fwd:compensated", 0)
+    assert tuning.find(COMP, _key(CASE), device_name=DEVICE) is None       # nothing recorded
+
+
+def test_the_policy_config_is_validated_at_first_use_and_kept(tables, monkeypatch):
+    _engage_by_grid_verdict(CASE)
+    calls = []
+    real = level3.validate
+    monkeypatch.setattr(level3, "validate", lambda *a, **k: calls.append(a) or real(*a, **k))
+    res = _run()
+    assert res["log"].get("fwd:compensated", 0) and res["log"].get("bwd:compensated", 0) and res["log"].get("level3:policy", 0) == 2
+    assert helpers.rel_err(res["out"], helpers.run_stack(CASE, 0, helpers.make_inputs(CASE),
+                                                          helpers.make_grad_out(CASE))["out"]) < 2e-6
+    source, entry = tuning.find(COMP, _key(CASE), device_name=DEVICE)
+    assert source == "user" and entry["source"] == "policy" and entry["validation"]["ok"]
+    assert entry["validation"]["edges"] == list(level3.INTERPRETER_EDGES)
+    assert entry["config"] == policy.rule_config(_key(CASE))
+    registry.reload()                                  # a new process reads it back from the table
+    assert _run()["log"].get("level3:policy", 0) == 2 and len(calls) == 1
+    assert not tuning.covered(COMP, _key(CASE), device_name=DEVICE)     # a sweep still measures the key
+
+
+def test_a_failed_validation_is_kept_and_level_3_runs_level_2(tables, monkeypatch):
+    _engage_by_grid_verdict(CASE)
+    strict = families.contract_difference
+    monkeypatch.setattr(level3.families, "contract_difference", lambda ref, got: strict(ref, got, bound=0.0))
+    with pytest.warns(UserWarning, match="failed the float64 check"):
+        res = _run()
+    assert res["log"].get("fwd:triton", 0) and res["log"].get("level3:level2", 0) == 2 and not res["log"].get("fwd:compensated", 0)
+    entry = tuning.find(COMP, _key(CASE), device_name=DEVICE)[1]
+    assert entry["config"] is None and "above the contract" in entry["validation"]["why"]
+
+
+def test_the_first_call_may_come_without_autograd(tables):
+    import torch
+
+    import mixstack
+    _engage_by_grid_verdict(CASE)
+    u0, alpha, w0, w1, gw = helpers.make_inputs(CASE)
+    with mixstack.use_level(3), torch.inference_mode(), mixstack.dispatch_log() as log:
+        mixstack.mixing_stack(u0, alpha, w0, w1, gw, lmax=CASE.lmax, focus_dim=CASE.Cf)
+    assert log == {"fwd:compensated": 1, "level3:policy": 1}
+    assert tuning.find(COMP, _key(CASE), device_name=DEVICE)[1]["validation"]["ok"]

@@ -1,0 +1,93 @@
+"""``mixstack bench grid`` on the CPU at tiny sizes: per-key records written as they finish,
+resume, the time bound, one compile of the reference per (Cf, lmax) and F class, the outputs
+(JSON, long CSV with environment columns, Markdown, heat map, level-3 verdicts) and the CLI."""
+
+import csv
+import json
+
+import pytest
+
+from mixstack.bench import grid
+from mixstack.cli import main
+
+TINY = dict(focus_dims=(16,), lmaxes=(1,), focus=(1, 2, 4), variants=("0c", "0"), edges=65, rounds=1,
+            warmup=0, check_edges=16, device="cpu", compile_backend="eager")
+
+
+def test_edges_hold_a_fixed_number_of_row_floats():
+    assert grid.grid_edges(2, 32, 3) == 2 ** 18 + 1                     # the tuner's set at S1's width
+    assert grid.grid_edges(1, 16, 1) == 2 ** 18 * 10 + 1                 # the narrowest key: 2.6 M edges
+    assert grid.grid_edges(4, 128, 6) == 2 ** 18 * 640 // (4 * 19 * 128) | 1
+    assert all(grid.grid_edges(f, c, l) % 2 for f in (1, 2, 4) for c in (16, 48, 128) for l in (1, 6))
+
+
+@pytest.mark.slow
+def test_a_tiny_grid_compiles_the_reference_once_per_f_class_and_resumes(tmp_path):
+    cfg = grid.GridConfig(**TINY)
+    events = []
+    done = grid.run_grid(cfg, tmp_path, on_key=lambda *e: events.append(e[:2]))
+    assert done["measured"] == ["Cf16-l1-F1", "Cf16-l1-F2", "Cf16-l1-F4"]
+    recs = grid.load_records(tmp_path)
+    assert [r["compile"]["graphs"] for r in recs] == [1, 1, 0]      # F 4 reuses F 2's dynamic graph
+    for r in recs:
+        names = {t["variant"] for t in r["timings"]}
+        assert names == {"L0-compile", "L0-eager"} and r["env"]["torch"] and r["roof"]
+        assert all(v["rel_error"]["out"] < 1e-5 for v in r["shape"]["variants"])
+    again = grid.run_grid(grid.GridConfig(**TINY, resume=True), tmp_path)
+    assert again["skipped"] == done["measured"] and again["measured"] == []
+
+    paths = grid.write_outputs(tmp_path, with_plot=True)
+    doc = json.loads(paths["json"].read_text())
+    assert len(doc["keys"]) == 3
+    rows = list(csv.DictReader(paths["csv"].open()))
+    assert {"date", "gpu", "torch", "triton", "git", "case", "focus_dim", "metric", "value"} <= set(rows[0])
+    assert {r["metric"] for r in rows} >= {"time_median_both", "speedup_vs_compiled_both", "rel_error_out",
+                                         "first_call"}
+    assert "Cf16-l1-F4" in paths["markdown"].read_text() and paths["plot"].stat().st_size > 10_000
+    assert json.loads(paths["level3"].read_text())["verdicts"] == {}     # no L3 measured
+
+
+def test_seconds_stops_before_a_key_that_would_not_fit(tmp_path):
+    t = [0.0]
+
+    def now():
+        t[0] += 40.0                                    # every look at the clock: 40 s later
+        return t[0]
+    done = grid.run_grid(grid.GridConfig(**{**TINY, "variants": ("0",)}, seconds=100), tmp_path, now=now)
+    assert done["measured"] and done["stopped"] and len(done["measured"]) + len(done["stopped"]) == 3
+    assert len(grid.load_records(tmp_path)) == len(done["measured"])
+
+
+def _record(cf, lmax, f, l2, l3, compensated):
+    variants = [{"variant": "L3", "failed": None, "dispatch": {"fwd:compensated" if compensated else "fwd:triton": 1}}]
+    timings = [{"variant": "L2", "pass": "both", "median_ms": l2}, {"variant": "L3", "pass": "both", "median_ms": l3},
+               {"variant": "L0-compile", "pass": "both", "median_ms": 10.0}]
+    return {"key": {"focus_dim": cf, "lmax": lmax, "focus": f, "edges": 1}, "shape": {"variants": variants},
+            "timings": timings}
+
+
+def test_level3_verdicts_and_the_summary_read_what_ran():
+    recs = [_record(32, 3, 2, 10.0, 5.0, True), _record(16, 1, 1, 4.0, 4.0, False)]
+    verdicts = grid.level3_verdicts(recs)
+    assert list(verdicts) == ["focus_dim=32;lmax=3;n_focus=2;apply_alpha=1"]
+    assert verdicts["focus_dim=32;lmax=3;n_focus=2;apply_alpha=1"]["speedup"] == 2.0
+    s = grid.summary(recs[1])
+    assert s["L3_vs_compiled"] == 2.5 and s["level3_compensated"] is False and s["L1_ms"] is None
+
+
+def test_the_cli_runs_a_grid_slice_and_refuses_foreign_options(tmp_path, capsys):
+    args = ["bench", "grid", "--focus-dim", "16", "--lmax", "1", "--focus", "1", "--edges", "33", "--levels", "0",
+            "--repeats", "1", "--warmup", "0", "--check-edges", "8", "--no-plot", "--device", "cpu",
+            "--out", str(tmp_path)]
+    assert main(args) == 0
+    assert "measured 1, skipped 0" in capsys.readouterr().out
+    assert main(args + ["--resume"]) == 0
+    assert "measured 0, skipped 1" in capsys.readouterr().out
+    (tmp_path / "grid.md").unlink()
+    assert main(args[:6] + ["--focus", "1,2", "--seconds", "0", "--out", str(tmp_path), "--no-plot"]) == 0
+    assert "measured 0, skipped 0 (done before), left 2" in capsys.readouterr().out   # outputs rebuilt only
+    assert (tmp_path / "grid.md").exists()
+    assert main(["bench", "grid", "--focus-dim", "40", "--out", str(tmp_path)]) == 2
+    assert "outside the supported grid: Cf 40" in capsys.readouterr().err
+    assert main(["bench", "--focus-dim", "16,32", "--edges", "10"]) == 2
+    assert "lists are for `bench grid`" in capsys.readouterr().err

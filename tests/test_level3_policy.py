@@ -1,0 +1,173 @@
+"""Level 3 on untuned keys (``tuning.policy``, ``mixstack.level3``) and the quick sweep: which keys
+engage, which config, the first-use verdict kept and voided like a table entry, sweeps that still
+measure such keys, and the quick sweep's pruned candidates and time budget.  No GPU: the
+validation itself runs through the interpreter in tests/interpret/test_interp_level3.py."""
+
+import json
+import os
+
+import pytest
+from tuning_fakes import DEVICE, FakeProbe, entry_for, write_table
+
+from mixstack import level3, tuning
+from mixstack.tuner import tune
+from mixstack.tuning import families, policy, registry, store
+
+pytestmark = pytest.mark.usefixtures("tuning_env")
+COMP = "stack_compensated"
+SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results",
+                       "2026-12-01-h200-tuning", "NVIDIA_H200.json")      # the last H200 table measured
+
+
+def key(cf, lmax, f=1):
+    return tuning.shape_key(focus_dim=cf, lmax=lmax, n_focus=f, apply_alpha=True)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_verdicts():
+    policy.forget_verdicts()
+    yield
+    policy.forget_verdicts()
+
+
+@pytest.mark.parametrize("cf, lmax, f, engages", [
+    (32, 1, 1, False),      # the one swept key where level 3 lost (a 128-float row)
+    (32, 1, 2, False),      # 1.04x: too close to call
+    (32, 2, 1, True),       # 224 floats: 1.20x, the smallest clear win
+    (64, 1, 2, True), (96, 3, 1, True), (128, 1, 4, True), (128, 6, 2, True),
+    (16, 6, 1, False), (48, 4, 2, False), (80, 2, 1, False), (112, 6, 4, False),   # 16-wide K tiles: unsure
+])
+def test_the_rule_engages_inside_the_measured_region_only(cf, lmax, f, engages):
+    d = policy.decide(key(cf, lmax, f), DEVICE)
+    assert (d.config is not None) == engages, d
+    assert d.source == ("rule" if engages else "unsure") and d.reason
+
+
+def test_the_rule_names_the_winner_of_every_swept_key_up_to_ties():
+    with open(SHIPPED) as fh:
+        doc = json.load(fh)
+    checked = 0
+    for text, entry in doc["entries"][COMP].items():
+        if entry["config"] is None:
+            continue
+        k = tuning.ShapeKey.parse(text)
+        med = entry["medians_ms"]
+        best = min(v for n, v in med.items() if n != "baseline")
+        ours = med[families.label(policy.rule_config(k))]
+        assert ours <= best * 1.004, (k, families.label(policy.rule_config(k)), ours, best)
+        checked += 1
+    assert checked == 16                   # the 17 swept keys less the one where level 3 lost
+
+
+def test_a_grid_verdict_decides_instead_of_the_rule(tuning_env):
+    path = policy.verdicts_path(DEVICE)
+    verdicts = {str(key(16, 6)): {"speedup": 1.4}, str(key(64, 3)): {"speedup": 0.97}}
+    with open(path, "w") as fh:
+        json.dump({"device": DEVICE, "verdicts": verdicts}, fh)
+    assert policy.decide(key(16, 6), DEVICE).config == policy.rule_config(key(16, 6))   # unsure by rule
+    slow = policy.decide(key(64, 3), DEVICE)                                               # rule would engage
+    assert slow.config is None and slow.source == "grid"
+    assert policy.decide(key(32, 4), DEVICE).source == "rule"                              # not measured
+
+
+def test_a_policy_entry_does_not_cover_a_key_for_the_sweep(tuning_env):
+    write_table(tuning_env.user_file, {(COMP, key(32, 3)): entry_for(policy.M64_N64, family=COMP, source="policy")})
+    registry.reload()
+    assert tuning.lookup(COMP, key(32, 3), device_name=DEVICE) == policy.M64_N64
+    assert not tuning.covered(COMP, key(32, 3), device_name=DEVICE)
+    write_table(tuning_env.user_file, {(COMP, key(32, 3)): entry_for(policy.M64_N64, family=COMP)})
+    registry.reload()
+    assert tuning.covered(COMP, key(32, 3), device_name=DEVICE)
+
+
+def test_prepare_records_the_verdict_once_and_only_where_the_policy_is_sure(tuning_env, monkeypatch):
+    import torch
+    calls = []
+
+    def fake_validate(k, cfg, device, edges=None):
+        calls.append((k, cfg))
+        return {"ok": k.lmax != 5, "why": None if k.lmax != 5 else "output 0: relative error 3e-5", "edges": [1]}
+    monkeypatch.setattr(level3, "validate", fake_validate)
+    monkeypatch.setattr(level3.validity, "device_name", lambda device=None: DEVICE)
+    u0 = torch.empty(1, 4, 7 * 32)
+    level3.prepare(u0, focus_dim=32, lmax=2, apply_alpha=True)
+    level3.prepare(u0, focus_dim=32, lmax=2, apply_alpha=True)           # cached: no second validation
+    assert len(calls) == 1
+    hit = tuning.find(COMP, key(32, 2), device_name=DEVICE)
+    assert hit[0] == "user" and hit[1]["source"] == "policy" and hit[1]["config"] == policy.M64_N64
+    assert hit[1]["kernel_hash"] == tuning.kernel_source_hash(family=COMP)
+    level3.prepare(torch.empty(1, 4, 4 * 16), focus_dim=16, lmax=1, apply_alpha=True)   # unsure: nothing
+    assert len(calls) == 1 and tuning.find(COMP, key(16, 1), device_name=DEVICE) is None
+    with pytest.warns(UserWarning, match="failed the float64 check"):
+        level3.prepare(torch.empty(1, 4, 16 * 32), focus_dim=32, lmax=5, apply_alpha=True)
+    failed = tuning.find(COMP, key(32, 5), device_name=DEVICE)
+    assert failed[1]["config"] is None and "3e-5" in failed[1]["validation"]["why"]
+
+
+def test_a_verdict_is_voided_like_any_entry_when_the_kernels_change(tuning_env, monkeypatch):
+    import torch
+    calls = []
+    monkeypatch.setattr(level3, "validate", lambda k, cfg, device, edges=None: calls.append(k) or
+                        {"ok": True, "why": None, "edges": [1]})
+    monkeypatch.setattr(level3.validity, "device_name", lambda device=None: DEVICE)
+    u0 = torch.empty(2, 4, 10 * 64)
+    level3.prepare(u0, focus_dim=64, lmax=3, apply_alpha=True)
+    real = store.validity.current
+    monkeypatch.setattr(store.validity, "current", lambda fam: {**real(fam), "kernel_hash": "edited"})
+    registry.reload()
+    with pytest.warns(tuning.TuningTableWarning, match="other kernel sources"):
+        assert tuning.find(COMP, key(64, 3, 2), device_name=DEVICE) is None
+        level3.prepare(u0, focus_dim=64, lmax=3, apply_alpha=True)
+    assert len(calls) == 2
+
+
+# ----------------------------------------------------------------- the quick sweep
+
+def test_quick_candidates_are_the_pruned_sets():
+    k = key(32, 3, 2)
+    assert tuning.candidates("stack_bwd_relay", k, quick=True) == [
+        {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}]
+    assert tuning.candidates(COMP, k, quick=True) == [policy.M64_N64]
+    assert tuning.candidates(COMP, key(64, 3), quick=True) == [policy.M64_N128]
+    assert tuning.candidates(COMP, key(64, 1), quick=True) == [policy.M64_N64]     # 128-wide blocks
+    assert tuning.candidates("stack_fwd", k, quick=True) == []
+    assert tuning.candidates("stack_bwd_fused", k, quick=True) == []
+    full = tuning.candidates(COMP, k)
+    assert all(c in full for c in tuning.candidates(COMP, k, quick=True))      # a subset of the full set
+
+
+def test_a_quick_sweep_measures_the_quick_families_by_the_same_rules(tuning_env):
+    made = []
+
+    def make_probe(name, k, device=None):
+        made.append(name)
+        return FakeProbe(name, k)
+    def clock(fn):
+        fn()
+        return 1.0
+    results = tune([key(32, 3, 2)], quick=True, make_probe=make_probe, device_name=DEVICE, clock=clock,
+                   rounds=3, warmup=1)
+    assert made == ["stack_bwd_relay", COMP]
+    assert [r.status for r in results] == ["tuned", "tuned"]
+    assert all(r.config is None for r in results)                     # equal times: no margin, baseline wins
+    doc = json.loads(tuning_env.user_file.read_text())
+    assert all(e["sweep"] == "quick" for fam in doc["entries"].values() for e in fam.values())
+
+
+def test_seconds_stops_cleanly_between_families_and_keys(tuning_env):
+    t = [0.0]
+
+    def now():
+        return t[0]
+
+    def make_probe(name, k, device=None):
+        t[0] += 10.0                                  # each family's sweep costs 10 fake seconds
+        return FakeProbe(name, k)
+    keys = [key(32, 3, 2), key(32, 4, 2)]
+    results = tune(keys, quick=True, make_probe=make_probe, device_name=DEVICE, seconds=15, now=now,
+                   clock=lambda fn: (fn(), 1.0)[1], rounds=1, warmup=0)
+    assert [r.status for r in results] == ["tuned", "tuned", "out-of-time", "out-of-time"]
+    assert not tuning.covered("stack_bwd_relay", keys[1], device_name=DEVICE)
+    again = tune(keys, quick=True, make_probe=make_probe, device_name=DEVICE, clock=lambda fn: (fn(), 1.0)[1],
+                 rounds=1, warmup=0)
+    assert [r.status for r in again] == ["covered", "covered", "tuned", "tuned"]
