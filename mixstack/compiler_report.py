@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .ops import conv_launchers, launchers
+from .ops import conv_launchers, launchers, training
 
 # SASS opcodes summed by the report (the first dotted part of each instruction).
 COUNTED = ("FFMA", "HMMA", "HGMMA", "LDS", "STS", "LDSM", "LDG", "STG", "LDGSTS", "BAR", "SHFL", "MUFU")
@@ -88,7 +88,7 @@ def record_launches(run, *args, **kwargs) -> list[Launch]:
                 return call
         return _Grid()
 
-    modules = (launchers, conv_launchers)
+    modules = (launchers, training, conv_launchers)
     real = [m.wrap_triton for m in modules]
     for m in modules:
         m.wrap_triton = recorder
@@ -140,6 +140,36 @@ def conv_launches(layout, n_focus: int, *, edges: int = 409688, atoms: int = 460
     out += record_launches(conv_launchers.rotate_out_forward, y, wigner, index, ew, atoms, layout, True)
     out += record_launches(conv_launchers.rotate_out_backward, x, torch.empty((edges, 1, layout.row), **meta),
                            wigner, index, ew, layout, (True,) * 3)
+    return out
+
+
+def training_launches(layout, n_focus: int, apply_alpha: bool = True, *, n_layers: int = 4,
+                      edges: int = 300003, gemm_cfg=None, wgrad_cfg=None, compensated: bool = False,
+                      wgrad_compensated: bool = False) -> list[Launch]:
+    """The launches a training step adds to ``stack_launches``: the first backward that keeps its
+    chain, the double backward with its weight reductions, and the forward's backward with the
+    weight reductions and the double backward's cotangents of z and y (``ops.training``),
+    recorded on meta tensors."""
+    meta = dict(device="meta", dtype=torch.float32)
+    shape = (n_focus, edges, layout.row)
+    w0 = torch.empty((n_layers, n_focus, layout.m0, layout.m0), **meta)
+    w1 = torch.empty((n_layers, n_focus, layout.m1, layout.m1), **meta)
+    gw = torch.empty((n_layers - 1, n_focus, layout.focus_dim, layout.gate_width), **meta)
+    alpha = torch.empty((edges, n_focus), **meta)
+    grad_out = torch.empty((edges, n_focus, layout.row), **meta)
+    y = torch.empty((edges, n_focus, layout.row) if apply_alpha else (0,), **meta)
+    z = torch.empty((n_layers - 1,) + shape, **meta)
+    u0, v = torch.empty(shape, **meta), torch.empty(shape, **meta)
+    w = torch.empty((edges, n_focus), **meta)
+    plan = training.WgradPlan(wgrad_cfg, wgrad_compensated)
+    out = record_launches(training.backward_chain, grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha,
+                          gemm_cfg, compensated)
+    chain = torch.empty_like(z)
+    out += record_launches(training.double_backward, v, w, grad_out, y, z, chain, alpha, w0, w1, gw, layout,
+                           apply_alpha, gemm_cfg, plan, compensated)
+    out += record_launches(training.backward_with_weights, grad_out, y, z, u0, alpha, w0, w1, gw, layout,
+                           apply_alpha, gemm_cfg, plan, compensated, grad_z=torch.empty_like(z),
+                           grad_y=torch.empty_like(grad_out) if apply_alpha else None)
     return out
 
 

@@ -6,7 +6,7 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,lammps,scaling (default:
+#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,train,lammps,scaling (default:
 #   tests,stack,model) picks what runs, in that order;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it);
@@ -32,6 +32,10 @@
 #   --atoms 4400 --repeats 3 --md-steps 0), ~4 min.  "baseline": the compiled level-0 frame's
 #   forces against float64 (the strict GPU test, BASELINE_TESTS, default its 0c cases), then
 #   the candidate standalone reproducers repro/inductor_gpu_*.py, ~3 min.
+#   "train" runs `mixstack bench train` (a force-matching training step: the stack at S1-S4,
+#   the potential at ~500 and ~2000 atoms, L0 eager and compiled, L1-L3); TRAIN_ARGS replaces
+#   its arguments.  Level 3 of the weight reductions needs stack_wgrad_compensated entries:
+#   run "tune" first with TUNE_ARGS="--shape S1 --shape S2 --shape S4 --family stack_wgrad_compensated".
 #   Wheels under .whl/ (ase, vesin for a machine without them) are installed
 #   into /tmp/site first.
 #   FREEZE=0 skips the freeze tests' process (on the lent H200 it runs ~3 min before the
@@ -158,6 +162,11 @@ part_baseline() {
     summary+=("$script rc=${PIPESTATUS[0]}: $(tail -n 1 "$OUT/repro.log")")
   done
 }
+part_train() {
+  mkdir -p "$OUT/train"
+  timeout "$(left)" python3 -m mixstack bench train ${TRAIN_ARGS:-} --out "$OUT/train" 2>&1 | tee "$OUT/train.log" | tail -n 30
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench train rc=$r")
+}
 lammps_runtime() {
   # the carried LAMMPS + MPICH (when present) shadow any installed copy; the prebuilt plugin
   # goes into the cache, where mixstack.lammps looks for it before building
@@ -237,9 +246,9 @@ part_scaling() {
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|model|md|breakdown|baseline|lammps|scaling) "part_$part" ;;
+    tests|tune|retune|grid|model|md|breakdown|baseline|train|lammps|scaling) "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, retune, grid, stack, model, md, breakdown, baseline, lammps, scaling)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, stack, model, md, breakdown, baseline, train, lammps, scaling)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

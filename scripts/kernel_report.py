@@ -5,8 +5,9 @@ backward of the stack launches, compiled here for an NVIDIA architecture (no GPU
     PYTHONPATH=. python scripts/kernel_report.py --shape S4 --fused 32,64,4,2
     PYTHONPATH=. python scripts/kernel_report.py --shape S1 --compensated 64,64,4,3 --arch 90
 
-``--fused`` / ``--gemm`` / ``--compensated``: BLOCK_M,BLOCK_N,num_warps,num_stages of that
-path (default: the level-1 relay with its default GEMM config).  See ``mixstack.resources``
+``--fused`` / ``--gemm`` / ``--compensated`` / ``--wgrad``: BLOCK_M,BLOCK_N,num_warps,num_stages of
+that path (default: the level-1 relay with its default GEMM config); ``--training`` adds the
+launches of a training step.  See ``mixstack.compiler_report``
 for how the launches are recorded and compiled, and what the numbers mean.
 """
 
@@ -33,6 +34,9 @@ def main(argv=None) -> int:
     p.add_argument("--fused", help="fused backward config BM,BN,warps,stages")
     p.add_argument("--compensated", help="level-3 GEMM config BM,BN,warps,stages")
     p.add_argument("--arch", type=int, default=90, help="sm_<arch> (default 90: H100/H200)")
+    p.add_argument("--training", action="store_true",
+                   help="also the launches a training step adds (weight reductions, double backward)")
+    p.add_argument("--wgrad", help="weight-reduction config BM,BN,warps,stages (compensated with --compensated)")
     args = p.parse_args(argv)
     if not resources.tools_available():
         print("this Triton does not bundle ptxas/cuobjdump/nvdisasm", file=sys.stderr)
@@ -42,6 +46,11 @@ def main(argv=None) -> int:
     launches = resources.stack_launches(shape.layout, shape.focus, shape.apply_alpha, n_layers=shape.layers,
                                         edges=shape.edges, gemm_cfg=comp or _cfg(args.gemm),
                                         fused_cfg=_cfg(args.fused), compensated=comp is not None)
+    if args.training:
+        launches += resources.training_launches(shape.layout, shape.focus, shape.apply_alpha, n_layers=shape.layers,
+                                                edges=shape.edges, gemm_cfg=comp or _cfg(args.gemm),
+                                                wgrad_cfg=_cfg(args.wgrad), compensated=comp is not None,
+                                                wgrad_compensated=comp is not None)
     print(f"{shape.describe()}; sm_{args.arch}; {len(launches)} launches, distinct compiles below")
     print("| kernel | flags | config | regs | spill B | smem B | programs/SM | "
           + " | ".join(resources.COUNTED) + " |")

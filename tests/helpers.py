@@ -160,6 +160,58 @@ def run_stack(case: Case, level: int, inputs, grad_out, *, weights: bool = False
     return res
 
 
+TRAIN_NAMES = INPUT_NAMES + ("grad_out",)
+
+
+def training_step(fn, case: Case, x, grad_out, v, w, r):
+    """The force-training pattern in full, every cotangent used: ``out = fn(x)``;
+    ``(g_u0, g_alpha) = d<grad_out, out>/d(u0, alpha)`` with ``create_graph``; the loss
+    ``<g_u0, v> + <g_alpha, w> + <out, r>`` (an energy-like term too, so the forward's backward
+    meets the double backward's cotangents of z and y beside its own); returns the loss's
+    gradients to every input and to ``grad_out`` (a dict over ``TRAIN_NAMES``, ``alpha``
+    omitted without alpha).  ``x`` and ``grad_out`` are leaves requiring grad.  ``r=None``: no
+    energy-like term (the result itself gets no cotangent)."""
+    out = fn(*x, **case.kw)
+    wrt = [x[0]] + ([x[1]] if case.apply_alpha else [])
+    firsts = torch.autograd.grad(out, wrt, grad_out, create_graph=True)
+    loss = (firsts[0] * v).sum() + ((out * r).sum() if r is not None else 0)
+    if case.apply_alpha:
+        loss = loss + (firsts[1] * w).sum()
+    names = [n for n in TRAIN_NAMES if not (n == "alpha" and not case.apply_alpha)]
+    leaves = dict(zip(INPUT_NAMES, x), grad_out=grad_out)
+    gs = torch.autograd.grad(loss, [leaves[n] for n in names], allow_unused=True)
+    return {n: (torch.zeros_like(leaves[n]) if g is None else g) for n, g in zip(names, gs)}
+
+
+def training_cotangents(case: Case, seed: int = 5, *, dtype=torch.float32, device="cpu"):
+    """``(v, w, r)`` for ``training_step``: like ``u0``, like ``alpha``, like the result."""
+    g = torch.Generator().manual_seed(seed)
+    f64 = torch.float64
+    v = torch.randn(case.F, case.E, case.row, generator=g, dtype=f64)
+    w = torch.randn(case.E, case.F, generator=g, dtype=f64)
+    r = torch.randn(case.E, case.F, case.row, generator=g, dtype=f64)
+    return tuple(t.to(dtype=dtype, device=device) for t in (v, w, r))
+
+
+def training_step64(case: Case, inputs, grad_out, cotangents):
+    """Float64 oracle of ``training_step``: autograd of ``mixstack.reference`` twice."""
+    x = [t.detach().double().requires_grad_() for t in inputs]
+    go = grad_out.detach().double().requires_grad_()
+    return training_step(mixstack.reference.mixing_stack, case, x, go,
+                         *(None if t is None else t.double() for t in cotangents))
+
+
+def run_training_step(case: Case, level: int, inputs, grad_out, cotangents):
+    """``training_step`` of ``mixstack.mixing_stack`` at ``level``: the gradients and the
+    ``dispatch_log`` (key ``log``)."""
+    x = [t.detach().clone().requires_grad_() for t in inputs]
+    go = grad_out.detach().clone().requires_grad_()
+    with mixstack.use_level(level), mixstack.dispatch_log() as log:
+        got = training_step(mixstack.mixing_stack, case, x, go, *cotangents)
+    got["log"] = dict(log)
+    return got
+
+
 # ---------------------------------------------------------------- the convolution's operators
 
 @dataclass(frozen=True)

@@ -134,3 +134,43 @@ def test_the_convolution_kernels_compile_without_spills_for_sm90(lmax, cf):
         report = compiler_report.compile_report(launch)
         assert report.spill_bytes == 0, (launch.name, report)
         assert report.registers <= 255
+
+
+TRAINING_KERNELS = {"wgrad_kernel", "gate_wgrad_kernel", "tangent_kernel", "chunk_sum_kernel",
+                    "layer_input_kernel"}
+
+
+def test_the_training_launches_are_recorded_without_computing_anything():
+    launches = compiler_report.training_launches(StackLayout(2, 16), 1, True, n_layers=3, edges=100)
+    names = _names(launches)
+    assert TRAINING_KERNELS <= set(names)
+    # the double backward: per gated layer z_dot's GEMM, gz, the reductions, the tangent step
+    assert names.count("tangent_kernel") == 2 and names.count("layer_input_kernel") == 2
+    assert names.count("wgrad_kernel") == 2 * 3                  # both passes, every layer
+    assert all(t.device.type == "meta" for x in launches for t in x.args if isinstance(t, torch.Tensor))
+
+
+@needs_tools
+@not_interpreted
+@pytest.mark.slow
+@pytest.mark.parametrize("lmax, cf, n_focus", [(3, 32, 2), (3, 64, 1)], ids=["S1-key", "S4-key"])
+def test_the_training_kernels_compile_without_spills_for_sm90(lmax, cf, n_focus):
+    launches = compiler_report.distinct(compiler_report.training_launches(StackLayout(lmax, cf), n_focus, True))
+    reports = [compiler_report.compile_report(x, 90) for x in launches if x.name in TRAINING_KERNELS]
+    assert {r.name for r in reports} == TRAINING_KERNELS
+    for r in reports:
+        assert 0 < r.registers <= 255 and r.spill_bytes == 0 and r.programs_per_sm() >= 1, r
+    wgrad = [r for r in reports if r.name == "wgrad_kernel"]
+    assert all(r.sass["FFMA"] >= 1024 and r.sass["HMMA"] + r.sass["HGMMA"] == 0 for r in wgrad)   # exact
+
+
+@needs_tools
+@not_interpreted
+@pytest.mark.slow
+def test_the_compensated_weight_reduction_runs_on_tensor_cores():
+    cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    launches = compiler_report.training_launches(StackLayout(3, 32), 2, True, edges=1000, wgrad_cfg=cfg,
+                                                 wgrad_compensated=True)
+    wgrad = next(x for x in launches if x.name == "wgrad_kernel")
+    r = compiler_report.compile_report(wgrad, 90)
+    assert r.sass["HGMMA"] + r.sass["HMMA"] >= 3 and r.sass["FFMA"] < 1024 and r.spill_bytes == 0

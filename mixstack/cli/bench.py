@@ -1,5 +1,6 @@
 """``mixstack bench``: time, peak memory and accuracy of each level, for the operator
-(``bench`` / ``bench stack``) or for a whole potential (``bench model``)."""
+(``bench`` / ``bench stack``), for a whole potential (``bench model``), or for one training step
+of either (``bench train``)."""
 
 from __future__ import annotations
 
@@ -27,10 +28,13 @@ def add_parser(sub) -> None:
                        description="Benchmark the mixing stack. Without options: shapes S1-S4 and "
                        "every level on a GPU; two small shapes at level 0 on a CPU (about a minute). "
                        "`mixstack bench model`: energy+forces frames of an SO2Potential on diamond and "
-                       "bcc Cu cells of about 500, 2000 and 4400 atoms.")
-    b.add_argument("target", nargs="?", choices=("stack", "model", "grid"), default="stack",
+                       "bcc Cu cells of about 500, 2000 and 4400 atoms. `mixstack bench train`: one "
+                       "optimizer step of force-matching training, for the stack at S1-S4 and for the "
+                       "potential at about 500 and 2000 atoms.")
+    b.add_argument("target", nargs="?", choices=("stack", "model", "grid", "train"), default="stack",
                    help="stack: the operator (default); model: a whole potential, energy + forces; "
-                        "grid: every supported (Cf, lmax, F) against the compiled reference, resumable")
+                        "grid: every supported (Cf, lmax, F) against the compiled reference, resumable; "
+                        "train: a training step (stack and potential)")
     b.add_argument("--shape", action="append", metavar="ID",
                    help="a standard shape: S1..S4 (GPU sizes) or C1, C4 (CPU sizes); repeatable")
     b.add_argument("--edges", type=int, help="a custom shape with this many edges E")
@@ -182,12 +186,41 @@ def cpu_warnings(cfg, device) -> list[str]:
             for s in cfg.shapes if s.edges * s.focus * s.layout.row > CPU_SLOW_ELEMENTS]
 
 
+def train_bench_config(args):
+    """The ``TrainBenchConfig`` the parsed ``bench train`` arguments ask for: ``--shape`` picks the
+    stack cases, ``--atoms`` / ``--cell`` the potential's (either alone drops the other workload)."""
+    from ..bench import shapes, train_bench
+
+    cfg = train_bench.default_config(args.device, quick=args.quick)
+    if args.shape or args.atoms:
+        cfg = replace(cfg, shapes=tuple(shapes.shape_by_name(s) for s in args.shape or []),
+                      atoms=tuple(dict.fromkeys(positive("--atoms", a) for a in args.atoms or [])))
+    model = dict(cfg.model)
+    for opt, key in MODEL_OPTIONS.items():
+        if getattr(args, opt) is not None:
+            model[key] = positive(f"--{opt.replace('_', '-')}", getattr(args, opt))
+    cfg = replace(cfg, model=model, seed=args.seed)
+    if args.cell:
+        from ..bench.model_bench import CELLS
+        if len(args.cell) > 1 or args.cell[0] not in CELLS:
+            raise ValueError(f"--cell {' '.join(args.cell)}: bench train takes one cell, {' or '.join(CELLS)}")
+        cfg = replace(cfg, cell=args.cell[0])
+    if args.levels:
+        cfg = replace(cfg, variants=train_bench.parse_variants(args.levels), notes=())
+    for option, field, value in (("--repeats", "rounds", args.repeats), ("--warmup", "warmup", args.warmup)):
+        if value is not None:
+            cfg = replace(cfg, **{field: positive(option, value, allow_zero=field == "warmup")})
+    return cfg
+
+
 def run(args, argv=None) -> int:
     if args.target == "grid":
         return _run_grid(args, argv)
     _single(args)
     if args.target == "model":
         return _run_model(args, argv)
+    if args.target == "train":
+        return _run_train(args, argv)
     from ..bench import env, report, runner
 
     cfg = bench_config(args)
@@ -240,6 +273,28 @@ def _run_model(args, argv) -> int:
               for v in c["variants"] if v["failed"]]
     return write_results(model_bench.write, record, out, args.no_plot, failed)
 
+
+def _run_train(args, argv) -> int:
+    from ..bench import env, report, train_bench
+
+    cfg = train_bench_config(args)
+    keys, skipped = train_bench.plan(cfg)
+    device = env.resolve_device(cfg.device)
+    print(f"mixstack bench train on {device}: stack {', '.join(s.name for s in cfg.shapes) or '—'}; potential "
+          f"{', '.join(f'~{a}' for a in cfg.atoms) or '—'} atoms; variants "
+          f"{', '.join(train_bench.VARIANTS[k] for k in keys) or 'none'}; {cfg.rounds} rounds after "
+          f"{cfg.warmup} warm-up")
+    if not announce("mixstack bench train", keys, skipped, cfg.notes):
+        return 2
+    bar, step = progress_bar(train_bench.total_steps(cfg), fancy_output())
+    with bar:
+        record = train_bench.run_train_bench(cfg, on_step=step, command=command_line(argv))
+    print("\n".join(report.header_lines(record)))
+    print(report.markdown_table(train_bench.summary_rows(record)), end="")
+    out = args.out or report.default_dir(record, purpose="bench-train")
+    failed = [f"{v['variant']} on {c['case']}: {v['failed']}" for c in record["cases"]
+              for v in c["variants"] if v["failed"]]
+    return write_results(train_bench.write, record, out, args.no_plot, failed)
 
 def grid_config(args):
     """The ``GridConfig`` the parsed ``bench grid`` arguments ask for."""

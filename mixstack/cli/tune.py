@@ -27,7 +27,8 @@ def add_parser(sub) -> None:
                         "NVIDIA_H200.json: re-sweep the keys it covered after a kernel change voided them)")
     t.add_argument("--family", action="append", metavar="NAME",
                    help="stack_fwd, stack_bwd_relay, stack_bwd_fused, stack_compensated; repeatable "
-                        "(default: stack_bwd_relay and stack_compensated; with --full all four)")
+                        "(default: stack_bwd_relay and stack_compensated; with --full all four); the "
+                        "training families stack_wgrad and stack_wgrad_compensated run only when named")
     t.add_argument("--full", action="store_true",
                    help="the full candidate sets, timing set and rounds (minutes a key) instead of the "
                         "quick sweep (pruned candidates, half the timing set, 5 rounds: ~30 s a key)")

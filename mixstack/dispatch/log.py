@@ -2,7 +2,8 @@
 
 Path names (docs/contract.md §2): ``fwd:reference``, ``fwd:triton``,
 ``fwd:compensated``, ``bwd:reference``, ``bwd:relay``, ``bwd:fused``,
-``bwd:compensated``; ``cfg:<family>`` where a tuned launch config ran.
+``bwd:compensated``, ``wgrad:triton``, ``wgrad:compensated``, ``bwd2:triton``,
+``bwd2:compensated``; ``cfg:<family>`` where a tuned launch config ran.
 Nothing is logged while a compiler traces.
 """
 

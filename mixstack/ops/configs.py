@@ -8,6 +8,7 @@ at level >= 2).  Each constant carries the measurement that chose it.
 
 from __future__ import annotations
 
+from .. import config
 from ..layout import StackLayout, next_power_of_2
 
 # Level-1 launch configs: conservative, spill-free on every supported shape.
@@ -19,6 +20,11 @@ from ..layout import StackLayout, next_power_of_2
 # took 35.6 ms for fwd+bwd against 30.3 ms (H200, 2026-11-30).
 GEMM_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 ALPHA_GRAD_CONFIG = {"BLOCK_R": 32, "BLOCK_C": 64, "num_warps": 4}
+# The weight gradients' recompute of the layer inputs (``kernels.wgrad.layer_input_kernel``):
+# the forward gate's 32 rows x 4 warps spilled 16 bytes at Cf 64 lmax 3 (72 registers, a
+# ptxas quirk); 64 rows x 4 warps compiled spill-free at every key tried (sm_90, offline
+# ``compiler_report``: Cf 32-128, lmax 1-6, 48-128 registers).
+LAYER_INPUT_CONFIG = {"BLOCK_M": 64, "num_warps": 4, "num_stages": 1}
 
 
 def block_k(layout: StackLayout) -> int:
@@ -148,3 +154,45 @@ def conv_config(layout: StackLayout) -> dict:
     return {"edge_block": max(4, min(64, 512 // cp)),
             "segment_block": max(2, min(32, 4096 // (np_ * cp))),
             "CP": cp, "NP": np_, "num_warps": 4}
+
+
+# Weight gradients (``kernels.wgrad``).  The chunk of edges each program sums and the edges per
+# K step set the order of the sum, so they are constants, never tuned (a tuned config changes
+# BLOCK_M / BLOCK_N / warps / stages only): level 2 keeps level 1's bits.  2048 edges per
+# chunk keep ~3800 programs busy at S1 (147 chunks x 13 output tiles x 2 focus streams) with a
+# partial-sum buffer of 126 MB, added in chunk order by ``chunk_sum_kernel``; not yet timed on
+# a GPU against other chunk sizes.
+WGRAD_CHUNK = 2048
+WGRAD_BLOCK_K = 32
+WGRAD_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+GATE_WGRAD_CHUNK = 512
+CHUNK_SUM_BLOCK = 1024
+# Under the interpreter every program is a Python loop over numpy tiles: fewer, larger ones.
+# (Output tiles and the chunk sum's block change no result: each output element's sum runs
+# over the same edges in the same order whatever the tile.)
+INTERPRETER_WGRAD_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 1}
+INTERPRETER_CHUNK_SUM_BLOCK = 16384
+
+
+def default_wgrad_config(layout: StackLayout) -> dict:
+    """The level-1 launch config of the block-weight reductions (``WGRAD_CONFIG``: the forward
+    GEMM's tile, the same reasoning about registers; K runs over edges, ``WGRAD_BLOCK_K``)."""
+    return dict(INTERPRETER_WGRAD_CONFIG if config.triton_interpret() else WGRAD_CONFIG)
+
+
+def chunk_sum_block() -> int:
+    """Elements per program of the reductions' chunk sum."""
+    return INTERPRETER_CHUNK_SUM_BLOCK if config.triton_interpret() else CHUNK_SUM_BLOCK
+
+
+def training_pointwise_config(layout: StackLayout) -> dict:
+    """Launch config of the double backward's tangent kernel and of the gate weight-gradient
+    kernel (``BLOCK_M`` is also the gate reduction's K step, so it depends on the layout only).
+    They hold about twice the relay pointwise kernel's tiles (the tangent rows beside the primal
+    ones).  Compiled offline for sm_90 (Triton 3.7, ``compiler_report``; not yet timed on a GPU):
+    at Cf 32, 32 rows x 4 warps took 229 / 255 registers (two programs per SM), 16 x 4 takes
+    128 / 168 without spills; at Cf 64, 16 x 4 spilled ~300 bytes, 16 x 8 takes 162-251 registers
+    without spills at lmax 1-6; at Cf 128 every config tried spills (like the relay's kernels)."""
+    if next_power_of_2(layout.focus_dim) <= 32:
+        return {"BLOCK_M": 16, "num_warps": 4, "num_stages": 1}
+    return {"BLOCK_M": 16, "num_warps": 8, "num_stages": 1}

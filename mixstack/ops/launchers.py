@@ -181,7 +181,8 @@ def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
 
 
 def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
-                   gemm_cfg=None, fused_cfg=None, compensated: bool = False, writer_amax: bool = True):
+                   gemm_cfg=None, fused_cfg=None, compensated: bool = False, writer_amax: bool = True, *,
+                   chain=None, g_top=None, grad_z=None, on_gz=None):
     """Level-1/2 backward: ``(grad_u0 (F, E, ROW), grad_alpha (E, F) or empty)``.
 
     The identity layer (with the alpha fold) and ``grad_alpha`` first; then per
@@ -196,35 +197,66 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
     the alpha-gradient kernel records the per-block row maxima of ``grad_out * alpha``
     and the pointwise kernel those of ``gz`` for them (``writer_amax=False``: the
     GEMMs find them, as in ``stack_forward``).
+
+    Training (the relay only; ``ops.training``): ``chain`` ``(n_gated, F, E, ROW)`` receives,
+    at ``k``, the cotangent of gated layer ``k``'s output (each GEMM writes the next
+    layer's ``h`` there instead of in place: the same kernels, the same bits), which the
+    double backward reads; ``g_top`` (focus-major, ``(F, E, ROW)``) replaces
+    ``grad_out * alpha`` as the cotangent of ``y`` (the forward's backward when the double
+    backward handed back a cotangent of ``y`` too); ``grad_z`` ``(n_gated, F, E, ROW)`` is
+    added to each layer's ``gz`` (the double backward's cotangent of the saved ``z``);
+    ``on_gz(k, h, gz)`` runs after layer ``k``'s ``gz`` is formed and before ``h`` moves on
+    (the weight gradients read both there).  ``grad_out=None`` (training: the result has no
+    cotangent, only ``z`` and ``y`` have one): ``grad_alpha`` is zero, and the cotangent of
+    ``y`` is ``g_top`` or, without it, zero (no identity-layer GEMM runs).
     """
-    n_edges, n_focus, row = grad_out.shape
+    n_focus, n_edges, row = z.shape[1:]
     n_gated = w0.shape[0] - 1
-    h = grad_out.new_empty((n_focus, n_edges, row))
-    grad_alpha = grad_out.new_empty((n_edges, n_focus) if apply_alpha else (0,))
+    h = z.new_empty((n_focus, n_edges, row))
+    grad_alpha = z.new_empty((n_edges, n_focus) if apply_alpha else (0,))
     if _is_empty(n_edges):
         return h, grad_alpha
-    record = compensated and writer_amax and fused_cfg is None
+    training = (chain is not None or g_top is not None or grad_z is not None or on_gz is not None
+                or grad_out is None)
+    if training and fused_cfg is not None:
+        raise ValueError("the fused backward keeps no gz surface: chain, g_top, grad_z and on_gz "
+                         "need the relay (fused_cfg=None)")
+    record = compensated and writer_amax and fused_cfg is None and grad_z is None
     # the row maxima of each compensated GEMM's operand, in turn g * alpha and every layer's gz
     amax = h.new_empty((n_focus, n_edges, 2)) if record else None
-    if apply_alpha:
+    if apply_alpha and grad_out is None:
+        grad_alpha.zero_()
+    elif apply_alpha:
         cfg = ALPHA_GRAD_CONFIG
         n_rows = n_edges * n_focus
+        top_amax = amax if g_top is None else None
         wrap_triton(alpha_grad_kernel)[((n_rows + cfg["BLOCK_R"] - 1) // cfg["BLOCK_R"],)](
-            grad_out, y, grad_alpha, w0 if amax is None else alpha, w0 if amax is None else amax,  # w0: unused
-            n_rows, n_focus, grad_out.stride(0), grad_out.stride(1),
-            ROW=row, M0=layout.m0, WRITE_AMAX=amax is not None,
+            grad_out, y, grad_alpha, w0 if top_amax is None else alpha, w0 if top_amax is None else top_amax,
+            n_rows, n_focus, grad_out.stride(0), grad_out.stride(1),          # w0: unused pointers
+            ROW=row, M0=layout.m0, WRITE_AMAX=top_amax is not None,
             BLOCK_R=cfg["BLOCK_R"], BLOCK_C=cfg["BLOCK_C"], num_warps=cfg["num_warps"],
         )
     w0t = w0.transpose(-1, -2).contiguous()
     w1t = w1.transpose(-1, -2).contiguous()
     split = split_weights(w0t, w1t) if compensated else None
     gate_split = split_matrices(gw) if compensated and n_gated and fused_cfg is None else None
-    block_gemm(grad_out, w0t, w1t, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1),
-          res=grad_out, out=h, alpha=alpha if apply_alpha else None, a_edge_major=True,
-          alpha_on_a=apply_alpha, split=split, amax_in=amax if apply_alpha else None)
+
+    def h_of(k):                 # where the cotangent of gated layer k's output lives
+        return h if chain is None or k < 0 else chain[k]
+
+    top_out = h_of(n_gated - 1)
+    if g_top is None and grad_out is None:
+        top_out.zero_()
+    elif g_top is None:
+        block_gemm(grad_out, w0t, w1t, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1),
+                   res=grad_out, out=top_out, alpha=alpha if apply_alpha else None, a_edge_major=True,
+                   alpha_on_a=apply_alpha, split=split, amax_in=amax if apply_alpha else None)
+    else:
+        block_gemm(g_top, w0t, w1t, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1),
+                   res=g_top, out=top_out, split=split)
     if n_gated and fused_cfg is None:
         fold = pointwise_recomputes_gate(layout, compensated)
-        sg = None if fold else grad_out.new_empty((n_focus, n_edges, layout.gate_width))
+        sg = None if fold else h.new_empty((n_focus, n_edges, layout.gate_width))
         gz = torch.empty_like(h)
     elif n_gated:
         bm = fused_cfg["BLOCK_M"]
@@ -234,8 +266,18 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
         if fused_cfg is not None:
             fused_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, fused_cfg, scratch, split=split)
             continue
-        relay_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, gemm_cfg, sg, gz, split=split,
-                     amax=amax, gate_split=gate_split, fold=fold)
+        if not training:
+            relay_layer(h, z, gw, w0t, w1t, k, n_edges, n_focus, layout, gemm_cfg, sg, gz, split=split,
+                        amax=amax, gate_split=gate_split, fold=fold)
+            continue
+        h_in, h_out = h_of(k), h_of(k - 1)
+        relay_gz(h_in, z, gw, k, n_edges, n_focus, layout, sg, gz, amax=amax, gate_split=gate_split, fold=fold)
+        if grad_z is not None:
+            gz.add_(grad_z[k])
+        if on_gz is not None:
+            on_gz(k, h_in, gz)
+        block_gemm(gz, w0t, w1t, k, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=h_in, out=h_out,
+                   split=split, amax_in=amax)
     return h, grad_alpha
 
 

@@ -71,12 +71,12 @@ class EquivariantMixingStack(nn.Module):
         """``u0 (F, E, ROW)``, ``alpha (E, F)`` -> ``(E, F, ROW)``.
 
         In eval mode the weights enter detached: inference (energy and forces)
-        never wants their gradients, and weights that require grad would send
-        the stack's backward to the reference formulas instead of the Triton
-        relay / fused backward (an autograd backward cannot tell which of its
-        inputs' gradients a given ``autograd.grad`` call asks for).  Eval mode
-        also runs with ``keep_input=False``: no stack input is held for a
-        double backward that inference never takes (train mode keeps it).
+        never wants their gradients, so the force backward needs no word from the
+        autograd engine to stay on the relay / fused kernels, and with
+        ``keep_input=False`` no stack input is held for weight gradients.  In train
+        mode the weights enter with grad: the forces (``create_graph``) run the
+        relay and keep its chain, and a loss's backward runs the weight gradients
+        and the double backward as kernels (docs/contract.md §4, "Training").
         """
         w0, w1, gw = self.w0, self.w1(), self.gw
         if not self.training:

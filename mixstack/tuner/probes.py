@@ -8,12 +8,14 @@ are seeded, random and non-zero, with weights drawn by ``MixingStack``'s
 initialisation (``bench.shapes.make_inputs``: one definition of the data).
 
 ``run(cfg)`` (forward and backward on both sets, and on single-row and
-129-edge sets for the compensated family; the sweep's acceptance check),
+129-edge sets for the float64-checked families; the sweep's acceptance check; for the
+weight-reduction families the backward also returns the weight gradients),
 ``reference64()`` (the same outputs from the reference formulas in float64,
 for the compensated family's contract) and ``task(cfg)`` (the timed pass:
 the forward for ``stack_fwd``; forward and backward for
 ``stack_compensated``; for the backward families the backward alone, with
-the forward in the untimed ``setup``) run
+the forward in the untimed ``setup``, with the weight gradients for the
+weight-reduction families) run
 with ``cfg`` registered for the family under test (``None``: the baseline) and
 ``None`` registered for the families it must not meet (tuning the relay must not
 run the fused backward), and restore the registrations afterwards, also on
@@ -126,21 +128,35 @@ class StackProbe:
                             inp.w0, inp.w1, inp.gw, lmax=k.lmax, focus_dim=k.focus_dim,
                             apply_alpha=k.apply_alpha)
 
-    def _leaves(self, inp):
-        u0 = inp.u0.detach().requires_grad_(True)
-        alpha = inp.alpha.detach().requires_grad_(self.key.apply_alpha)
-        return u0, alpha
+    @property
+    def _weights(self) -> bool:
+        return self.family.timed == "wgrad"
 
-    def _backward(self, out, u0, alpha, grad_out):
-        wrt = (u0, alpha) if self.key.apply_alpha else (u0,)
-        grads = torch.autograd.grad(out, wrt, grad_out)
-        return grads[0], (grads[1] if self.key.apply_alpha else u0.new_empty((0,)))
+    def _leaves(self, inp, dtype=None):
+        """``(u0, alpha, w0, w1, gw)`` leaves; the weights require grad for the weight-reduction
+        families."""
+        cast = (lambda t: t.detach().to(dtype)) if dtype is not None else (lambda t: t.detach())
+        u0 = cast(inp.u0).requires_grad_(True)
+        alpha = cast(inp.alpha).requires_grad_(self.key.apply_alpha)
+        weights = [cast(w).requires_grad_(self._weights) for w in (inp.w0, inp.w1, inp.gw)]
+        return (u0, alpha, *weights)
+
+    def _backward(self, out, leaves, grad_out):
+        u0, alpha = leaves[:2]
+        wrt = [u0] + ([alpha] if self.key.apply_alpha else []) + (list(leaves[2:]) if self._weights else [])
+        grads = list(torch.autograd.grad(out, wrt, grad_out))
+        if not self.key.apply_alpha:
+            grads.insert(1, u0.new_empty((0,)))
+        return tuple(grads)
 
     def _fwd_bwd(self, inp):
-        u0, alpha = self._leaves(inp)
-        out = self._forward(inp, u0, alpha)
-        grad_u0, grad_alpha = self._backward(out, u0, alpha, inp.grad_out)
-        return out.detach(), grad_u0, grad_alpha
+        leaves = self._leaves(inp)
+        out = self._forward_leaves(leaves)
+        return (out.detach(),) + self._backward(out, leaves, inp.grad_out)
+
+    def _forward_leaves(self, leaves, fn=None):
+        k = self.key
+        return (fn or mixing_stack)(*leaves, lmax=k.lmax, focus_dim=k.focus_dim, apply_alpha=k.apply_alpha)
 
     def _sets(self):
         return [self._partial, *self._extra, self._timing]
@@ -157,13 +173,9 @@ class StackProbe:
         if self._reference64 is None:
             outs = ()
             for inp in self._sets():
-                u0 = inp.u0.double().requires_grad_(True)
-                alpha = inp.alpha.double().requires_grad_(self.key.apply_alpha)
-                k = self.key
-                out = reference.mixing_stack(u0, alpha, inp.w0.double(), inp.w1.double(), inp.gw.double(),
-                                             lmax=k.lmax, focus_dim=k.focus_dim, apply_alpha=k.apply_alpha)
-                grad_u0, grad_alpha = self._backward(out, u0, alpha, inp.grad_out.double())
-                outs += (out.detach(), grad_u0, grad_alpha)
+                leaves = self._leaves(inp, torch.float64)
+                out = self._forward_leaves(leaves, reference.mixing_stack)
+                outs += (out.detach(),) + self._backward(out, leaves, inp.grad_out.double())
             self._reference64 = outs
         return self._reference64
 
@@ -173,8 +185,8 @@ class StackProbe:
         if self.family.timed == "both":
             def run_both():
                 with self.configured(cfg):
-                    u0, alpha = self._leaves(inp)
-                    return self._backward(self._forward(inp, u0, alpha), u0, alpha, inp.grad_out)
+                    leaves = self._leaves(inp)
+                    return self._backward(self._forward_leaves(leaves), leaves, inp.grad_out)
             return timing.Task(run=run_both)
         if self.family.timed == "fwd":
             def run_forward():
@@ -183,9 +195,9 @@ class StackProbe:
             return timing.Task(run=run_forward)
 
         def setup():
-            u0, alpha = self._leaves(inp)
+            leaves = self._leaves(inp)
             with self.configured(cfg):
-                return self._forward(inp, u0, alpha), u0, alpha
+                return self._forward_leaves(leaves), leaves
 
         def run_backward(state):
             with self.configured(cfg):

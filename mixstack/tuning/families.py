@@ -6,6 +6,8 @@
 | ``stack_bwd_relay`` | the same, for the relay backward's GEMMs | the level-1 config |
 | ``stack_bwd_fused`` | ``BLOCK_M, BLOCK_N, num_warps, num_stages`` of the fused backward | the relay |
 | ``stack_compensated`` | ``BLOCK_M, BLOCK_N, num_warps, num_stages`` of the level-3 split-fp16 GEMMs (forward and relay backward) | the exact fp32 stack (level 2) |
+| ``stack_wgrad`` | ``BLOCK_M, BLOCK_N, num_warps, num_stages`` of the weight reductions (``kernels.wgrad``) | the level-1 config |
+| ``stack_wgrad_compensated`` | the same, for the level-3 split-fp16 weight reductions | the exact reductions (level 2) |
 
 Each family names the dispatch-log paths (``mixstack.dispatch_log``) that a
 candidate run and a baseline run must show, and the ones they must not: the
@@ -22,8 +24,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..layout import next_power_of_2
+from ..ops.configs import WGRAD_BLOCK_K, default_gemm_config, default_wgrad_config, fused_supported
 from ..ops.configs import block_k as layout_block_k
-from ..ops.configs import default_gemm_config, fused_supported
 from .keys import ShapeKey
 
 GEMM_FIELDS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
@@ -59,6 +61,13 @@ _COMPENSATED = (
     (128, 64, 8, 1), (128, 64, 8, 3), (128, 128, 8, 1), (128, 128, 8, 2), (32, 64, 4, 1), (32, 64, 4, 3),
 )
 CONTRACT = 2e-6            # relative error of the result and of every gradient against float64
+# The weight reductions: output tiles of a (K = edges) x (K = edges) product, K in steps of
+# WGRAD_BLOCK_K edges (fixed).  The forward GEMM's tiles, filtered by the same register and
+# shared-memory rules; at level 3 the compensated GEMM's tiles.
+_WGRAD = (
+    (64, 64, 4, 2), (64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2),
+    (32, 64, 4, 3), (64, 32, 4, 3), (32, 32, 4, 3),
+)
 
 # The quick sweep (``mixstack tune``'s default; ``--full`` for the sets above): the
 # candidates that won or came within ~1% on the shipped H200 table's 18 keys, where
@@ -152,6 +161,41 @@ def _compensated_candidates(key: ShapeKey) -> list[dict]:
     return out
 
 
+def _wgrad_sensible(bm: int, bn: int, warps: int, stages: int, key: ShapeKey, fp16: bool) -> bool:
+    threads = 32 * warps
+    if not 8 <= bm * bn // threads <= 128:          # accumulator registers per thread (two at level 3)
+        return False
+    if stages * (bm + bn) * WGRAD_BLOCK_K * (2 if fp16 else 4) > SMEM_BUDGET:
+        return False
+    widest = max(key.layout.m0, key.layout.m1)
+    return max(bm, bn) <= max(64, next_power_of_2(widest))
+
+
+def _wgrad_candidates(key: ShapeKey) -> list[dict]:
+    default = {f: default_wgrad_config(key.layout)[f] for f in GEMM_FIELDS}
+    return [dict(zip(GEMM_FIELDS, c)) for c in _WGRAD
+            if dict(zip(GEMM_FIELDS, c)) != default and _wgrad_sensible(*c, key, fp16=False)]
+
+
+def _wgrad_compensated_candidates(key: ShapeKey) -> list[dict]:
+    return [dict(zip(GEMM_FIELDS, c)) for c in ((64, 64, 4, 1),) + _WGRAD if _wgrad_sensible(*c, key, fp16=True)]
+
+
+# The quick sweep of the training families: not yet pruned by a measurement (no GPU has run
+# them); the level-1 tile with 2 and 4 stages, and at level 3 the same tile, so that a key gets
+# a validated level-3 entry (or a measured ``None``) from one candidate.
+_QUICK_WGRAD = ((64, 64, 4, 2), (64, 64, 4, 4))
+_QUICK_WGRAD_COMPENSATED = ((64, 64, 4, 3),)
+
+
+def _quick_wgrad_candidates(key: ShapeKey) -> list[dict]:
+    return [dict(zip(GEMM_FIELDS, c)) for c in _QUICK_WGRAD if _wgrad_sensible(*c, key, fp16=False)]
+
+
+def _quick_wgrad_compensated_candidates(key: ShapeKey) -> list[dict]:
+    return [dict(zip(GEMM_FIELDS, c)) for c in _QUICK_WGRAD_COMPENSATED if _wgrad_sensible(*c, key, fp16=True)]
+
+
 def _fused_candidates(key: ShapeKey) -> list[dict]:
     if not fused_supported(key.layout):              # outside the fused regime: the relay always runs
         return []
@@ -161,7 +205,7 @@ def _fused_candidates(key: ShapeKey) -> list[dict]:
 
 @dataclass(frozen=True)
 class Family:
-    """One tuning family.  ``timed``: the pass timed (``"fwd"`` or ``"bwd"``).
+    """One tuning family.
 
     ``candidate_paths`` / ``baseline_paths``: dispatch-log paths the run must
     show; ``candidate_forbidden`` / ``baseline_forbidden``: paths it must not.
@@ -169,8 +213,9 @@ class Family:
     the relay must not let a fused entry take its place).  ``candidate_level``:
     the level candidates run at (the baseline runs at level 2).  ``accept``:
     ``"bitwise"`` (equal bits to the baseline) or ``"float64"`` (the accuracy
-    contract against a float64 reference).  ``timed``: ``"fwd"``, ``"bwd"``
-    or ``"both"`` (forward and backward together).  ``kernels``: the kernel modules
+    contract against a float64 reference).  ``timed``: ``"fwd"``, ``"bwd"``,
+    ``"both"`` (forward and backward together) or ``"wgrad"`` (the backward with the weight
+    gradients; its runs check those gradients too).  ``kernels``: the kernel modules
     (``mixstack/kernels/<name>.py``) that candidate and baseline runs launch; the
     entries' validity hash covers them and what they import (``validity``).
     """
@@ -210,11 +255,25 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            baseline_paths=("fwd:triton",), baseline_forbidden=("fwd:compensated", "bwd:compensated"),
            baseline_name="level 2", candidate_level=3, accept="float64",
            kernels=("gemm", "gate", "reduce", "compensated"), make_quick=_quick_compensated_candidates),
+    Family("stack_wgrad", GEMM_FIELDS, "wgrad", _wgrad_candidates,
+           candidate_paths=("wgrad:triton", "cfg:stack_wgrad"), candidate_forbidden=("wgrad:compensated",),
+           baseline_paths=("wgrad:triton",), baseline_forbidden=("cfg:stack_wgrad", "wgrad:compensated"),
+           disable=("stack_wgrad_compensated",), baseline_name="level-1 config",
+           kernels=("wgrad", "gemm", "gate", "reduce"), make_quick=_quick_wgrad_candidates),
+    Family("stack_wgrad_compensated", GEMM_FIELDS, "wgrad", _wgrad_compensated_candidates,
+           candidate_paths=("wgrad:compensated",), candidate_forbidden=("wgrad:triton",),
+           baseline_paths=("wgrad:triton",), baseline_forbidden=("wgrad:compensated",),
+           baseline_name="level 2", candidate_level=3, accept="float64",
+           kernels=("wgrad", "gemm", "gate", "reduce", "compensated"),
+           make_quick=_quick_wgrad_compensated_candidates),
 )}
 
 # The order a full sweep runs in: the fused backward is measured against the
-# relay as tuned, so the relay's GEMMs are tuned first.
+# relay as tuned, so the relay's GEMMs are tuned first.  The training families (weight
+# reductions) are swept only on request (``mixstack tune --family stack_wgrad``): inference
+# and freezing never run them.
 SWEEP_ORDER = ("stack_fwd", "stack_bwd_relay", "stack_bwd_fused", "stack_compensated")
+TRAINING_FAMILIES = ("stack_wgrad", "stack_wgrad_compensated")
 
 
 def family(name: str) -> Family:

@@ -75,14 +75,15 @@ def test_gpu_level1_weight_gradients_and_double_backward_match_float64():
     grad_out = helpers.make_grad_out(case, device=DEV)
     got = helpers.run_stack(case, 1, inputs, grad_out, weights=True)
     _, want = helpers.reference64(case, inputs, grad_out, wrt=helpers.INPUT_NAMES)
-    assert got["log"] == {"fwd:triton": 1, "bwd:reference": 1}
+    assert got["log"] == {"fwd:triton": 1, "bwd:relay": 1, "wgrad:triton": 1}
     for name in helpers.INPUT_NAMES:
         assert_close_rel(got[f"grad_{name}"], want[name], f"grad_{name}")
     v = helpers.make_grad_out(case, seed=2, device=DEV).transpose(0, 1).contiguous()
     want2 = helpers.double_backward64(case, inputs, grad_out, v)
     x = [t.clone().requires_grad_() for t in inputs]
-    with mixstack.use_level(1):
+    with mixstack.use_level(1), mixstack.dispatch_log() as log:
         got2 = helpers.double_backward(mixstack.mixing_stack, case, x, grad_out, v)
+    assert log == {"fwd:triton": 1, "bwd:relay": 2, "bwd2:triton": 1, "wgrad:triton": 2}, dict(log)
     for name, g in want2.items():
         assert_close_rel(got2[name], g, f"d2/d{name}")
 

@@ -28,6 +28,9 @@ CASES = [
 ]
 # Level 2 and level 3 rerun everything: a representative subset.
 LEVEL_EQ_CASES = [CASES[1], CASES[2], CASES[5]]
+# Weight gradients and the double backward run the training kernels here; their full covering
+# set, with the incoming gradient's and alpha's terms, is tests/interpret/test_interp_training.py.
+TRAINING_CASES = [CASES[0], CASES[2], CASES[3]]
 
 RELAY_GRADS = ("grad_u0", "grad_alpha")
 
@@ -62,11 +65,11 @@ def test_level1_force_path_runs_triton_forward_and_relay_backward(case, cached_r
     assert cached_run(case, 1)["log"] == {"fwd:triton": 1, "bwd:relay": 1}
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("case", TRAINING_CASES, ids=case_id)
 def test_level1_weight_gradients_match_float64_reference(case, cached_run):
     got = cached_run(case, 1, weights=True)
     want_out, want = _want(case)
-    assert got["log"] == {"fwd:triton": 1, "bwd:reference": 1}
+    assert got["log"] == {"fwd:triton": 1, "bwd:relay": 1, "wgrad:triton": 1}
     assert_close_rel(got["out"], want_out, "forward")
     for name in ("u0", "alpha", "w0", "w1", "gw"):
         if name == "alpha" and not case.apply_alpha:
@@ -75,7 +78,7 @@ def test_level1_weight_gradients_match_float64_reference(case, cached_run):
         assert_close_rel(got[f"grad_{name}"], want[name], f"grad_{name}")
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("case", TRAINING_CASES, ids=case_id)
 def test_level1_double_backward_matches_float64_reference(case):
     inputs = helpers.make_inputs(case)
     grad_out = helpers.make_grad_out(case)
@@ -84,7 +87,9 @@ def test_level1_double_backward_matches_float64_reference(case):
     x = [t.clone().requires_grad_() for t in inputs]
     with mixstack.use_level(1), mixstack.dispatch_log() as log:
         got = helpers.double_backward(mixstack.mixing_stack, case, x, grad_out, v)
-    assert log["fwd:triton"] == 1 and log["bwd:reference"] >= 1 and log["bwd:relay"] == 0, dict(log)
+    # the first backward keeps its chain (relay), the double backward runs the tangent pass and
+    # its reductions, the forward's backward the relay with the weight reductions
+    assert log == {"fwd:triton": 1, "bwd:relay": 2, "bwd2:triton": 1, "wgrad:triton": 2}, dict(log)
     for name, g in want.items():
         assert_close_rel(got[name], g, f"d2/d{name}")
 

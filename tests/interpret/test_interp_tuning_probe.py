@@ -6,7 +6,7 @@ import torch
 import mixstack
 from mixstack import tuning
 from mixstack.bench.timing import time_interleaved
-from mixstack.tuner.probes import StackProbe
+from mixstack.tuner.probes import N_LAYERS, StackProbe
 
 KEY = tuning.shape_key(focus_dim=16, lmax=1, n_focus=1, apply_alpha=True)
 ROW = KEY.layout.row
@@ -66,11 +66,31 @@ def test_the_backward_task_times_the_backward_with_the_forward_in_setup(relay_pr
     assert samples["baseline"].median > 0
 
 
-@pytest.mark.parametrize("family", ["stack_fwd", "stack_bwd_relay", "stack_bwd_fused", "stack_compensated"])
+def test_the_weight_reduction_probe_returns_and_times_the_weight_gradients():
+    probe = StackProbe("stack_wgrad", KEY, edges=65, partial_edges=33)
+    with tuning.saved_registrations(), mixstack.use_level(2):
+        outputs, counts = probe.run(None)
+    names = ("result", "grad_u0", "grad_alpha", "grad_w0", "grad_w1", "grad_gw")
+    assert len(outputs) == 2 * len(names)
+    n = N_LAYERS
+    assert [tuple(t.shape) for t in outputs[3:6]] == [(n, 1, 32, 32), (n, 1, 32, 32), (n - 1, 1, 16, 16)]
+    assert counts["wgrad:triton"] == 2 and not counts["cfg:stack_wgrad"]
+    task = probe.task(tuning.candidates("stack_wgrad", KEY)[0])
+    with tuning.saved_registrations(), mixstack.use_level(2), mixstack.dispatch_log() as log:
+        state = task.setup()
+        assert not log["wgrad:triton"]
+        task.run(state)
+    assert log["wgrad:triton"] == 1 and log["cfg:stack_wgrad"] == 1
+
+
+@pytest.mark.parametrize("family", ["stack_fwd", "stack_bwd_relay", "stack_bwd_fused", "stack_compensated",
+                                    "stack_wgrad",
+                                    pytest.param("stack_wgrad_compensated", marks=pytest.mark.slow)])
 def test_a_familys_validity_hash_covers_every_kernel_its_runs_launch(family, monkeypatch):
     """An entry stays valid while the kernel modules its family names are unchanged, so a
     module its runs launch but the family does not name would let a stale entry stand."""
     import mixstack.ops.launchers
+    import mixstack.ops.training
     from mixstack.tuning import families, validity
     launched = set()
     real = mixstack.ops.launchers.wrap_triton
@@ -79,6 +99,7 @@ def test_a_familys_validity_hash_covers_every_kernel_its_runs_launch(family, mon
         launched.add(kernel.fn.__module__.rsplit(".", 1)[-1] + ".py")
         return real(kernel)
     monkeypatch.setattr(mixstack.ops.launchers, "wrap_triton", spy)
+    monkeypatch.setattr(mixstack.ops.training, "wrap_triton", spy)
     probe = StackProbe(family, KEY, edges=33, partial_edges=17)
     fam = families.family(family)
     with tuning.saved_registrations(), mixstack.use_level(fam.candidate_level):
