@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .ops import launchers, training
+from .ops import conv_launchers, launchers, training
 
 # SASS opcodes summed by the report (the first dotted part of each instruction).
 COUNTED = ("FFMA", "HMMA", "HGMMA", "LDS", "STS", "LDSM", "LDG", "STG", "LDGSTS", "BAR", "SHFL", "MUFU")
@@ -75,7 +75,8 @@ class Report:
 
 
 def record_launches(run, *args, **kwargs) -> list[Launch]:
-    """Run ``run(*args, **kwargs)`` (a launcher of ``mixstack.ops.launchers``, on meta tensors) with
+    """Run ``run(*args, **kwargs)`` (a launcher of ``mixstack.ops.launchers`` or
+    ``conv_launchers``, on meta tensors) with
     every kernel launch recorded instead of run; the launches, in order."""
     launches: list[Launch] = []
 
@@ -87,12 +88,15 @@ def record_launches(run, *args, **kwargs) -> list[Launch]:
                 return call
         return _Grid()
 
-    real = launchers.wrap_triton, training.wrap_triton
-    launchers.wrap_triton = training.wrap_triton = recorder
+    modules = (launchers, training, conv_launchers)
+    real = [m.wrap_triton for m in modules]
+    for m in modules:
+        m.wrap_triton = recorder
     try:
         run(*args, **kwargs)
     finally:
-        launchers.wrap_triton, training.wrap_triton = real
+        for m, r in zip(modules, real):
+            m.wrap_triton = r
     return launches
 
 
@@ -115,6 +119,27 @@ def stack_launches(layout, n_focus: int, apply_alpha: bool = True, *, n_layers: 
     z = torch.empty((n_layers - 1, n_focus, edges, layout.row), **meta)
     out += record_launches(launchers.stack_backward, grad_out, y, z, alpha, w0, w1, gw, layout,
                            apply_alpha, gemm_cfg, fused_cfg, compensated=compensated)
+    return out
+
+
+def conv_launches(layout, n_focus: int, *, edges: int = 409688, atoms: int = 4608) -> list[Launch]:
+    """The launches of ``rotate_in`` and ``rotate_out_sum``, forward and backward with every
+    gradient (``conv_launchers``), with the edge scalar and edge weights, on meta tensors."""
+    meta = dict(device="meta", dtype=torch.float32)
+    s, c = (layout.lmax + 1) ** 2, layout.focus_dim
+    x = torch.empty((atoms, s, c), **meta)
+    wigner = torch.empty((edges, 3, s), **meta)
+    wide = torch.empty((edges, n_focus, 3 * layout.lmax + 2, c), **meta)
+    radial, scalar_weight = wide[:, :, :2 * layout.lmax + 1], wide[:, :, 2 * layout.lmax + 1:]
+    index = torch.empty((edges,), dtype=torch.int64, device="meta")
+    h, ew = torch.empty((edges, c), **meta), torch.empty((edges,), **meta)
+    out = record_launches(conv_launchers.rotate_in_forward, x, wigner, radial, index, h, scalar_weight, ew, layout)
+    out += record_launches(conv_launchers.rotate_in_backward, torch.empty((n_focus, edges, layout.row), **meta), x,
+                           wigner, radial, index, h, scalar_weight, ew, layout, (True,) * 6)
+    y = torch.empty((edges, n_focus, layout.row), **meta)
+    out += record_launches(conv_launchers.rotate_out_forward, y, wigner, index, ew, atoms, layout, True)
+    out += record_launches(conv_launchers.rotate_out_backward, x, torch.empty((edges, 1, layout.row), **meta),
+                           wigner, index, ew, layout, (True,) * 3)
     return out
 
 
@@ -149,7 +174,8 @@ def training_launches(layout, n_focus: int, apply_alpha: bool = True, *, n_layer
 
 
 _OPTIONS = ("num_warps", "num_stages")
-_TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float64: "*fp64"}
+_TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float64: "*fp64",
+          torch.int64: "*i64", torch.int32: "*i32"}
 
 
 def source_args(launch: Launch):

@@ -4,6 +4,7 @@
 |---|---|---|
 | ``MIXSTACK_LEVEL`` | process default level 0..3 | ``mixstack.set_level`` |
 | ``MIXSTACK_CACHE_DIR`` | where tuning results persist | ``mixstack.config.set_cache_dir`` |
+| ``MIXSTACK_CONV_KERNELS`` | ``0``: the convolution's operators run their reference at every level | — |
 
 ``TRITON_INTERPRET`` (Triton's own switch) is read here too: with it set, the
 Triton levels run on CPU tensors through the interpreter.
@@ -29,6 +30,16 @@ def env_level() -> int | None:
 def triton_interpret() -> bool:
     """True when Triton kernels run through its CPU interpreter."""
     return os.environ.get("TRITON_INTERPRET", "0").strip() not in {"", "0"}
+
+
+def conv_kernels_enabled() -> bool:
+    """False when ``MIXSTACK_CONV_KERNELS=0``: ``mixstack.rotate_in`` / ``rotate_out_sum`` (and the
+    potential's convolution) stay in PyTorch at levels 1-3, where the stack still runs its
+    kernels (a switch to measure the convolution's kernels against, or to step around them)."""
+    raw = os.environ.get("MIXSTACK_CONV_KERNELS", "1").strip()
+    if raw not in {"0", "1"}:
+        raise ValueError(f"MIXSTACK_CONV_KERNELS must be 0 or 1, got {raw!r}")
+    return raw == "1"
 
 
 def set_cache_dir(path: str | None) -> None:

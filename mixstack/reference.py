@@ -8,12 +8,16 @@ docs/contract.md §1 from those saved values, and ``double_backward`` the deriva
 that backward (docs/contract.md §1, "Double backward").  Both are made of ordinary ops, so
 autograd differentiates them again: they are the custom operators' CPU branches and the
 differentiable fallbacks of the guards of docs/contract.md §4 ("Training").
+
+``rotate_in`` and ``rotate_out_sum`` (from ``conv_reference``) are the same for the
+convolution's operators around the stack (docs/contract.md §7).
 """
 
 from __future__ import annotations
 
 import torch
 
+from .conv_reference import rotate_in, rotate_out_sum  # noqa: F401  (mixstack.reference.rotate_in, ...)
 from .layout import StackLayout, validate_inputs
 
 

@@ -6,8 +6,8 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,tune,retune,grid,stack,model,train,lammps,scaling (default: tests,stack,model) picks
-#   what runs, in that order;
+#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,train,lammps,scaling (default:
+#   tests,stack,model) picks what runs, in that order;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it);
 #   TUNE_SECONDS caps the sweep so that later parts keep time (a key whose sweep is cut
@@ -22,7 +22,16 @@
 #   it); GRID_ARGS picks the subset (e.g. "--focus-dim 80,96,112,128 --lmax 1"); GRID_FROM=DIR
 #   (a folder in the repo holding a previous slice's grid/keys/*.json) resumes: those keys are
 #   copied in and skipped.
-#   MODEL_ARGS replaces the model bench's default arguments (--levels 0c,0,1c,2c,3c).
+#   MODEL_ARGS replaces the model bench's default arguments (--levels 0c,2c,3c --atoms 4400
+#   --repeats 6 --md-steps 0: the frames the whole-frame targets are set on, ~6 min).
+#   "md": MD_ARGS (default --cell cu-bcc --atoms 4400 --levels 2,3,0c,3c --repeats 2 --md-steps 100)
+#   adds the MD columns (NVE through the ASE calculator; compiled variants compile with dynamic
+#   shapes), ~6 min.  "breakdown": where a frame's time goes, stage by stage, before (the
+#   convolution's kernels off, MIXSTACK_CONV_KERNELS=0, levels BREAKDOWN_BEFORE, default 2,3) and
+#   after (levels BREAKDOWN_AFTER, default 0c,2,3), both on BREAKDOWN_ARGS (default --cell diamond
+#   --atoms 4400 --repeats 3 --md-steps 0), ~4 min.  "baseline": the compiled level-0 frame's
+#   forces against float64 (the strict GPU test, BASELINE_TESTS, default its 0c cases), then
+#   the candidate standalone reproducers repro/inductor_gpu_*.py, ~3 min.
 #   "train" runs `mixstack bench train` (a force-matching training step: the stack at S1-S4,
 #   the potential at ~500 and ~2000 atoms, L0 eager and compiled, L1-L3); TRAIN_ARGS replaces
 #   its arguments.  Level 3 of the weight reductions needs stack_wgrad_compensated entries:
@@ -118,8 +127,40 @@ part_stack() {
 }
 part_model() {
   mkdir -p "$OUT/model"
-  timeout "$(left)" python3 -m mixstack bench model ${MODEL_ARGS:---levels 0c,0,1c,2c,3c} --out "$OUT/model" 2>&1 | tee "$OUT/model.log" | tail -n 20
+  timeout "$(left)" python3 -m mixstack bench model ${MODEL_ARGS:---levels 0c,2c,3c --atoms 4400 --repeats 6 --md-steps 0} \
+    --out "$OUT/model" 2>&1 | tee "$OUT/model.log" | tail -n 20
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench model rc=$r")
+}
+part_md() {
+  mkdir -p "$OUT/md"
+  timeout "$(left)" python3 -m mixstack bench model \
+    ${MD_ARGS:---cell cu-bcc --atoms 4400 --levels 2,3,0c,3c --repeats 2 --md-steps 100} --no-plot --out "$OUT/md" \
+    2>&1 | tee "$OUT/md.log" | tail -n 25
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench model (MD) rc=$r")
+}
+part_breakdown() {
+  local args=(${BREAKDOWN_ARGS:---cell diamond --atoms 4400 --repeats 3 --md-steps 0}) half=$(( $(left) / 2 ))
+  mkdir -p "$OUT/breakdown-before" "$OUT/breakdown-after"
+  MIXSTACK_CONV_KERNELS=0 timeout "$half" python3 -m mixstack bench model "${args[@]}" \
+    --levels "${BREAKDOWN_BEFORE:-2,3}" --breakdown --no-plot --out "$OUT/breakdown-before" 2>&1 \
+    | tee "$OUT/breakdown-before.log" | tail -n 5
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("breakdown before (conv kernels off) rc=$r")
+  timeout "$(left)" python3 -m mixstack bench model "${args[@]}" --levels "${BREAKDOWN_AFTER:-0c,2,3}" \
+    --breakdown --no-plot --out "$OUT/breakdown-after" 2>&1 | tee "$OUT/breakdown-after.log" | tail -n 5
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("breakdown after rc=$r")
+  sed -n '/## Where the time goes/,$p' "$OUT/breakdown-after/bench_model.md" | head -n 30
+}
+part_baseline() {
+  timeout "$(left)" python3 -m pytest tests/gpu/test_gpu_potential.py -m gpu -q -p no:cacheprovider -rs \
+    -k "${BASELINE_TESTS:-compiled_bench_frame_forces and 0c}" 2>&1 | tee "$OUT/baseline_tests.log" | tail -n 8
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("compiled baseline test rc=$r: $(tail -n 1 "$OUT/baseline_tests.log")")
+  local script
+  for script in repro/inductor_gpu_*.py; do
+    [ -e "$script" ] || continue
+    echo "== $script" | tee -a "$OUT/repro.log"
+    timeout 120 python3 "$script" 2>&1 | tail -n 8 | tee -a "$OUT/repro.log"
+    summary+=("$script rc=${PIPESTATUS[0]}: $(tail -n 1 "$OUT/repro.log")")
+  done
 }
 part_train() {
   mkdir -p "$OUT/train"
@@ -205,9 +246,9 @@ part_scaling() {
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|model|train|lammps|scaling) "part_$part" ;;
+    tests|tune|retune|grid|model|md|breakdown|baseline|train|lammps|scaling) "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, retune, grid, stack, model, train, lammps, scaling)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, stack, model, md, breakdown, baseline, train, lammps, scaling)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

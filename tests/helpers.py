@@ -210,3 +210,88 @@ def run_training_step(case: Case, level: int, inputs, grad_out, cotangents):
         got = training_step(mixstack.mixing_stack, case, x, go, *cotangents)
     got["log"] = dict(log)
     return got
+
+
+# ---------------------------------------------------------------- the convolution's operators
+
+@dataclass(frozen=True)
+class ConvCase:
+    """One shape of ``mixstack.rotate_in`` / ``rotate_out_sum``: N atoms, E edges, F focus streams,
+    C channels, lmax; with the edge scalar and the edge weight or without."""
+
+    N: int
+    E: int
+    F: int
+    C: int
+    lmax: int
+    scalar: bool = True
+    weight: bool = True
+
+    @property
+    def S(self) -> int:
+        return (self.lmax + 1) ** 2
+
+    @property
+    def row(self) -> int:
+        return (3 * self.lmax + 1) * self.C
+
+    def __str__(self) -> str:
+        return (f"N{self.N}-E{self.E}-F{self.F}-C{self.C}-l{self.lmax}"
+                f"{'-scalar' if self.scalar else ''}{'-ew' if self.weight else ''}")
+
+
+def make_conv_inputs(case: ConvCase, seed: int = 0, *, dtype=torch.float32, device="cpu"):
+    """``dict`` of seeded inputs: ``x, wigner, radial, edge_scalar, scalar_weight, edge_weight, y``
+    (floats; ``radial`` and ``scalar_weight`` are views of one wider tensor, as a radial network
+    hands them over) and ``src``, ``dst`` (int64).  Half of the edges leave atom 1 and half
+    arrive at atom 0 (runs longer than a segment block); the last atom receives none; ``dst``
+    is sorted.  Generated in float64 on the CPU, then cast and moved."""
+    g = torch.Generator().manual_seed(seed)
+    f64 = torch.float64
+    c, lmax, n, e = case.C, case.lmax, case.N, case.E
+    wide = torch.randn(e, case.F, 3 * lmax + 2, c, generator=g, dtype=f64)
+    src = torch.randint(0, n, (e,), generator=g)
+    src[: e // 2] = 1
+    dst = torch.randint(0, max(n - 1, 1), (e,), generator=g)
+    dst[: e // 2] = 0
+    out = {
+        "x": torch.randn(n, case.S, c, generator=g, dtype=f64),
+        "wigner": torch.randn(e, 3, case.S, generator=g, dtype=f64),
+        "radial": wide[:, :, :2 * lmax + 1],
+        "edge_scalar": torch.randn(e, c, generator=g, dtype=f64) if case.scalar else None,
+        "scalar_weight": wide[:, :, 2 * lmax + 1:] if case.scalar else None,
+        "edge_weight": torch.rand(e, generator=g, dtype=f64) + 0.1 if case.weight else None,
+        "y": torch.randn(e, case.F, case.row, generator=g, dtype=f64),
+    }
+    out = {k: None if v is None else v.to(dtype=dtype, device=device) for k, v in out.items()}
+    out["src"] = src[torch.randperm(e, generator=g)].to(device)
+    out["dst"] = torch.sort(dst).values.to(device)
+    return out
+
+
+ROTATE_IN_FLOATS = ("x", "wigner", "radial", "edge_scalar", "scalar_weight", "edge_weight")
+ROTATE_OUT_FLOATS = ("y", "wigner", "edge_weight")
+
+
+def run_rotate_in(inp: dict, grad_seed: int = 1, *, create_graph: bool = False):
+    """``mixstack.rotate_in`` at the active level and its backward with a seeded upstream gradient:
+    ``(u, {name: grad})`` over every float input present.  Inputs are cloned into leaves."""
+    leaves = {k: inp[k].detach().clone().requires_grad_() for k in ROTATE_IN_FLOATS if inp[k] is not None}
+    kw = {k: leaves.get(k) for k in ("edge_scalar", "scalar_weight", "edge_weight")}
+    u = mixstack.rotate_in(leaves["x"], leaves["wigner"], leaves["radial"], inp["src"], **kw)
+    g = torch.Generator().manual_seed(grad_seed)
+    gu = torch.randn(u.shape, generator=g, dtype=torch.float64).to(u)
+    grads = torch.autograd.grad(u, list(leaves.values()), gu, create_graph=create_graph)
+    return u, dict(zip(leaves, grads))
+
+
+def run_rotate_out(inp: dict, grad_seed: int = 2, *, keep_input: bool = True):
+    """``mixstack.rotate_out_sum`` at the active level and its backward: ``(out, {name: grad})``."""
+    leaves = {k: inp[k].detach().clone().requires_grad_() for k in ROTATE_OUT_FLOATS if inp[k] is not None}
+    n_atoms = inp["x"].shape[0]
+    out = mixstack.rotate_out_sum(leaves["y"], leaves["wigner"], inp["dst"], n_atoms,
+                                  edge_weight=leaves.get("edge_weight"), keep_input=keep_input)
+    g = torch.Generator().manual_seed(grad_seed)
+    go = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out)
+    grads = torch.autograd.grad(out, list(leaves.values()), go)
+    return out, dict(zip(leaves, grads))

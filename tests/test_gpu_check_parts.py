@@ -1,11 +1,16 @@
-"""The ``grid`` part of ``scripts/gpu_check.sh`` runs first time: on the CPU at level 0, a
-tiny slice, then a second slice that resumes from the first's key files (``GRID_FROM``), as
-the lead runs it on the GPU.  (The ``retune`` part was run on the CPU through the interpreter
-by hand: it takes minutes there.)"""
+"""The parts of ``scripts/gpu_check.sh`` run first time.  The ``grid`` part runs on the CPU at
+level 0, a tiny slice, then a second slice that resumes from the first's key files
+(``GRID_FROM``), as the lead runs it on the GPU.  (The ``retune`` part was run on the CPU
+through the interpreter by hand: it takes minutes there.)  The ``breakdown``, ``md``, ``model``
+and ``baseline`` parts run with a ``python3`` that records its arguments: every command they
+would run is parsed by the CLI it calls (they ran end to end on the CPU with small
+``BREAKDOWN_ARGS`` / ``MD_ARGS`` by hand, ~80 s)."""
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 
 import pytest
@@ -34,3 +39,61 @@ def test_the_grid_part_runs_and_resumes_from_a_previous_slice(tmp_path):
     second = _run(tmp_path / "b", GRID_ARGS=args.format("1,2"), GRID_FROM=str(keys))
     assert second.returncode == 0, second.stdout + second.stderr
     assert "measured 1, skipped 1" in (tmp_path / "b" / "summary.txt").read_text()
+
+
+def _recorded_commands(tmp_path, parts: str, **env) -> list[tuple[str, list[str]]]:
+    """Run ``scripts/gpu_check.sh`` with a ``python3`` on ``PATH`` that only records its
+    arguments (and ``MIXSTACK_CONV_KERNELS``): the commands a part would run, without running them."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.jsonl"
+    bin_dir.mkdir()
+    shim = bin_dir / "python3"
+    shim.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                    f"with open({str(log)!r}, 'a') as f:\n"
+                    "    f.write(json.dumps([os.environ.get('MIXSTACK_CONV_KERNELS', ''), sys.argv[1:]]) + '\\n')\n")
+    shim.chmod(0o755)
+    full = {**os.environ, "OUT": str(tmp_path / "out"), "BUDGET": "60", "PARTS": parts,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", **env}
+    done = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, env=full, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [tuple(json.loads(line)) for line in log.read_text().splitlines()]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_the_frame_parts_pass_options_the_model_bench_takes(tmp_path):
+    """``breakdown`` (before: the convolution's kernels off; after), ``md`` and ``model``: every
+    ``mixstack bench model`` command they run parses, with the variants, breakdown and MD settings
+    the parts promise."""
+    from mixstack.cli import build_parser
+    from mixstack.cli.bench import model_bench_config
+
+    calls = [(conv, argv[2:]) for conv, argv in _recorded_commands(tmp_path, "breakdown,md,model")
+             if argv[:2] == ["-m", "mixstack"]]
+    assert [argv[:2] for _, argv in calls] == [["bench", "model"]] * 4
+    configs = [(conv, model_bench_config(build_parser().parse_args(argv)), argv) for conv, argv in calls]
+    (c0, before, a0), (c1, after, a1), (c2, md, _), (_, model, _) = configs
+    assert c0 == "0" and c1 != "0"                           # before runs the PyTorch convolution
+    assert before.breakdown and after.breakdown and not md.breakdown
+    assert before.variants == ("2", "3") and after.variants == ("0c", "2", "3")
+    assert before.md_steps == after.md_steps == model.md_steps == 0
+    assert md.md_steps == 100 and md.md_atoms == (4400,) and md.cells == ("cu-bcc",)
+    assert md.variants == ("2", "3", "0c", "3c") and model.variants == ("0c", "2c", "3c")
+    assert {a0[a0.index("--out") + 1], a1[a1.index("--out") + 1]} == {
+        str(tmp_path / "out" / "breakdown-before"), str(tmp_path / "out" / "breakdown-after")}
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_the_baseline_part_selects_the_strict_compiled_baseline_test(tmp_path):
+    """``baseline`` runs the compiled level-0 frame's GPU test (its ``-k`` selects exactly the
+    level-0 case of an existing test) and then the GPU reproducer candidates in ``repro/``."""
+    calls = [argv for _, argv in _recorded_commands(tmp_path, "baseline")]
+    pytest_call = next(a for a in calls if a[:2] == ["-m", "pytest"])
+    k = pytest_call[pytest_call.index("-k") + 1]
+    collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                                "-p", "no:cacheprovider", pytest_call[2], "-k", k],
+                               cwd=ROOT, capture_output=True, text=True, timeout=120)
+    ids = [line for line in collected.stdout.splitlines() if "::" in line]
+    assert ids == ["tests/gpu/test_gpu_potential.py::test_compiled_bench_frame_forces_match_float64[0c]"], \
+        collected.stdout + collected.stderr
+    repro = sorted(f"repro/{p}" for p in os.listdir(os.path.join(ROOT, "repro")) if p.startswith("inductor_gpu_"))
+    assert repro and [a[0] for a in calls if a and a[0].startswith("repro/")] == repro

@@ -115,6 +115,27 @@ def test_the_signature_types_tensors_ints_and_floats_as_triton_does():
     assert attrs == {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
 
 
+def test_the_convolution_records_its_four_kernels_and_the_source_order_segment_sum():
+    launches = compiler_report.conv_launches(StackLayout(2, 16), 2, edges=1000, atoms=50)
+    assert _names(launches) == ["rotate_in_kernel", "rotate_in_grad_kernel", "segment_rotate_back_kernel",
+                                "segment_rotate_back_kernel", "rotate_out_grad_kernel"]
+    segments = [x for x in launches if x.name == "segment_rotate_back_kernel"]
+    assert [x.kwargs["INDIRECT"] for x in segments] == [True, False]      # rotate-in's backward, rotate-out
+    assert all(t.device.type == "meta" for x in launches for t in x.args if isinstance(t, torch.Tensor))
+
+
+@pytest.mark.slow
+@needs_tools
+@not_interpreted
+@pytest.mark.parametrize("lmax, cf", [(3, 32), (3, 64)])
+def test_the_convolution_kernels_compile_without_spills_for_sm90(lmax, cf):
+    """``configs.conv_config``'s claim: no spills at the S1 and S4 keys."""
+    for launch in compiler_report.distinct(compiler_report.conv_launches(StackLayout(lmax, cf), 2)):
+        report = compiler_report.compile_report(launch)
+        assert report.spill_bytes == 0, (launch.name, report)
+        assert report.registers <= 255
+
+
 TRAINING_KERNELS = {"wgrad_kernel", "gate_wgrad_kernel", "tangent_kernel", "chunk_sum_kernel",
                     "layer_input_kernel"}
 

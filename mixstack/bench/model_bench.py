@@ -26,6 +26,15 @@ deviation from a second run of itself and from ``L0-eager`` (another
 reduction order of the same float32 math).  A deviation inside that band is
 float32 rounding.
 
+Each cell also records the neighbour list's host time (a fresh list, and the per-step cut of
+a kept Verlet list, ``potential.verlet``).  ``breakdown=True`` (``--breakdown``) adds, per
+variant, where the frame's time goes, stage by stage, forward and backward
+(``bench.breakdown``); ``md_steps > 0`` (``--md-steps``) runs NVE molecular dynamics through
+the ASE calculator, per variant, at the sizes in ``md_atoms`` (``bench.md``): steps/s, ns/day
+at 1 fs, µs per atom per step and the energy drift.  ``MIXSTACK_CONV_KERNELS=0`` turns the
+convolution's kernels off (levels 1-3 then run the stack's kernels inside the PyTorch
+convolution): the "before" of the rotate-in / rotate-out kernels.
+
 Library code: nothing here prints; progress goes to ``on_step``.
 """
 
@@ -44,7 +53,9 @@ import torch
 
 from ..dispatch.levels import use_level
 from ..dispatch.log import dispatch_log
+from . import breakdown as breakdown_mod
 from . import env, runner
+from .breakdown import own_copy
 from .report import header_lines, markdown_table, require_extra
 from .runner import _peak_above, exact_fp32
 from .timing import Clock, Task, clock_for, time_interleaved
@@ -76,6 +87,11 @@ class ModelBenchConfig:
     device: str | None = None
     seed: int = 0
     float64_reference: bool = True
+    breakdown: bool = False
+    breakdown_rounds: int = 3
+    md_steps: int = 0
+    md_atoms: tuple[int, ...] = (4400,)
+    md_skin: float = 1.0
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
@@ -90,7 +106,7 @@ def default_config(device=None, *, quick: bool = False) -> ModelBenchConfig:
     device = env.resolve_device(device)
     if device.type == "cuda":
         return ModelBenchConfig(atoms=(500,) if quick else SIZES, rounds=3 if quick else 10,
-                                warmup=1 if quick else 2, device=str(device))
+                                warmup=1 if quick else 2, device=str(device), md_steps=0 if quick else 100)
     notes = ["CPU: ~64-atom cells and a small model; the standard sizes need a CUDA device"]
     base = ("0",) if quick else ("0c", "0")
     if quick:
@@ -149,13 +165,6 @@ def parse_variants(text: str) -> tuple[str, ...]:
 def skip_reason(key: str, device) -> str | None:
     """Why variant ``key`` cannot run on ``device``, or ``None`` when it can."""
     return runner.skip_reason("1" if LEVEL_OF[key] > 0 else "0", device)
-
-
-def own_copy(fn: Callable, tag: str) -> Callable:
-    """``fn`` with a code object of its own: ``torch.compile`` keeps one cache per code object."""
-    import types
-    code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
-    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
 
 
 def frame_fn(key: str, model) -> Callable:
@@ -248,8 +257,65 @@ def _run_cell(cfg, model, name, target, keys, device, clock, step, model64=None)
         timing = {v: s.to_dict() for v, s in samples.items()}
     for rec in variants:
         rec["timing"] = timing.get(rec["variant"])
+    for rec, key in zip(variants, keys):
+        if key not in frames:
+            continue
+        if cfg.breakdown:
+            step(f"{label}: breakdown of {VARIANTS[key]}")
+            rec["breakdown"] = _guarded(f"the breakdown of {VARIANTS[key]} on {label}", breakdown_mod.measure,
+                                        model, inp, key, LEVEL_OF[key], device, clock,
+                                        rounds=cfg.breakdown_rounds, stage_order=_stage_order())
+        if cfg.md_steps and target in cfg.md_atoms:
+            from .md import run_md
+            step(f"{label}: MD with {VARIANTS[key]}")
+            rec["md"] = _guarded(f"MD with {VARIANTS[key]} on {label}", run_md, model, atoms, LEVEL_OF[key],
+                                 compiled=key.endswith("c"), steps=cfg.md_steps, seed=cfg.seed,
+                                 skin=cfg.md_skin, device=device)
     return {"cell": name, "label": label, "atoms": n, "edges": int(inp.edge_index.shape[1]),
+            "neighbour_list": neighbour_list_times(atoms, model.cutoff, device, skin=cfg.md_skin),
             "baseline": VARIANTS[base] if base else None, "band": _band(band), "variants": variants}
+
+
+def _stage_order():
+    from ..potential import stages
+    return stages.STAGES
+
+
+def _guarded(what: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, or ``{"failed": why}``: one part failing leaves the others' results."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        log.warning("%s failed: %s: %s", what, type(exc).__name__, exc)
+        return {"failed": f"{type(exc).__name__}: {exc}"}
+
+
+def neighbour_list_times(atoms, cutoff: float, device, *, skin: float = 1.0, repeats: int = 3) -> dict:
+    """Host wall time (ms, median of ``repeats``) of a fresh neighbour list on ``device``
+    (``atoms_inputs``) and of one call of a kept Verlet list (``VerletList``: the cut to the
+    cutoff and the slots, what an MD step without a rebuild pays); list sizes beside them."""
+    import statistics
+    import time
+
+    from ..potential.neighbors import atoms_inputs
+    from ..potential.verlet import VerletList
+
+    def timed(fn):
+        out = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            out.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(out)
+
+    vl = VerletList(cutoff, skin, device=device)
+    args = (atoms.get_positions(), atoms.get_cell().array, atoms.get_pbc(), atoms.get_atomic_numbers())
+    vl(*args)
+    return {"fresh_ms": timed(lambda: atoms_inputs(atoms, cutoff, device=device)),
+            "kept_list_cut_ms": timed(lambda: vl(*args)), "skin": skin,
+            "pairs_within_cutoff_plus_skin": int(vl._pairs[0].shape[1])}
 
 
 def plan(cfg: ModelBenchConfig) -> tuple[list[str], list[dict]]:
@@ -314,8 +380,25 @@ def long_rows(record: dict) -> list[dict]:
     head = env_columns(record)
     rows = []
     for cell in record["cells"]:
+        nl = cell.get("neighbour_list") or {}
+        for metric in ("fresh_ms", "kept_list_cut_ms"):
+            if metric in nl:
+                rows.append({**head, "bench": "model", "case": cell["label"], "variant": "", "part": "neighbour list",
+                             "metric": f"neighbour_list_{metric[:-3]}_time", "value": nl[metric], "unit": "ms"})
         for v in cell["variants"]:
-            base = {**head, "bench": "model", "case": cell["label"], "variant": v["variant"]}
+            base = {**head, "bench": "model", "case": cell["label"], "variant": v["variant"], "part": ""}
+            b = v.get("breakdown") or {}
+            for stage, times in b.get("stages", {}).items():
+                for pass_ in breakdown_mod.PASSES:
+                    rows.append({**base, "part": stage, "metric": f"stage_{pass_}_time",
+                                 "value": times[f"{pass_}_ms"], "unit": "ms"})
+            for name in ("busy_ms", "unattributed_ms", "idle_ms", "profiled_frame_ms", "staged_frame_ms"):
+                if name in b:
+                    rows.append({**base, "part": "breakdown", "metric": name[:-3], "value": b[name], "unit": "ms"})
+            md = v.get("md") or {}
+            for name, unit in MD_COLUMNS:
+                if md.get(name) is not None:
+                    rows.append({**base, "part": "md", "metric": name, "value": md[name], "unit": unit})
             t = v.get("timing")
             if t:
                 for stat in ("median", "p20", "p80"):
@@ -331,6 +414,34 @@ def long_rows(record: dict) -> list[dict]:
     return rows
 
 
+MD_COLUMNS = (("steps_per_s", "1/s"), ("ns_per_day", "ns/day"), ("us_per_atom_step", "µs"),
+              ("drift_mev_atom_ps", "meV/atom/ps"), ("max_excursion_mev_atom", "meV/atom"),
+              ("neighbour_rebuilds", "1"), ("steps", "1"), ("wall_s", "s"))
+
+
+def md_rows(record: dict) -> list[dict]:
+    """One row per (cell, variant) that ran MD."""
+    rows = []
+    for cell in record["cells"]:
+        for v in cell["variants"]:
+            md = v.get("md")
+            if not md:
+                continue
+            if "failed" in md:
+                rows.append({"cell": cell["label"], "variant": v["variant"], "steps/s": "—", "ns/day (1 fs)": "—",
+                             "µs/atom/step": "—", "drift meV/atom/ps": "—", "max |ΔE| meV/atom": "—",
+                             "rebuilds": "—", "note": md["failed"]})
+                continue
+            rows.append({"cell": cell["label"], "variant": v["variant"], "steps/s": f"{md['steps_per_s']:.3g}",
+                         "ns/day (1 fs)": f"{md['ns_per_day']:.3g}", "µs/atom/step": f"{md['us_per_atom_step']:.3g}",
+                         "drift meV/atom/ps": f"{md['drift_mev_atom_ps']:.2g}",
+                         "max |ΔE| meV/atom": f"{md['max_excursion_mev_atom']:.2g}",
+                         "rebuilds": str(md["neighbour_rebuilds"]),
+                         "note": f"{md['steps']} steps of {md['dt_fs']:g} fs after {md['warmup_steps']}, "
+                                 f"{md['temperature_K']:g} K start, skin {md['skin']:g} Å"})
+    return rows
+
+
 def markdown(record: dict) -> str:
     m = record["config"]["model"]
     parts = ["# mixstack bench model\n", "\n".join(f"- {x}" for x in header_lines(record)) + "\n",
@@ -341,6 +452,36 @@ def markdown(record: dict) -> str:
              "deviation from a float64 copy of the model at level 0 (eager), the truth all variants "
              "share.\n",
              markdown_table(summary_rows(record))]
+    nl = [(c["label"], c.get("neighbour_list") or {}) for c in record["cells"]]
+    if any(x for _, x in nl):
+        parts.append("\n## Neighbour list (host, outside the frame)\n\nA fresh list (vesin or ASE, sorted, "
+                     "slots, copied to the device) and one call of a kept Verlet list (the cut to the cutoff "
+                     "and the slots: an MD step without a rebuild), median ms.\n")
+        parts.append(markdown_table([{"cell": label, "fresh list ms": _fmt(x.get("fresh_ms"), ".3g"),
+                                      "kept list, per step ms": _fmt(x.get("kept_list_cut_ms"), ".3g"),
+                                      "pairs within cutoff + skin": str(x.get("pairs_within_cutoff_plus_skin", "—"))}
+                                     for label, x in nl if x]))
+    for cell in record["cells"]:
+        bds = {v["variant"]: v["breakdown"] for v in cell["variants"]
+               if v.get("breakdown") and "failed" not in v["breakdown"]}
+        if bds:
+            frame_ms = {v["variant"]: (v.get("timing") or {}).get("median_ms") for v in cell["variants"]}
+            parts.append(f"\n## Where the time goes: {cell['label']}\n\nDevice time per frame, ms, by stage "
+                         "(`mixstack.bench.breakdown`): forward time in the stage's range, backward time "
+                         "charged to the stage whose forward made the autograd node. Compiled variants "
+                         "compile each stage on its own for this (the staged frame); \"frame as timed\" is "
+                         "the whole-frame variant above.\n")
+            parts.append(markdown_table(breakdown_mod.stage_rows(bds, frame_ms)))
+        failed = [f"{v['variant']}: {v['breakdown']['failed']}" for v in cell["variants"]
+                  if v.get("breakdown") and "failed" in v["breakdown"]]
+        if failed:
+            parts.append(f"\nBreakdown failed on {cell['label']}: " + "; ".join(failed) + "\n")
+    mdr = md_rows(record)
+    if mdr:
+        parts.append("\n## Molecular dynamics (NVE, ASE velocity Verlet, MixstackCalculator)\n\nWall time of "
+                     "whole steps (neighbour list upkeep, copies, the frame, the integrator); drift: the "
+                     "least-squares slope of the total energy per atom over the timed steps.\n")
+        parts.append(markdown_table(mdr))
     extra = [f"{s['variant']} skipped: {s['reason']}" for s in record["skipped"]] + record["notes"]
     if extra:
         parts.append("\n## Not run\n\n" + "\n".join(f"- {x}" for x in extra) + "\n")

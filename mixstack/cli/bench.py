@@ -62,6 +62,13 @@ def add_parser(sub) -> None:
     b.add_argument("--check-edges", type=int, help="edges checked against float64 (default 4096)")
     b.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     b.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    b.add_argument("--breakdown", action="store_true",
+                   help="model: where each variant's frame time goes, stage by stage, forward and backward")
+    b.add_argument("--md-steps", type=int, metavar="N",
+                   help="model: NVE steps (1 fs) per variant at ~4400 atoms through the ASE calculator: "
+                        "steps/s, ns/day, µs/atom/step, energy drift (default 100 on a GPU, 0 = none)")
+    b.add_argument("--md-atoms", type=int, action="append", metavar="N",
+                   help="model: the cell sizes (--atoms values) that run MD; repeatable (default 4400)")
     b.add_argument("--quick", action="store_true", help="one shape, few rounds: a smoke run")
     b.add_argument("--out", help="results folder (default results/<date>-<device>-bench/)")
     b.add_argument("--no-plot", action="store_true", help="write JSON, Markdown and CSV only")
@@ -97,6 +104,10 @@ def bench_config(args):
     from ..bench import counts, env, runner, shapes
 
     _single(args)
+    model_only = [f"--{o}" for o, v in (("breakdown", args.breakdown or None), ("md-steps", args.md_steps),
+                                        ("md-atoms", args.md_atoms)) if v is not None]
+    if model_only:
+        raise ValueError(f"{', '.join(model_only)}: options of `mixstack bench model`, not of `mixstack bench`")
     device = env.resolve_device(args.device)
     cfg = runner.default_config(device, quick=args.quick)
     chosen = [shapes.shape_by_name(s) for s in args.shape or []]
@@ -156,6 +167,13 @@ def model_bench_config(args):
     for option, field, value in (("--repeats", "rounds", args.repeats), ("--warmup", "warmup", args.warmup)):
         if value is not None:
             cfg = replace(cfg, **{field: positive(option, value, allow_zero=field == "warmup")})
+    if args.breakdown:
+        cfg = replace(cfg, breakdown=True)
+    if args.md_steps is not None:
+        cfg = replace(cfg, md_steps=positive("--md-steps", args.md_steps, allow_zero=True))
+    if args.md_atoms:
+        positive("--md-atoms", min(args.md_atoms))
+        cfg = replace(cfg, md_atoms=tuple(dict.fromkeys(args.md_atoms)))
     return cfg
 
 
@@ -283,7 +301,9 @@ def grid_config(args):
     from ..bench import grid, runner
 
     other = [f"--{o}" for o, v in (("shape", args.shape), ("cell", args.cell), ("atoms", args.atoms),
-                                   ("blocks", args.blocks), ("cutoff", args.cutoff), ("layers", args.layers))
+                                   ("blocks", args.blocks), ("cutoff", args.cutoff), ("layers", args.layers),
+                                   ("breakdown", args.breakdown or None), ("md-steps", args.md_steps),
+                                   ("md-atoms", args.md_atoms))
              if v is not None]
     if other or args.no_alpha or args.quick:
         raise ValueError(f"{', '.join(other or ['--no-alpha / --quick'])}: not an option of `mixstack bench grid`")

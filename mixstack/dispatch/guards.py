@@ -67,3 +67,29 @@ def forward_level(u0: torch.Tensor, layout: StackLayout) -> int:
         log.debug("level %d falls back to the reference: %s", level, reason)
         return 0
     return level
+
+
+# The convolution kernels hold a (edges, channels) tile per subtile; wider channels than the
+# stack's widest would need another tiling.
+MAX_CONV_CHANNELS = MAX_FOCUS_DIM
+
+
+def conv_unsupported_reason(channels: int, dtype: torch.dtype) -> str | None:
+    """Why the convolution kernels (rotate_in, rotate_out_sum) cannot run, or ``None``."""
+    if dtype != torch.float32:
+        return f"the Triton levels run float32 only, got {dtype}"
+    if channels > MAX_CONV_CHANNELS:
+        return f"the convolution kernels take at most {MAX_CONV_CHANNELS} channels, got {channels}"
+    return None
+
+
+def conv_level(t: torch.Tensor, channels: int) -> int:
+    """The level a convolution operator runs at for tensor ``t`` (0 where its kernels cannot run)."""
+    level = levels.get_level()
+    if level == 0 or not kernels_can_run(t) or not config.conv_kernels_enabled():
+        return 0
+    reason = conv_unsupported_reason(channels, t.dtype)
+    if reason is not None:
+        warn_once(f"conv-unsupported:{reason}", f"mixstack: falling back to the reference: {reason}")
+        return 0
+    return level

@@ -134,6 +134,28 @@ FUSED_PROGRAMS_PER_SM = 4
 INTERPRETER_PROGRAMS = 3      # few programs under the interpreter: the persistent loop is exercised
 
 
+def conv_config(layout: StackLayout) -> dict:
+    """Launch configs of the convolution kernels (``kernels.rotate_in``, ``rotate_out``,
+    ``segment_sum``): ``edge_block`` edges per program of the edge-parallel kernels,
+    ``segment_block`` edges per step of the per-atom segment sums, and their warps.
+
+    Fixed per layout, at every level, never tuned: the segment sums add a block of edges with
+    one ``tl.sum`` whose association follows the block's shape and the warps, so these settle
+    the order of the sums (as ``block_k`` does for the GEMMs), and levels 1-3 give the same bits.
+    Sizes keep every live ``(BLOCK_E, CP)`` tile at 4 floats a thread (edge kernels) and the
+    segment step's ``(BLOCK_E, NP, CP)`` product at about 32 (``NP`` the padded rows of the
+    widest degree).  Chosen from the sm_90 compile (Triton 3.7), not timed yet: at lmax 3 and
+    Cf 32, 16 edges a program take 71 / 96 / 72 registers (rotate-in, its backward, rotate-out's
+    backward) without spills, where 64 edges took 247 / 255 with 304 bytes spilled; at lmax 6,
+    117 / 124 / 56 against spills of 136 and 1344 bytes.  The segment kernel takes 128-198.
+    """
+    cp = next_power_of_2(layout.focus_dim)
+    np_ = next_power_of_2(2 * layout.lmax + 1)
+    return {"edge_block": max(4, min(64, 512 // cp)),
+            "segment_block": max(2, min(32, 4096 // (np_ * cp))),
+            "CP": cp, "NP": np_, "num_warps": 4}
+
+
 # Weight gradients (``kernels.wgrad``).  The chunk of edges each program sums and the edges per
 # K step set the order of the sum, so they are constants, never tuned (a tuned config changes
 # BLOCK_M / BLOCK_N / warps / stages only): level 2 keeps level 1's bits.  2048 edges per

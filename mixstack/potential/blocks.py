@@ -31,9 +31,10 @@ import math
 import torch
 from torch import nn
 
-from .. import tuning
+from .. import conv, tuning
 from ..functional import mixing_stack
 from ..layout import LMAX_RANGE, StackLayout
+from . import stages
 
 
 class EquivariantMixingStack(nn.Module):
@@ -145,20 +146,51 @@ class InteractionBlock(nn.Module):
             parts.append(torch.matmul(rows[l].transpose(-1, -2), kept))
         return torch.cat(parts, 1)
 
-    def edge_inputs(self, x, src, dst, rows, rbf, env):
-        """The stack's inputs on every edge: ``u0 (F, E, ROW)`` (a focus-major view) and ``alpha (E, F)``."""
+    def edge_weights(self, x, src, dst, rbf, env, scaled: bool = True):
+        """Radial weights ``(E, F, 3*lmax + 2, C)`` (times the envelope where ``scaled``), the edge
+        scalar ``h (E, C)`` of the two atoms' ``l = 0`` channels, and ``alpha (E, F)``."""
+        n_edges = src.shape[0]
+        scal = torch.cat((x[src, 0], x[dst, 0]), -1)                       # (E, 2C) invariants
+        radial = self.radial(rbf)
+        if scaled:
+            radial = radial * env[:, None]
+        radial = radial.view(n_edges, self.n_focus, self.n_radial_out, self.c)
+        alpha = torch.softmax(self.alpha_logits(torch.cat((scal, rbf), -1)), dim=-1)
+        return radial, self.edge_scalar(scal), alpha
+
+    def rotate_in(self, x, src, rows, radial, h):
+        """The stack's input ``u0 (F, E, ROW)``: the neighbours' features in the edge frame, scaled
+        by the radial weights, plus the edge scalar on the m = 0 subtiles.
+
+        Built focus-major from the start (the radial weights permuted, the edge-frame features
+        broadcast over the streams), so that the stack reads a contiguous ``u0`` and the
+        backward of this stage never reads the stack's gradient transposed on its way into the
+        gather's scatter-add: an accumulating ``index_put`` fed by a transposed read is what
+        Inductor's C++ backend miscompiles (``repro/inductor_cpu_index_put_transpose.py``)."""
         lmax, c, f = self.lmax, self.c, self.n_focus
         n_edges = src.shape[0]
-        xs = x[src]
-        m0, mneg, mpos = self.to_edge_frame(xs, rows)
-        scal = torch.cat((xs[:, 0], x[dst, 0]), -1)                        # (E, 2C) invariants
-        radial = (self.radial(rbf) * env[:, None]).view(n_edges, f, self.n_radial_out, c)
-        a0, a1, b0 = radial[:, :, :lmax + 1], radial[:, :, lmax + 1:2 * lmax + 1], radial[:, :, 2 * lmax + 1:]
-        h = self.edge_scalar(scal)                                          # (E, C)
-        u0 = torch.cat((a0 * m0[:, None] + b0 * h[:, None, None], a1 * mneg[:, None], a1 * mpos[:, None]), 2)
-        u0 = u0.reshape(n_edges, f, (3 * lmax + 1) * c).transpose(0, 1)     # (F, E, ROW)
-        alpha = torch.softmax(self.alpha_logits(torch.cat((scal, rbf), -1)), dim=-1)
-        return u0, alpha
+        m0, mneg, mpos = self.to_edge_frame(x[src], rows)
+        rad = radial.permute(1, 0, 2, 3)                                    # (F, E, 3*lmax+2, C)
+        a0, a1, b0 = rad[:, :, :lmax + 1], rad[:, :, lmax + 1:2 * lmax + 1], rad[:, :, 2 * lmax + 1:]
+        u0 = torch.cat((a0 * m0 + b0 * h[:, None], a1 * mneg, a1 * mpos), 2)  # (F, E, 3*lmax+1, C)
+        return u0.reshape(f, n_edges, (3 * lmax + 1) * c)
+
+    def edge_inputs(self, x, src, dst, rows, rbf, env):
+        """The stack's inputs on every edge: ``u0 (F, E, ROW)`` (a focus-major view) and ``alpha (E, F)``."""
+        radial, h, alpha = self.edge_weights(x, src, dst, rbf, env)
+        return self.rotate_in(x, src, rows, radial, h), alpha
+
+    def rotate_in_kernels(self, x, src, wigner, radial, h, env):
+        """``rotate_in``'s result through ``mixstack.rotate_in`` (the kernels): the radial weights
+        unscaled, the envelope as the edge weight (one pass less over the radial weights)."""
+        lmax = self.lmax
+        return conv.rotate_in(x, wigner, radial[:, :, :2 * lmax + 1], src, edge_scalar=h,
+                              scalar_weight=radial[:, :, 2 * lmax + 1:], edge_weight=env)
+
+    def rotate_out_kernels(self, out, wigner, dst, env, n_atoms: int):
+        """Rotate back, sum the focus streams and each atom's messages (``mixstack.rotate_out_sum``)."""
+        return conv.rotate_out_sum(out, wigner, dst, n_atoms, edge_weight=env / self.avg_neighbors,
+                                   keep_input=self.training)
 
     def aggregate(self, msg, slots):
         """Sum each atom's incoming messages in a fixed order (gather by ``slots``, no atomics)."""
@@ -168,14 +200,31 @@ class InteractionBlock(nn.Module):
     def node_update(self, x, agg):
         """Mix the aggregated messages into ``x`` per degree; update the scalars from the norms."""
         x = x + torch.einsum("nsc,scd->nsd", agg, self.mix[self.degrees])
-        sq = (x[:, 1:] * x[:, 1:]).transpose(0, 1)                          # (S-1, N, C)
-        norms = [sq[l * l - 1:(l + 1) * (l + 1) - 1].sum(0) for l in range(1, self.lmax + 1)]
+        sq = x[:, 1:] * x[:, 1:]                                            # (N, S-1, C)
+        norms = [sq[:, l * l - 1:(l + 1) * (l + 1) - 1].sum(1) for l in range(1, self.lmax + 1)]
         upd = self.scalar_update(torch.cat([x[:, 0]] + norms, -1)) + self.mix_bias
         return torch.cat(((x[:, 0] + upd)[:, None], x[:, 1:]), 1)
 
-    def forward(self, x, src, dst, rows, rbf, env, slots):
-        u0, alpha = self.edge_inputs(x, src, dst, rows, rbf, env)
+    def forward(self, x, src, dst, rows, rbf, env, slots, wigner=None):
+        """One block.  ``rows``: ``wigner_rows``'s list (level 0); ``wigner``: the packed rows
+        ``(E, 3, S)`` where the convolution's kernels run (``SO2Potential.energy`` decides), in
+        which case rotate-in and rotate-out + aggregation run as ``mixstack`` operators."""
         n_edges = src.shape[0]
-        out = self.stack(u0, alpha).sum(1).view(n_edges, 3 * self.lmax + 1, self.c)  # alpha-weighted streams
-        msg = self.from_edge_frame(out, rows) * env[:, None, None]
-        return self.node_update(x, self.aggregate(msg, slots))
+        kernels = wigner is not None
+        radial, h, alpha = stages.run(stages.RADIAL, self.edge_weights, x, src, dst, rbf, env, not kernels)
+        if kernels:
+            u0 = stages.run(stages.ROTATE_IN, self.rotate_in_kernels, x, src, wigner, radial, h, env)
+        else:
+            u0 = stages.run(stages.ROTATE_IN, self.rotate_in, x, src, rows, radial, h)
+        out = stages.run(stages.STACK, self.stack, u0, alpha)
+        if kernels:
+            agg = stages.run(stages.ROTATE_OUT, self.rotate_out_kernels, out, wigner, dst, env, x.shape[0])
+        else:
+            msg = stages.run(stages.ROTATE_BACK, self._rotate_back, out, rows, env, n_edges)
+            agg = stages.run(stages.AGGREGATION, self.aggregate, msg, slots)
+        return stages.run(stages.NODE_UPDATE, self.node_update, x, agg)
+
+    def _rotate_back(self, out, rows, env, n_edges):
+        """The alpha-weighted streams summed and rotated back to the global frame, times the envelope."""
+        out = out.sum(1).view(n_edges, 3 * self.lmax + 1, self.c)
+        return self.from_edge_frame(out, rows) * env[:, None, None]

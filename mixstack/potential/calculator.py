@@ -3,8 +3,10 @@
 Energies in eV, forces in eV/Å, stress in eV/Å^3 as a Voigt 6-vector
 ``(xx, yy, zz, yz, xz, xy)`` (ASE's order and sign: ``(1/V) dE/d(strain)``).
 Stress is available for fully periodic cells only, like ASE's own
-calculators.  The neighbour list is rebuilt on every call
-(``mixstack.potential.neighbors``); the model or frozen program does the rest.
+calculators.  The neighbour list is a Verlet list with a skin (``verlet.VerletList``):
+rebuilt only when an atom has moved more than half the skin since it was built or the cell,
+periodic directions or atoms changed, and cut to the cutoff on every call, so results are
+those of a fresh list.  The model or frozen program does the rest.
 
 Needs ASE (and, preferably, vesin): ``pip install mixstack[potential]``.
 """
@@ -23,7 +25,7 @@ except ImportError as exc:                      # pragma: no cover - exercised w
     raise ImportError("mixstack.potential.calculator needs ASE and NumPy; install them with "
                       "`pip install mixstack[potential]`") from exc
 
-from .neighbors import atoms_inputs
+from .verlet import VerletList
 
 
 class MixstackCalculator(Calculator):
@@ -34,13 +36,18 @@ class MixstackCalculator(Calculator):
     edge_index, shifts, slots) -> (energy, forces, stress, energies)`` and a
     ``cutoff``; or the path of a frozen file.  ``device``: where a live module
     runs (default: where its parameters are); a frozen file runs on the device
-    it was compiled for.  A live module is put in eval mode.
+    it was compiled for.  A live module is put in eval mode.  ``skin`` (Å): the
+    neighbour list's skin (0: a new list every call).  ``compile=True`` (a live
+    ``SO2Potential``): the energy runs under ``torch.compile`` with dynamic shapes
+    (the edge count changes from step to step), forces and stress by autograd
+    through it, as ``mixstack bench model`` times compiled frames.
     """
 
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress"]
 
-    def __init__(self, model_or_path, device=None, **kwargs):
+    def __init__(self, model_or_path, device=None, *, skin: float = 1.0, compile: bool = False, **kwargs):
         super().__init__(**kwargs)
+        self._frame = None
         if isinstance(model_or_path, (str, os.PathLike)):
             from ..export import load
             self.potential = load(model_or_path)
@@ -57,14 +64,22 @@ class MixstackCalculator(Calculator):
             raise TypeError(f"model_or_path must be an nn.Module or the path of a .pt2 file, "
                             f"got {type(model_or_path).__name__}")
         self.cutoff = float(self.potential.cutoff)
+        if compile:
+            if not hasattr(self.potential, "derivatives"):
+                raise TypeError("compile=True needs a live SO2Potential (a module with energy() and "
+                                "derivatives()); a frozen program is compiled already")
+            energy = torch.compile(self.potential.energy, dynamic=True)
+            self._frame = lambda *inputs: self.potential.derivatives(energy, *inputs)
+        self.neighbors = VerletList(self.cutoff, skin, device=self.device, dtype=self.dtype)
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
         super().calculate(atoms, properties, system_changes)
         periodic = bool(np.all(self.atoms.get_pbc()))
         if "stress" in properties and not periodic:
             raise PropertyNotImplementedError("stress needs a cell that is periodic in all three directions")
-        inputs = atoms_inputs(self.atoms, self.cutoff, device=self.device, dtype=self.dtype)
-        energy, forces, stress, energies = self.potential(*inputs)
+        inputs = self.neighbors(self.atoms.get_positions(), self.atoms.get_cell().array, self.atoms.get_pbc(),
+                                self.atoms.get_atomic_numbers())
+        energy, forces, stress, energies = (self._frame or self.potential)(*inputs)
         energy = float(energy.detach().double().cpu())
         self.results = {
             "energy": energy, "free_energy": energy,

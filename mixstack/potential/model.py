@@ -21,10 +21,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import conv
+from . import stages
 from .blocks import InteractionBlock, mlp
 from .neighbors import MAX_Z
 from .radial import BesselBasis, PolynomialEnvelope
-from .wigner import WignerRows, edge_frames
+from .wigner import WignerRows, edge_frames, pack_rows
 
 
 class SO2Potential(nn.Module):
@@ -89,18 +91,30 @@ class SO2Potential(nn.Module):
             positions = positions + positions @ sym
             cell = cell + cell @ sym
         src, dst = edge_index[0], edge_index[1]
-        vec = positions[src] - positions[dst] + shifts @ cell
-        r = torch.linalg.vector_norm(vec, dim=-1)
-        rows = self.wigner(edge_frames(vec))
-        rbf = self.radial_basis(r)
-        env = self.envelope(r)
+        kernels = conv.kernels_active(positions, self.focus_dim)
+        r, rows, packed = stages.run(stages.EDGE_FRAMES, self.edge_geometry, positions, cell, src, dst, shifts,
+                                     kernels)
+        rbf, env = stages.run(stages.RADIAL, self.radial_terms, r)
         n = positions.shape[0]
         x = self.embedding(numbers)
         x = torch.cat((x[:, None], x.new_zeros(n, (self.lmax + 1) ** 2 - 1, self.focus_dim)), 1)
         for block in self.blocks:
-            x = block(x, src, dst, rows, rbf, env, slots)
+            x = block(x, src, dst, rows, rbf, env, slots, packed)
         energies = self.energy_scale * self.readout(x[:, 0]).squeeze(-1) + self.species_energy(numbers).squeeze(-1)
         return energies.sum(), energies
+
+    def edge_geometry(self, positions, cell, src, dst, shifts, packed: bool = False):
+        """``(r (E,), rows, wigner)``: edge lengths, the Wigner rows of the edge frames
+        (``wigner_rows``'s list) and, with ``packed``, the same rows as one ``(E, 3, S)`` tensor
+        (what the convolution's kernels read; else ``None``)."""
+        vec = positions[src] - positions[dst] + shifts @ cell
+        r = torch.linalg.vector_norm(vec, dim=-1)
+        rows = self.wigner(edge_frames(vec))
+        return r, rows, (pack_rows(rows) if packed else None)
+
+    def radial_terms(self, r):
+        """The radial basis ``(E, n_radial)`` and the cutoff envelope ``(E,)`` of the edge lengths."""
+        return self.radial_basis(r), self.envelope(r)
 
     def forward(self, positions, cell, numbers, edge_index, shifts, slots):
         """Energy, forces, stress and per-atom energies (see the class docstring).
@@ -108,10 +122,15 @@ class SO2Potential(nn.Module):
         Derivatives are taken with ``create_graph`` in training mode (force
         losses), without it in eval mode.
         """
+        return self.derivatives(self.energy, positions, cell, numbers, edge_index, shifts, slots)
+
+    def derivatives(self, energy_fn, positions, cell, numbers, edge_index, shifts, slots):
+        """``forward`` with the energy from ``energy_fn`` (``self.energy`` or, for instance, a
+        compiled copy of it): energy, forces and stress by autograd through it."""
         with torch.enable_grad():
             pos = positions.detach().requires_grad_(True)
             strain = torch.zeros(3, 3, dtype=positions.dtype, device=positions.device, requires_grad=True)
-            energy, energies = self.energy(pos, cell, numbers, edge_index, shifts, slots, strain)
+            energy, energies = energy_fn(pos, cell, numbers, edge_index, shifts, slots, strain)
             grad_pos, grad_strain = torch.autograd.grad(energy, (pos, strain), create_graph=self.training)
         # |a . (b x c)|: the cell volume (torch.linalg.det has no AOTInductor C shim)
         volume = (cell[0] * torch.linalg.cross(cell[1], cell[2], dim=-1)).sum().abs()

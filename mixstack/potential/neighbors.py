@@ -21,6 +21,11 @@ by a sum over ``K``: a fixed reduction order on every device, unlike
 ``index_add`` (atomics on a GPU).  The graph depends on positions only through
 which pairs are within the cutoff; forces and stress differentiate the edge
 vectors, which the model rebuilds from ``positions``, ``cell`` and ``shifts``.
+
+An edge shorter than ``MIN_EDGE_LENGTH`` (two atoms on one spot, or an atom on one of its own
+periodic images) has no direction: the model's edge frame, radial basis and forces would be
+NaN.  ``neighbor_arrays`` refuses such a structure with an error that names the pair.
+``verlet.VerletList`` keeps a list with a skin for molecular dynamics.
 """
 
 from __future__ import annotations
@@ -31,6 +36,25 @@ import numpy as np
 import torch
 
 MAX_Z = 118          # the elements H (1) .. Og (118): the atomic numbers a model takes
+# Shorter edges are zero-length for a float32 model: positions of ~100 Å resolve ~1e-5 Å.
+MIN_EDGE_LENGTH = 1e-4
+
+
+class ZeroLengthEdgeError(ValueError):
+    """Two atoms (or an atom and one of its periodic images) closer than ``MIN_EDGE_LENGTH``."""
+
+
+def check_edge_lengths(lengths, i, j, shifts) -> None:
+    """Raise ``ZeroLengthEdgeError`` naming the first pair shorter than ``MIN_EDGE_LENGTH`` (numpy
+    arrays: lengths in Å, centre ``i``, neighbour ``j``, integer cell shifts)."""
+    bad = np.flatnonzero(np.asarray(lengths) < MIN_EDGE_LENGTH)
+    if bad.size:
+        k = int(bad[0])
+        where = "" if not np.any(shifts[k]) else f" (periodic image shifted by {tuple(int(v) for v in shifts[k])})"
+        raise ZeroLengthEdgeError(
+            f"atoms {int(i[k])} and {int(j[k])}{where} are {float(lengths[k]):.3g} Å apart, under "
+            f"{MIN_EDGE_LENGTH} Å: a zero-length edge (coincident atoms, or an atom on its own periodic "
+            f"image) has no direction; {bad.size} such pair(s) in all")
 
 _PIP_FIX = "`pip install mixstack[potential]`"
 
@@ -78,6 +102,7 @@ def neighbor_arrays(positions, cell, pbc, cutoff: float):
     i, j, S = _pairs(positions, cell, pbc, cutoff)
     order = np.lexsort((S[:, 2], S[:, 1], S[:, 0], j, i))     # centre, then neighbour, then shift
     i, j, S = i[order], j[order], S[order]
+    check_edge_lengths(np.linalg.norm(positions[j] - positions[i] + S @ cell, axis=1), i, j, S)
     return np.stack((j, i)), S, centre_slots(torch.from_numpy(i), n).numpy()
 
 
@@ -92,12 +117,11 @@ def centre_slots(centres: torch.Tensor, n: int) -> torch.Tensor:
     return torch.where(lane[None, :] < counts[:, None], start[:, None] + lane[None, :], centres.numel())
 
 
-def system_inputs(positions, cell, pbc, numbers, cutoff: float, *, device=None,
-                  dtype=torch.float32) -> SystemInputs:
-    """The model's input tensors for one structure (numpy or torch inputs)."""
+def host_arrays(positions, cell, numbers):
+    """``(positions (N, 3), cell (3, 3))`` float64 and ``numbers (N,)`` int64 as numpy arrays, with
+    the atomic numbers and the atom count checked (numpy or torch inputs)."""
     pos = np.asarray(positions.detach().cpu() if torch.is_tensor(positions) else positions, dtype=np.float64)
     cel = np.asarray(cell.detach().cpu() if torch.is_tensor(cell) else cell, dtype=np.float64).reshape(3, 3)
-    edge_index, shifts, slots = neighbor_arrays(pos, cel, pbc, cutoff)
     num = np.asarray(numbers.cpu() if torch.is_tensor(numbers) else numbers, dtype=np.int64)
     if num.shape != (pos.shape[0],):
         raise ValueError(f"numbers must have shape ({pos.shape[0]},), got {num.shape}")
@@ -106,6 +130,14 @@ def system_inputs(positions, cell, pbc, numbers, cutoff: float, *, device=None,
     bad = sorted(set(num[(num < 1) | (num > MAX_Z)].tolist()))
     if bad:
         raise ValueError(f"atomic numbers must be in 1..{MAX_Z} (H..Og), got {', '.join(map(str, bad))}")
+    return pos, cel, num
+
+
+def system_inputs(positions, cell, pbc, numbers, cutoff: float, *, device=None,
+                  dtype=torch.float32) -> SystemInputs:
+    """The model's input tensors for one structure (numpy or torch inputs)."""
+    pos, cel, num = host_arrays(positions, cell, numbers)
+    edge_index, shifts, slots = neighbor_arrays(pos, cel, pbc, cutoff)
     fl = dict(device=device, dtype=dtype)
     return SystemInputs(torch.as_tensor(pos, **fl), torch.as_tensor(cel, **fl),
                         torch.as_tensor(num, device=device), torch.as_tensor(edge_index, device=device),

@@ -32,8 +32,7 @@ import math
 import torch
 from torch import nn
 
-# Degree-1 real harmonics are (y, z, x): D^1 = R permuted on both sides.
-_XYZ_TO_YZX = (1, 2, 0)
+# Degree-1 real harmonics are (y, z, x): D^1 = R permuted on both sides, (x, y, z) -> (y, z, x).
 
 
 def edge_frames(vec: torch.Tensor) -> torch.Tensor:
@@ -100,10 +99,21 @@ def _coefficients(l: int, rows_out: int, rows_in: int):
     return C, s
 
 
+def _yzx(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """``t`` reordered ``(x, y, z) -> (y, z, x)`` along ``dim``, from two slices."""
+    return torch.cat((t.narrow(dim, 1, 2), t.narrow(dim, 0, 1)), dim)
+
+
 def wigner_d1(R: torch.Tensor) -> torch.Tensor:
-    """``D^1(R)`` in the real-harmonic order ``(y, z, x)``: ``(..., 3, 3)``."""
-    p = list(_XYZ_TO_YZX)
-    return R[..., p, :][..., :, p]
+    """``D^1(R)`` in the real-harmonic order ``(y, z, x)``: ``(..., 3, 3)``, rows and columns of ``R``
+    reordered.
+
+    Built from slices and a concatenation, whose backward is slices again, not from an index
+    list: the backward of ``R[..., p, :][..., :, p]`` (and of ``torch.roll``, which Inductor
+    lowers to an index) is an accumulating ``index_put`` whose value is read transposed, and
+    Inductor's C++ backend compiles that into stores at wrong offsets
+    (``repro/inductor_cpu_index_put_transpose.py``)."""
+    return _yzx(_yzx(R, -2), -1)
 
 
 def _step(R1: torch.Tensor, M: torch.Tensor, C: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -153,6 +163,14 @@ def wigner_rows(R: torch.Tensor, lmax: int, keep: int = 1, constants=None) -> li
         c = min(l, keep)
         out.append(M[..., k - c:k + c + 1, :])
     return out
+
+
+def pack_rows(rows: list[torch.Tensor]) -> torch.Tensor:
+    """``wigner_rows(R, lmax, keep=1)`` as one ``(..., 3, (lmax+1)^2)`` tensor, the layout of
+    ``mixstack.rotate_in`` / ``rotate_out_sum``: column ``l^2 + l + n`` of row ``k`` holds
+    ``D^l[m = k - 1, n]``; degree 0's rows ``m = -1, +1`` (which do not exist) are zero."""
+    zero = torch.zeros_like(rows[0])
+    return torch.cat([torch.cat((zero, rows[0], zero), -2)] + list(rows[1:]), -1)
 
 
 def wigner_full(R: torch.Tensor, l: int) -> torch.Tensor:

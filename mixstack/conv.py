@@ -1,0 +1,82 @@
+"""``mixstack.rotate_in`` and ``mixstack.rotate_out_sum``: the SO(2) convolution's rotations around
+the stack, at the active level (docs/contract.md §7).
+
+Level 0, or a tensor the kernels cannot take, runs ``mixstack.reference.rotate_in`` /
+``rotate_out_sum`` (plain PyTorch, any float dtype); levels 1-3 run the ``mixstack::`` operators
+(``ops.conv``): Triton kernels forward and backward, deterministic (rotate-out sums each atom's
+edges in their order; rotate-in's node-feature gradient sums each source atom's edges in theirs;
+no atomics), the same bits at levels 1, 2 and 3.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import conv_reference
+from .conv_layout import validate_rotate_in, validate_rotate_out_sum
+from .dispatch.guards import conv_level, triton_installed
+from .dispatch.log import record
+
+if triton_installed():
+    from .ops import conv as _ops  # noqa: F401  (registers the mixstack:: operators)
+
+
+def kernels_active(t: torch.Tensor, channels: int) -> bool:
+    """Whether the convolution operators run their kernels for tensors like ``t`` with
+    ``channels`` channels at the active level (a model picks its code path with this)."""
+    return conv_level(t, channels) > 0
+
+
+def _record_backward(name):
+    def hook(grad):
+        record(name)
+        return grad
+    return hook
+
+
+def rotate_in(x, wigner, radial, src, *, edge_scalar=None, scalar_weight=None, edge_weight=None):
+    """Gather, rotate into the edge frame and scale: the stack's input ``u (F, E, ROW)``.
+
+    ``x (N, S, C)`` node features (``S = (lmax+1)^2``, degree ``l`` at rows ``l^2 .. l^2+2l``);
+    ``wigner (E, 3, S)`` the packed rows ``m = -1, 0, +1`` of each edge's real Wigner matrices;
+    ``radial (E, F, 2*lmax+1, C)`` the weights of the m = 0 subtiles (degrees 0..lmax) then of
+    the |m| = 1 pairs (degrees 1..lmax, one weight for m = -1 and m = +1); ``src (E,)`` the
+    source atom of each edge; ``edge_scalar (E, C)`` and ``scalar_weight (E, F, lmax+1, C)``
+    (optional, together) add ``scalar_weight[e, f, l] * edge_scalar[e]`` to the m = 0 subtile of
+    degree ``l`` (an invariant of the edge, such as a function of both atoms' scalars);
+    ``edge_weight (E,)`` (optional) scales the row.  ``radial`` and ``scalar_weight`` are read
+    through their strides (views of one network output cost no copy).  Differentiable in
+    every tensor but ``src``, to any order.
+    """
+    layout, _, _ = validate_rotate_in(x, wigner, radial, src, edge_scalar, scalar_weight, edge_weight)
+    level = conv_level(x, layout.focus_dim)
+    if level == 0:
+        record("conv_in:reference")
+        out = conv_reference.rotate_in(x, wigner, radial, src, edge_scalar=edge_scalar,
+                                       scalar_weight=scalar_weight, edge_weight=edge_weight)
+        if out.requires_grad and not torch.compiler.is_compiling():
+            out.register_hook(_record_backward("conv_in_bwd:reference"))
+        return out
+    return torch.ops.mixstack.rotate_in(x, wigner, radial, src, edge_scalar, scalar_weight, edge_weight, level)
+
+
+def rotate_out_sum(y, wigner, dst, n_atoms: int, *, edge_weight=None, keep_input: bool = True):
+    """Rotate the stack's result back, sum the focus streams and sum at the destination atoms:
+    ``(n_atoms, S, C)``.
+
+    ``y (E, F, ROW)`` the stack's result; ``wigner (E, 3, S)`` as for ``rotate_in``; ``dst (E,)``
+    the destination atom of each edge, **non-decreasing** (edges sorted by destination: the
+    kernels sum each atom's edges as one contiguous run, in order); ``edge_weight (E,)``
+    (optional) scales each edge's message.  ``keep_input=False`` (inference) keeps only the
+    focus sum ``(E, ROW)`` for the backward instead of ``y``; a double backward then raises.
+    """
+    layout, _, _ = validate_rotate_out_sum(y, wigner, dst, n_atoms, edge_weight)
+    level = conv_level(y, layout.focus_dim)
+    if level == 0:
+        record("conv_out:reference")
+        out = conv_reference.rotate_out_sum(y, wigner, dst, n_atoms, edge_weight=edge_weight)
+        if out.requires_grad and not torch.compiler.is_compiling():
+            out.register_hook(_record_backward("conv_out_bwd:reference"))
+        return out
+    out, _ = torch.ops.mixstack.rotate_out_sum(y, wigner, dst, edge_weight, n_atoms, not keep_input, level)
+    return out

@@ -1,0 +1,134 @@
+"""The convolution operators around the stack in plain PyTorch: level 0 and the oracle of the tests.
+
+``rotate_in`` gathers each edge's source-atom features, rotates them into the edge frame with
+the packed Wigner rows and scales them by radial weights, in the stack's row layout;
+``rotate_out_sum`` rotates the stack's result back, sums the focus streams and sums each
+atom's incoming edges (docs/contract.md §7 writes both out).  Any float dtype and device;
+differentiable to any order by autograd (the kernels' operators fall back to these for a
+double backward).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .conv_layout import validate_rotate_in, validate_rotate_out_sum
+
+
+def rotate_in(x, wigner, radial, src, *, edge_scalar=None, scalar_weight=None, edge_weight=None):
+    """``u (F, E, ROW)``: ``u[f, e, sub(k, l), c] = ew[e] * (radial[e, f, r(k, l), c] *
+    rot_k[e, l, c] + [k = 1] * sw[e, f, l, c] * h[e, c])``, ``rot_k[e, l] = W[e, k, l^2 .. l^2+2l]
+    @ x[src[e], l^2 .. l^2+2l]`` (rows ``k = 0, 1, 2`` are m = -1, 0, +1; degree 0 has row 1 only;
+    ``h = edge_scalar``, ``sw = scalar_weight``)."""
+    lay, n_focus, n_edges = validate_rotate_in(x, wigner, radial, src, edge_scalar, scalar_weight, edge_weight)
+    lmax = lay.lmax
+    rn, r0, rp = _rotated(x[src], wigner, lmax)
+    a0, a1 = radial[:, :, :lmax + 1], radial[:, :, lmax + 1:]
+    first = a0 * r0[:, None]
+    if edge_scalar is not None:
+        first = first + scalar_weight * edge_scalar[:, None, None]
+    u = torch.cat((first, a1 * rn[:, None], a1 * rp[:, None]), 2)
+    if edge_weight is not None:
+        u = u * edge_weight[:, None, None, None]
+    return u.reshape(n_edges, n_focus, lay.row).transpose(0, 1).contiguous()
+
+
+def rotate_out_from_sum(ys, wigner, dst, n_atoms: int, *, lmax: int, edge_weight=None):
+    """``rotate_out_sum`` of the focus sum ``ys (E, ROW)`` (inputs assumed valid)."""
+    n_edges = ys.shape[0]
+    y = ys.reshape(n_edges, 3 * lmax + 1, ys.shape[1] // (3 * lmax + 1))
+    msg = _back_rotated(y[:, lmax + 1:2 * lmax + 1], y[:, :lmax + 1], y[:, 2 * lmax + 1:], wigner, lmax)
+    if edge_weight is not None:
+        msg = msg * edge_weight[:, None, None]
+    return msg.new_zeros((n_atoms,) + tuple(msg.shape[1:])).index_add(0, dst, msg)
+
+
+def rotate_out_sum(y, wigner, dst, n_atoms: int, *, edge_weight=None):
+    """``out (n_atoms, S, C)``: ``out[i, l^2 + n] = sum_{e: dst[e] = i} ew[e] * sum_k W[e, k,
+    l^2 + n] * ys_k[e, l]``, ``ys = y.sum(1)`` the focus streams' sum in the row layout."""
+    lay, _, _ = validate_rotate_out_sum(y, wigner, dst, n_atoms, edge_weight)
+    return rotate_out_from_sum(y.sum(1), wigner, dst, n_atoms, lmax=lay.lmax, edge_weight=edge_weight)
+
+
+def _rotated(x_rows, wigner, lmax: int):
+    """``(rot_-1 (E, lmax, C), rot_0 (E, lmax+1, C), rot_+1 (E, lmax, C))``: gathered rows rotated
+    into the edge frame."""
+    m0, mneg, mpos = [wigner[:, 1, :1] * x_rows[:, 0]], [], []
+    for l in range(1, lmax + 1):
+        r = torch.einsum("ekn,enc->ekc", wigner[:, :, l * l:(l + 1) * (l + 1)], x_rows[:, l * l:(l + 1) * (l + 1)])
+        mneg.append(r[:, 0])
+        m0.append(r[:, 1])
+        mpos.append(r[:, 2])
+    return torch.stack(mneg, 1), torch.stack(m0, 1), torch.stack(mpos, 1)
+
+
+def _back_rotated(gn, g0, gp, wigner, lmax: int):
+    """``(E, S, C)``: the three rows' values rotated back, ``sum_k W[e, k, l^2 + n] * g_k[e, l]``."""
+    parts = [wigner[:, 1, :1, None] * g0[:, :1]]
+    for l in range(1, lmax + 1):
+        kept = torch.stack((gn[:, l - 1], g0[:, l], gp[:, l - 1]), 1)
+        parts.append(torch.einsum("ekn,ekc->enc", wigner[:, :, l * l:(l + 1) * (l + 1)], kept))
+    return torch.cat(parts, 1)
+
+
+def _wigner_grad(gn, g0, gp, x_rows, lmax: int):
+    """``(E, 3, S)``: ``sum_c g_k[e, l, c] * X[e, l^2 + n, c]``; degree 0's rows ``k = 0, 2`` zero."""
+    zero = g0.new_zeros(g0.shape[0], 1)
+    cols = [torch.stack((zero, (g0[:, 0] * x_rows[:, 0]).sum(-1, keepdim=True), zero), 1)]
+    for l in range(1, lmax + 1):
+        g = torch.stack((gn[:, l - 1], g0[:, l], gp[:, l - 1]), 1)              # (E, 3, C)
+        cols.append(torch.einsum("ekc,enc->ekn", g, x_rows[:, l * l:(l + 1) * (l + 1)]))
+    return torch.cat(cols, 2)
+
+
+def rotate_in_backward(grad_u, x, wigner, radial, src, edge_scalar=None, scalar_weight=None, edge_weight=None):
+    """The gradients ``(x, wigner, radial, edge_scalar, scalar_weight, edge_weight)`` of
+    ``rotate_in`` (``None`` for absent inputs), spelled out in tensor ops (autograd
+    differentiates them again)."""
+    n_focus, n_edges = grad_u.shape[0], grad_u.shape[1]
+    lmax = radial.shape[2] // 2
+    c = x.shape[2]
+    g = grad_u.transpose(0, 1).reshape(n_edges, n_focus, 3 * lmax + 1, c)
+    xs = x[src]
+    rn, r0, rp = _rotated(xs, wigner, lmax)
+    a0, a1 = radial[:, :, :lmax + 1], radial[:, :, lmax + 1:]
+    g_ew = None
+    if edge_weight is not None:
+        first = a0 * r0[:, None]
+        if edge_scalar is not None:
+            first = first + scalar_weight * edge_scalar[:, None, None]
+        pre = torch.cat((first, a1 * rn[:, None], a1 * rp[:, None]), 2)
+        g_ew = (g * pre).sum((1, 2, 3))
+        g = g * edge_weight[:, None, None, None]
+    g0, gn, gp = g[:, :, :lmax + 1], g[:, :, lmax + 1:2 * lmax + 1], g[:, :, 2 * lmax + 1:]
+    g_rad = torch.cat((g0 * r0[:, None], gn * rn[:, None] + gp * rp[:, None]), 2)
+    g_h = g_sw = None
+    if edge_scalar is not None:
+        g_h = (g0 * scalar_weight).sum((1, 2))
+        g_sw = g0 * edge_scalar[:, None, None]
+    tn, t0, tp = (gn * a1).sum(1), (g0 * a0).sum(1), (gp * a1).sum(1)
+    g_w = _wigner_grad(tn, t0, tp, xs, lmax)
+    g_x = torch.zeros_like(x).index_add(0, src, _back_rotated(tn, t0, tp, wigner, lmax))
+    return g_x, g_w, g_rad, g_h, g_sw, g_ew
+
+
+def rotate_out_backward(grad_out, ys, wigner, dst, edge_weight=None):
+    """The gradients ``(ys (E, ROW), wigner, edge_weight)`` of ``rotate_out_from_sum`` (the focus
+    sum's gradient is every stream's), in tensor ops."""
+    lmax = math.isqrt(wigner.shape[2]) - 1
+    n_edges = wigner.shape[0]
+    c = ys.shape[1] // (3 * lmax + 1)
+    y = ys.reshape(n_edges, 3 * lmax + 1, c)
+    ga = grad_out[dst]
+    gn, g0, gp = _rotated(ga, wigner, lmax)
+    yn, y0, yp = y[:, lmax + 1:2 * lmax + 1], y[:, :lmax + 1], y[:, 2 * lmax + 1:]
+    g_ew = None
+    scale = 1
+    if edge_weight is not None:
+        g_ew = (g0 * y0).sum((1, 2)) + (gn * yn).sum((1, 2)) + (gp * yp).sum((1, 2))
+        scale = edge_weight[:, None, None]
+    g_y = torch.cat((g0, gn, gp), 1) * scale
+    g_w = _wigner_grad(yn * scale, y0 * scale, yp * scale, ga, lmax)
+    return g_y.reshape(n_edges, -1), g_w, g_ew

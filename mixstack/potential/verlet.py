@@ -1,0 +1,88 @@
+"""A Verlet neighbour list with a skin: rebuilt only when it may have gone stale, exact every call.
+
+``VerletList(cutoff, skin)`` builds the list of ``neighbors.neighbor_arrays`` at
+``cutoff + skin`` and keeps it while no atom has moved more than ``skin / 2`` since it was
+built (then no pair can have come from beyond ``cutoff + skin`` to within ``cutoff``), the cell,
+the periodic directions and the atomic numbers being unchanged; anything else rebuilds it.
+Every call then keeps, on the model's device, the pairs of the kept list that are within
+``cutoff`` now, in the list's order (centre, neighbour, shift), and builds ``slots`` for them: the
+six tensors are those ``neighbors.system_inputs`` would build from scratch, so a model gives
+the same results as with a fresh list, without the skin's extra pairs (at a 1 Å skin and a
+5 Å cutoff, 73% more) costing it anything.  A pair closer than
+``neighbors.MIN_EDGE_LENGTH`` raises ``ZeroLengthEdgeError`` on any call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .neighbors import MIN_EDGE_LENGTH, SystemInputs, centre_slots, check_edge_lengths, host_arrays, neighbor_arrays
+
+
+class VerletList:
+    """``VerletList(cutoff, skin)(positions, cell, pbc, numbers) -> SystemInputs``.
+
+    ``rebuilds`` counts the lists built, ``calls`` the calls; ``last_reason`` says why the last
+    call rebuilt (``None`` where it kept the list).  ``skin = 0`` rebuilds on every call.
+    """
+
+    def __init__(self, cutoff: float, skin: float = 1.0, *, device=None, dtype=torch.float32):
+        if cutoff <= 0:
+            raise ValueError(f"cutoff must be > 0, got {cutoff}")
+        if skin < 0:
+            raise ValueError(f"skin must be >= 0, got {skin}")
+        self.cutoff, self.skin = float(cutoff), float(skin)
+        self.device, self.dtype = torch.device(device or "cpu"), dtype
+        self.rebuilds = self.calls = 0
+        self.last_reason: str | None = None
+        self._built = None          # (positions, cell, pbc, numbers) of the last build
+        self._pairs = None          # (edge_index (2, E') int64, shifts (E', 3) float64) on the device
+
+    def rebuild_reason(self, positions, cell, pbc, numbers) -> str | None:
+        """Why the kept list cannot serve these inputs (numpy arrays), or ``None`` when it can."""
+        if self._built is None:
+            return "no list yet"
+        pos0, cell0, pbc0, num0 = self._built
+        if not np.array_equal(num0, numbers):
+            return "the atoms changed"
+        if not np.array_equal(pbc0, pbc):
+            return "the periodic directions changed"
+        if not np.array_equal(cell0, cell):
+            return "the cell changed"
+        moved = float(np.sqrt(((positions - pos0) ** 2).sum(1).max()))
+        if self.skin == 0 or moved > 0.5 * self.skin:
+            return f"an atom moved {moved:.3g} Å, more than half the skin ({0.5 * self.skin:g} Å)"
+        return None
+
+    def __call__(self, positions, cell, pbc, numbers) -> SystemInputs:
+        pos, cel, num = host_arrays(positions, cell, numbers)
+        pbc = np.broadcast_to(np.asarray(pbc, dtype=bool), (3,)).copy()
+        self.calls += 1
+        self.last_reason = self.rebuild_reason(pos, cel, pbc, num)
+        if self.last_reason is not None:
+            edge_index, shifts, _ = neighbor_arrays(pos, cel, pbc, self.cutoff + self.skin)
+            self._pairs = (torch.as_tensor(edge_index, device=self.device),
+                           torch.as_tensor(shifts, dtype=torch.float64, device=self.device))
+            self._built = (pos.copy(), cel.copy(), pbc, num.copy())
+            self.rebuilds += 1
+        return self._within_cutoff(pos, cel, num)
+
+    def _within_cutoff(self, pos, cel, num) -> SystemInputs:
+        """The kept pairs within the cutoff at ``pos``, and their slots, as ``system_inputs`` has them."""
+        dev, n = self.device, pos.shape[0]
+        pairs, shifts = self._pairs
+        pos64 = torch.as_tensor(pos, device=dev)
+        cell64 = torch.as_tensor(cel, device=dev)
+        j, i = pairs[0], pairs[1]
+        length = torch.linalg.vector_norm(pos64[j] - pos64[i] + shifts @ cell64, dim=-1)
+        keep = torch.nonzero(length < self.cutoff).squeeze(1)
+        edge_index, shifts = pairs[:, keep], shifts[keep]
+        kept_len = length[keep]
+        if bool((kept_len < MIN_EDGE_LENGTH).any()):
+            check_edge_lengths(kept_len.cpu().numpy(), edge_index[1].cpu().numpy(), edge_index[0].cpu().numpy(),
+                               shifts.cpu().numpy())
+        slots = centre_slots(edge_index[1], n)
+        fl = dict(device=dev, dtype=self.dtype)
+        return SystemInputs(torch.as_tensor(pos, **fl), torch.as_tensor(cel, **fl), torch.as_tensor(num, device=dev),
+                            edge_index, shifts.to(self.dtype), slots)

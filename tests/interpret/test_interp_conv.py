@@ -1,0 +1,130 @@
+"""The convolution's kernels (``mixstack.rotate_in``, ``rotate_out_sum``) through the interpreter:
+forward and every gradient against float64, on partial tiles (edge counts no block divides,
+segments longer than a segment block, an atom without edges), bitwise run to run and across
+levels 1-3, and the double backward through the tensor-op formulas."""
+
+from __future__ import annotations
+
+import helpers
+import pytest
+import torch
+from helpers import ConvCase
+
+import mixstack
+
+CASES = [
+    ConvCase(N=5, E=97, F=1, C=16, lmax=1),                                 # segment runs of 48 > 32
+    ConvCase(N=7, E=53, F=2, C=32, lmax=3),                                 # the bench model's key
+    ConvCase(N=9, E=70, F=3, C=48, lmax=2, scalar=False, weight=False),     # C not a power of two
+    ConvCase(N=4, E=45, F=2, C=16, lmax=6, scalar=True, weight=False),
+]
+
+
+def _runs(case, level, seed=0):
+    inp = helpers.make_conv_inputs(case, seed)
+    with mixstack.use_level(level), mixstack.dispatch_log() as log:
+        res_in = helpers.run_rotate_in(inp)
+        res_out = helpers.run_rotate_out(inp)
+    return res_in, res_out, dict(log)
+
+
+_CACHE: dict = {}
+
+
+def _cached(case, level):
+    key = (str(case), level)
+    if key not in _CACHE:
+        _CACHE[key] = _runs(case, level)
+    return _CACHE[key]
+
+
+def _float64(case):
+    inp = helpers.make_conv_inputs(case, 0, dtype=torch.float64)
+    with mixstack.use_level(0):
+        return helpers.run_rotate_in(inp), helpers.run_rotate_out(inp)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_level1_forward_and_every_gradient_match_float64(case):
+    (u, gin), (out, gout), log = _cached(case, 1)
+    assert log == {"conv_in:triton": 1, "conv_in_bwd:triton": 1, "conv_out:triton": 1,
+                   "conv_out_bwd:triton": 1}, log
+    (u64, gin64), (out64, gout64) = _float64(case)
+    helpers.assert_close_rel(u, u64, "rotate_in")
+    helpers.assert_close_rel(out, out64, "rotate_out_sum")
+    assert set(gin) == set(gin64) and set(gout) == set(gout64)
+    for name in gin:
+        helpers.assert_close_rel(gin[name], gin64[name], f"rotate_in grad {name}")
+    for name in gout:
+        helpers.assert_close_rel(gout[name], gout64[name], f"rotate_out_sum grad {name}")
+    # the last atom receives no edge: its sum is zero, written, not left uninitialised
+    assert torch.equal(out[-1], torch.zeros_like(out[-1]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES[:2], ids=str)
+def test_runs_and_levels_1_to_3_give_the_same_bits(case):
+    first = _cached(case, 1)
+    for again in (_runs(case, 1), _runs(case, 2), _runs(case, 3)):
+        for (a, ga), (b, gb) in zip(first[:2], again[:2]):
+            assert torch.equal(a, b)
+            assert all(torch.equal(ga[k], gb[k]) for k in ga)
+
+
+def test_the_tolerance_sees_a_swapped_pair_of_wigner_rows():
+    """Negative control: m = -1 and m = +1 rows exchanged is caught by the float64 comparison."""
+    case = CASES[1]
+    inp = helpers.make_conv_inputs(case, 0)
+    inp["wigner"] = inp["wigner"][:, [2, 1, 0]]
+    with mixstack.use_level(1):
+        u, _ = helpers.run_rotate_in(inp)
+    (u64, _), _ = _float64(case)
+    assert helpers.rel_err(u, u64) > 100 * helpers.REL_TOL
+
+
+def test_keeping_only_the_focus_sum_gives_the_same_gradients():
+    case = CASES[1]
+    inp = helpers.make_conv_inputs(case, 0)
+    with mixstack.use_level(1):
+        out_a, ga = helpers.run_rotate_out(inp, keep_input=True)
+        out_b, gb = helpers.run_rotate_out(inp, keep_input=False)
+    assert torch.equal(out_a, out_b)
+    assert all(torch.equal(ga[k], gb[k]) for k in ga)
+    assert ga["y"].stride(1) == 0                        # every stream's gradient, one surface
+
+
+def test_no_edges_gives_empty_inputs_gradients_and_zero_sums():
+    case = ConvCase(N=3, E=0, F=2, C=16, lmax=2)
+    inp = helpers.make_conv_inputs(case, 0)
+    with mixstack.use_level(1):
+        u, gin = helpers.run_rotate_in(inp)
+        out, gout = helpers.run_rotate_out(inp)
+    assert u.shape == (2, 0, case.row) and out.shape == (3, case.S, 16)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(gin["x"], torch.zeros_like(gin["x"]))
+
+
+def test_the_double_backward_runs_the_tensor_op_formulas_and_matches_float64():
+    """Force-loss training: a loss on first-order gradients, differentiated again."""
+    case = ConvCase(N=4, E=23, F=2, C=16, lmax=2)
+
+    def second_order(dtype, level):
+        inp = helpers.make_conv_inputs(case, 3, dtype=dtype)
+        leaves = {k: inp[k].detach().clone().requires_grad_() for k in set(helpers.ROTATE_IN_FLOATS) | {"y"}}
+        with mixstack.use_level(level), mixstack.dispatch_log() as log:
+            u = mixstack.rotate_in(leaves["x"], leaves["wigner"], leaves["radial"], inp["src"],
+                                   edge_scalar=leaves["edge_scalar"], scalar_weight=leaves["scalar_weight"],
+                                   edge_weight=leaves["edge_weight"])
+            out = mixstack.rotate_out_sum(leaves["y"], leaves["wigner"], inp["dst"], case.N,
+                                          edge_weight=leaves["edge_weight"])
+            gx, gw = torch.autograd.grad(u.square().sum() + out.square().sum(), [leaves["x"], leaves["wigner"]],
+                                         create_graph=True)
+            loss = gx.square().sum() + gw.square().sum()
+            names = sorted(leaves)
+            second = torch.autograd.grad(loss, [leaves[k] for k in names])
+        return dict(zip(names, second)), dict(log)
+
+    got, log = second_order(torch.float32, 1)
+    want, _ = second_order(torch.float64, 0)
+    assert log["conv_in_bwd:reference"] >= 1 and log["conv_out_bwd:reference"] >= 1, log
+    for name in want:
+        helpers.assert_close_rel(got[name], want[name], f"double backward, {name}")
