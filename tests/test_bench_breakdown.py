@@ -52,6 +52,22 @@ def test_without_the_sequence_numbers_backward_time_falls_to_other():
     assert ("a", "backward") not in times and times[(breakdown.OTHER, "backward")] > 0
 
 
+def test_the_device_total_leaves_out_the_profilers_copies_of_the_stage_ranges():
+    """Kineto lists each ``record_function`` range again on the GPU timeline, spanning the
+    range's kernels; counted as kernels they more than doubled the busy time on the H200."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def device_event(name, us):
+        return SimpleNamespace(name=name, device_type=DeviceType.CUDA, device_time=us)
+
+    events = [device_event("gate_kernel", 5.0), device_event("void gemm<...>", 7.0),
+              device_event(breakdown.STAGE_PREFIX + "stack", 12.0), device_event(breakdown.FRAME_RANGE, 13.0),
+              SimpleNamespace(name="aten::mm", device_type=DeviceType.CPU, device_time=0.0)]
+    assert breakdown.kernel_time(events) == 12.0
+
+
 def test_a_frames_breakdown_names_every_stage_and_adds_up():
     from ase.build import bulk
 

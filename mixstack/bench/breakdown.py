@@ -124,12 +124,22 @@ def attribute(events, device_type: str) -> tuple[dict, float, float]:
         else:
             times[(stage, "forward")] += t
     attributed = sum(times.values())
-    if device_type == "cuda":
-        kernels = [e for e in events if e.device_type == DeviceType.CUDA]
-        total = sum(e.device_time for e in kernels) if kernels else attributed
-    else:
-        total = attributed
+    total = (kernel_time(events) or attributed) if device_type == "cuda" else attributed
     return dict(times), attributed, max(total, attributed)
+
+
+def kernel_time(events) -> float:
+    """µs of device work in ``events``: every device-side event except the profiler's copies of
+    the ranges this module opens (Kineto projects each ``record_function`` range onto the GPU
+    timeline as a ``gpu_user_annotation`` spanning its kernels; counting those counted each
+    kernel again under the frame and its stage)."""
+    from torch.autograd import DeviceType
+    return sum(e.device_time for e in events
+               if e.device_type == DeviceType.CUDA and not _is_own_range(e.name))
+
+
+def _is_own_range(name: str) -> bool:
+    return name.startswith(STAGE_PREFIX) or name == FRAME_RANGE
 
 
 def measure(model, inp, key: str, level: int, device, clock, *, rounds: int = 3, warmup: int = 1,
