@@ -97,14 +97,16 @@ class _Reductions:
         )
         self._sum(self.part, self.chunks, self.size, lay.m0 ** 2, dw0, dw1, layer)
 
-    def top(self, a, a_layer, grad_out, alpha, dw0, dw1, layer):
+    def top(self, a, a_layer, grad_out, alpha, dw0, dw1, layer, scratch=None):
         """The identity layer's ``dw = A^T (grad_out * alpha)`` from the edge-major incoming
-        gradient: read in place without alpha; scaled into a transient focus-major surface with
-        it (scaling inside the reduction spilled, ``wgrad.wgrad_kernel``)."""
+        gradient: read in place without alpha; with it, scaled straight into a focus-major
+        ``(F, E, ROW)`` surface (scaling inside the reduction spilled, ``wgrad.wgrad_kernel``):
+        ``scratch`` when the caller has a dead one of that shape, else a transient one."""
         if alpha is None:
             self.blocks(a, a_layer, grad_out, dw0, dw1, layer, b_edge_major=True)
         else:
-            g = (grad_out * alpha.unsqueeze(-1)).transpose(0, 1).contiguous()
+            g = scratch if scratch is not None else grad_out.new_empty((self.n_focus, self.n_edges, grad_out.shape[2]))
+            torch.mul(grad_out.transpose(0, 1), alpha.transpose(0, 1).unsqueeze(-1), out=g)
             self.blocks(a, a_layer, g, dw0, dw1, layer)
 
     def gate(self, h, h_layer, z, gw, dgw, layer, zd=None):
@@ -261,10 +263,11 @@ def double_backward(v, w, grad_out, y, z, chain, alpha, w0, w1, gw, layout: Stac
             GC=gate_chunk(layout), BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"],
             num_stages=cfg["num_stages"],
         )
-    del z_dot
     if weights:
         del sg
-        red.top(u_dot, 0, grad_out, alpha if apply_alpha else None, dw0, dw1, n_gated)
+        # z_dot is dead: the top reduction scales grad_out into it (no surface of its own)
+        red.top(u_dot, 0, grad_out, alpha if apply_alpha else None, dw0, dw1, n_gated, scratch=z_dot)
+    del z_dot
     if need_grad_out or need_alpha:
         # y_dot, edge-major and unscaled, straight into d_grad_out where that is wanted
         y_dot = d_grad_out if need_grad_out else grad_out.new_empty((n_edges, n_focus, row))

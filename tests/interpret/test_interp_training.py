@@ -299,9 +299,10 @@ def test_no_edges_give_zero_weight_gradients_and_an_empty_double_backward():
     assert got["u0"].shape == (2, 0, case.row) and got["grad_out"].shape == (0, 2, case.row)
 
 
-def _peak_surfaces(step, surface_bytes) -> float:
-    """The most CPU memory ``step`` holds at once beyond what existed before it, in ``(F, E, ROW)``
-    surfaces (the profiler's allocation trace)."""
+def _peak_surfaces(step, surface_bytes, within: str) -> int:
+    """The most whole ``(F, E, ROW)`` surfaces that the operator ``within`` holds at once of those
+    it allocated during ``step`` (the profiler's CPU allocation trace; buffers under 0.9 of a
+    surface, such as the weight gradients and the reductions' partial sums, are left out)."""
     import json
     import tempfile
 
@@ -312,19 +313,25 @@ def _peak_surfaces(step, surface_bytes) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         prof.export_chrome_trace(f"{tmp}/trace.json")
         with open(f"{tmp}/trace.json") as f:
-            events = [e["args"] for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"]
-    start = events[0]["Total Allocated"] - events[0]["Bytes"]
-    return max(e["Total Allocated"] - start for e in events) / surface_bytes
+            events = json.load(f)["traceEvents"]
+    (op,) = [e for e in events if e.get("name") == within and e.get("ph") == "X"]
+    live, peak = 0, 0
+    for e in events:
+        if e.get("name") == "[memory]" and op["ts"] <= e["ts"] <= op["ts"] + op["dur"]:
+            n = round(e["args"]["Bytes"] / surface_bytes)
+            if abs(e["args"]["Bytes"]) >= 0.9 * surface_bytes:
+                live += n
+                peak = max(peak, live)
+    return peak
 
 
 @pytest.mark.slow
-def test_the_double_backward_holds_no_surface_it_can_reuse():
-    """A training step of the stack (3 gated layers, weights) peaks in the double backward,
-    holding the forward's result, ``z`` x3, ``y``, the backward's chain x3, ``grad_u0``, the
-    loss's temporaries, the incoming cotangent, ``d_z`` x3, ``u_dot``, ``z_dot`` and the gate
-    sigmoids (a third of a surface at Cf 16 lmax 2): 18.2 surfaces measured at this shape.  The
-    gate cotangent ``gz`` lives in ``d_z[k]`` until the tangent step writes it; with a ``gz`` of
-    its own the peak was 19.1."""
+def test_the_double_backward_allocates_no_surface_it_can_reuse():
+    """The double backward of a stack with 3 gated layers and weights allocates its outputs
+    ``d_z`` (3 surfaces), the tangent ``u_dot`` and ``z_dot``, later ``y_dot`` in ``z_dot``'s
+    place: 5 surfaces at once.  The gate cotangent ``gz`` lives in ``d_z[k]`` until the tangent
+    step writes it, and the top reduction scales ``grad_out`` into the dead ``z_dot``; either on
+    a surface of its own made it 6 (on the H200 the training step's peak was in that reduction)."""
     from mixstack.bench import train_bench
     from mixstack.bench.shapes import BenchShape
 
@@ -332,5 +339,4 @@ def test_the_double_backward_holds_no_surface_it_can_reuse():
     inp = train_bench._stack_inputs(shape, torch.device("cpu"), 0)
     step = train_bench.StackStep("1", shape, inp)
     step()                                                     # the kernels' first run
-    peak = _peak_surfaces(step, inp.u0.numel() * inp.u0.element_size())
-    assert 17.5 < peak < 18.6, peak
+    assert _peak_surfaces(step, inp.u0.numel() * inp.u0.element_size(), "mixstack::stack_double_backward") == 5
