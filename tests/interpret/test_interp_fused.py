@@ -149,6 +149,7 @@ def test_no_entry_keeps_the_relay():
     assert res["log"] == {"fwd:triton": 1, "bwd:relay": 1}
 
 
+@pytest.mark.slow
 def test_the_benchs_fused_variant_runs_the_fused_backward_and_only_there():
     """``mixstack bench --levels 2,2f``: L2 keeps the relay (no entry), L2-fused runs the
     fused kernel with the same errors (same bits), and no registration outlives the run."""

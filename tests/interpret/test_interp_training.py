@@ -139,7 +139,7 @@ def test_training_is_bitwise_identical_run_to_run():
     assert _same_bits(helpers.run_stack(case, 1, inputs, grad_out, weights=True), weights) == []
 
 
-@pytest.mark.parametrize("case", [CASES[0], pytest.param(CASES[1], marks=pytest.mark.slow)], ids=case_id)
+@pytest.mark.parametrize("case", [CASES[0]], ids=case_id)    # Cf 48 and 64: tests/gpu/test_gpu_training.py
 def test_level2_with_tuned_configs_is_bitwise_equal_to_level1(case):
     one, two = _train(case, 1), _train(case, 2, _registered(LEVEL2))
     assert two["log"]["cfg:stack_wgrad"] == 2 and two["log"]["bwd2:triton"] == 1
@@ -147,7 +147,7 @@ def test_level2_with_tuned_configs_is_bitwise_equal_to_level1(case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CASES[:2], ids=case_id)
+@pytest.mark.parametrize("case", CASES[:1], ids=case_id)     # Cf 48 and 64: tests/gpu/test_gpu_training.py
 def test_level3_with_validated_entries_runs_compensated_within_the_contract(case):
     got = _train(case, 3, _registered(LEVEL3))
     _, want = _want(case)
@@ -327,16 +327,15 @@ def _peak_surfaces(step, surface_bytes, within: str) -> int:
 
 @pytest.mark.slow
 def test_the_double_backward_allocates_no_surface_it_can_reuse():
-    """The double backward of a stack with 3 gated layers and weights allocates its outputs
-    ``d_z`` (3 surfaces), the tangent ``u_dot`` and ``z_dot``, later ``y_dot`` in ``z_dot``'s
-    place: 5 surfaces at once.  The gate cotangent ``gz`` lives in ``d_z[k]`` until the tangent
+    """The double backward of a stack with 2 gated layers and weights allocates its outputs
+    ``d_z`` (2 surfaces), the tangent ``u_dot`` and ``z_dot``, later ``y_dot`` in ``z_dot``'s
+    place: 4 surfaces at once.  The gate cotangent ``gz`` lives in ``d_z[k]`` until the tangent
     step writes it, and the top reduction scales ``grad_out`` into the dead ``z_dot``; either on
-    a surface of its own made it 6 (on the H200 the training step's peak was in that reduction)."""
+    a surface of its own made it 5 (on the H200 the training step's peak was in that reduction)."""
     from mixstack.bench import train_bench
     from mixstack.bench.shapes import BenchShape
 
-    shape = BenchShape("T", 257, 2, 16, 2, layers=4)
+    shape = BenchShape("T", 257, 2, 16, 1, layers=3)          # 2 gated layers: d_z holds 2
     inp = train_bench._stack_inputs(shape, torch.device("cpu"), 0)
     step = train_bench.StackStep("1", shape, inp)
-    step()                                                     # the kernels' first run
-    assert _peak_surfaces(step, inp.u0.numel() * inp.u0.element_size(), "mixstack::stack_double_backward") == 5
+    assert _peak_surfaces(step, inp.u0.numel() * inp.u0.element_size(), "mixstack::stack_double_backward") == 4

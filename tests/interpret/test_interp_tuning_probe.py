@@ -83,8 +83,8 @@ def test_the_weight_reduction_probe_returns_and_times_the_weight_gradients():
     assert log["wgrad:triton"] == 1 and log["cfg:stack_wgrad"] == 1
 
 
-@pytest.mark.parametrize("family", ["stack_fwd", "stack_bwd_relay", "stack_bwd_fused", "stack_compensated",
-                                    "stack_wgrad",
+@pytest.mark.parametrize("family", ["stack_fwd", "stack_bwd_relay", "stack_bwd_fused",
+                                    pytest.param("stack_compensated", marks=pytest.mark.slow), "stack_wgrad",
                                     pytest.param("stack_wgrad_compensated", marks=pytest.mark.slow)])
 def test_a_familys_validity_hash_covers_every_kernel_its_runs_launch(family, monkeypatch):
     """An entry stays valid while the kernel modules its family names are unchanged, so a
