@@ -56,6 +56,7 @@ from ..dispatch.log import dispatch_log
 from . import breakdown as breakdown_mod
 from . import env, runner
 from .breakdown import own_copy
+from .report import fmt as _fmt
 from .report import header_lines, markdown_table, require_extra
 from .runner import _peak_above, exact_fp32
 from .timing import Clock, Task, clock_for, time_interleaved
@@ -348,10 +349,6 @@ def run_model_bench(cfg: ModelBenchConfig, *, on_step: Callable[[str], None] | N
 
 
 # ------------------------------------------------------------------ reports
-
-def _fmt(x, spec=".2e") -> str:
-    return "—" if x is None else format(x, spec)
-
 
 def summary_rows(record: dict) -> list[dict]:
     """One row per (cell, variant): time, memory, deviation from the baseline, band."""

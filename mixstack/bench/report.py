@@ -287,3 +287,8 @@ def write(record: dict, out_dir: str | os.PathLike, *, with_plot: bool = True,
     if with_plot:
         paths["plot"] = to_plot(record, out / plot_name)
     return paths
+
+
+def fmt(x, spec: str = ".2e") -> str:
+    """A table cell: ``x`` formatted with ``spec``, or an em dash where there is no value."""
+    return "—" if x is None else format(x, spec)

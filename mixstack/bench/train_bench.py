@@ -43,6 +43,7 @@ from ..dispatch.levels import use_level
 from ..dispatch.log import dispatch_log
 from ..functional import mixing_stack
 from . import env, runner
+from .report import fmt as _fmt
 from .report import header_lines, markdown_table, require_extra
 from .runner import _peak_above, _rel_err, exact_fp32
 from .shapes import SMALL, STANDARD, BenchShape, make_inputs
@@ -396,10 +397,6 @@ def run_train_bench(cfg: TrainBenchConfig, *, on_step: Callable[[str], None] | N
 
 
 # ------------------------------------------------------------------ reports
-
-def _fmt(x, spec=".2e") -> str:
-    return "—" if x is None else format(x, spec)
-
 
 def summary_rows(record: dict) -> list[dict]:
     """One row per (case, variant): step time, its ratio to L0-eager, peak memory and its ratio,
