@@ -75,6 +75,25 @@ def test_a_failing_variant_is_recorded_and_exits_nonzero(monkeypatch, capsys, tm
     assert (tmp_path / model_bench.JSON_NAME).exists()
 
 
+def test_a_run_cut_off_keeps_the_cells_it_finished(monkeypatch, capsys, tmp_path):
+    """A run killed mid-way (a time limit) must not lose the cells already measured: each is
+    written when it finishes."""
+    real, calls = model_bench._run_cell, []
+
+    def cut_off(*args, **kwargs):
+        calls.append(args[2])
+        if len(calls) == 2:
+            raise KeyboardInterrupt                      # the second cell never finishes
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model_bench, "_run_cell", cut_off)
+    with pytest.raises(KeyboardInterrupt):
+        main([*TINY, "--levels", "0", "--out", str(tmp_path), "--md-steps", "0"])
+    assert "diamond-8 done (1 of 2 cells)" in capsys.readouterr().out
+    data = json.loads((tmp_path / model_bench.JSON_NAME).read_text())
+    assert [c["label"] for c in data["cells"]] == ["diamond-8"]
+
+
 def test_bench_model_rejects_operator_options_and_unknown_cells(capsys, tmp_path):
     assert main(["bench", "model", "--shape", "S1", "--out", str(tmp_path)]) == 2
     assert "--shape: options of `mixstack bench`" in capsys.readouterr().err

@@ -325,8 +325,10 @@ def plan(cfg: ModelBenchConfig) -> tuple[list[str], list[dict]]:
 
 
 def run_model_bench(cfg: ModelBenchConfig, *, on_step: Callable[[str], None] | None = None,
-                    clock: Clock | None = None, command: str | None = None) -> dict:
-    """Run ``cfg``; return the JSON-serialisable record (see ``markdown``)."""
+                    clock: Clock | None = None, command: str | None = None,
+                    on_cell: Callable[[dict], None] | None = None) -> dict:
+    """Run ``cfg``; return the JSON-serialisable record (see ``markdown``).  ``on_cell`` gets the
+    record after every finished cell (the CLI writes it, so a run cut off keeps its cells)."""
     from ..potential import SO2Potential
     device = env.resolve_device(cfg.device)
     clock = clock or clock_for(device)
@@ -345,6 +347,8 @@ def run_model_bench(cfg: ModelBenchConfig, *, on_step: Callable[[str], None] | N
             record["cells"].append(_run_cell(cfg, model, name, target, keys, device, clock, step, model64))
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+            if on_cell is not None:
+                on_cell(record)
     return record
 
 

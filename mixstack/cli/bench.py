@@ -265,7 +265,16 @@ def _run_model(args, argv) -> int:
           f"{cfg.rounds} rounds after {cfg.warmup} warm-up")
     if not announce("mixstack bench model", keys, skipped, cfg.notes):
         return 2
-    record = model_bench.run_model_bench(cfg, command=command_line(argv))
+    n_cells = len(cfg.cells) * len(cfg.atoms)
+
+    def keep(partial):              # each finished cell is on disk: a run cut off keeps them
+        done = len(partial["cells"])
+        if done < n_cells:
+            folder = args.out or report.default_dir(partial, purpose="bench-model")
+            model_bench.write(partial, folder, with_plot=False)
+            print(f"  {partial['cells'][-1]['label']} done ({done} of {n_cells} cells); written to {folder}")
+
+    record = model_bench.run_model_bench(cfg, command=command_line(argv), on_cell=keep)
     print("\n".join(report.header_lines(record)))
     print(report.markdown_table(model_bench.summary_rows(record)), end="")
     out = args.out or report.default_dir(record, purpose="bench-model")
