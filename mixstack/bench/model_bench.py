@@ -57,7 +57,7 @@ from . import breakdown as breakdown_mod
 from . import env, runner
 from .breakdown import own_copy
 from .report import fmt as _fmt
-from .report import header_lines, markdown_table, require_extra
+from .report import header_lines, markdown_table, not_run_section, require_extra, save_figure
 from .runner import _peak_above, exact_fp32
 from .timing import Clock, Task, clock_for, time_interleaved
 
@@ -483,9 +483,7 @@ def markdown(record: dict) -> str:
                      "whole steps (neighbour list upkeep, copies, the frame, the integrator); drift: the "
                      "least-squares slope of the total energy per atom over the timed steps.\n")
         parts.append(markdown_table(mdr))
-    extra = [f"{s['variant']} skipped: {s['reason']}" for s in record["skipped"]] + record["notes"]
-    if extra:
-        parts.append("\n## Not run\n\n" + "\n".join(f"- {x}" for x in extra) + "\n")
+    parts.append(not_run_section(record))
     return "\n".join(parts)
 
 
@@ -509,13 +507,7 @@ def plot(record: dict, path) -> Path:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    head = header_lines(record)
-    fig.suptitle("mixstack bench model — " + head[0].removeprefix("device: "), fontsize=11)
-    fig.text(0.01, 0.005, head[1] + "\n" + head[2], fontsize=7, va="bottom")
-    fig.tight_layout(rect=(0, 0.08, 1, 0.94))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, plt, record, "mixstack bench model", path)
 
 
 def write(record: dict, out_dir, *, with_plot: bool = True) -> dict[str, Path]:

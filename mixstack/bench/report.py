@@ -253,12 +253,26 @@ def plot(record: dict, path: str | os.PathLike) -> Path:
             ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(shapes):]:
         ax.set_visible(False)
+    return save_figure(fig, plt, record, "mixstack bench", path, rect=(0, 0.06, 1, 0.95))
+
+
+def not_run_section(record: dict) -> str:
+    """The Markdown "Not run" section of a bench's results: skipped variants with why, and the
+    config's notes (empty when there are none)."""
+    extra = [f"{s['variant']} skipped: {s['reason']}" for s in record["skipped"]] + record["notes"]
+    return "\n## Not run\n\n" + "\n".join(f"- {x}" for x in extra) + "\n" if extra else ""
+
+
+def save_figure(fig, plt, record: dict, title: str, path: str | os.PathLike, *, rect=(0, 0.08, 1, 0.94),
+                dpi: int = 120, title_size: int = 11, foot_size: int = 7) -> Path:
+    """A bench figure's title (``title`` and the device), its footer (software, date, command),
+    then saved to ``path`` and closed."""
     head = header_lines(record)
-    fig.suptitle("mixstack bench — " + head[0].removeprefix("device: "), fontsize=11)
-    fig.text(0.01, 0.005, head[1] + "\n" + head[2], fontsize=7, va="bottom")
-    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    fig.suptitle(title + " — " + head[0].removeprefix("device: "), fontsize=title_size)
+    fig.text(0.01, 0.005, head[1] + "\n" + head[2], fontsize=foot_size, va="bottom")
+    fig.tight_layout(rect=rect)
     path = Path(path)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
 

@@ -44,7 +44,7 @@ from ..dispatch.log import dispatch_log
 from ..functional import mixing_stack
 from . import env, runner
 from .report import fmt as _fmt
-from .report import header_lines, markdown_table, require_extra
+from .report import header_lines, markdown_table, not_run_section, require_extra, save_figure
 from .runner import _peak_above, _rel_err, exact_fp32
 from .shapes import SMALL, STANDARD, BenchShape, make_inputs
 from .timing import Clock, Task, clock_for, time_interleaved
@@ -131,8 +131,16 @@ def plan(cfg: TrainBenchConfig) -> tuple[list[str], list[dict]]:
     return runner.plan(cfg, variants=VARIANTS, skip=skip_reason)
 
 
-def _double_backward_refusal(exc: BaseException) -> bool:
-    return "double backward" in str(exc)
+@contextlib.contextmanager
+def _compile_refusal():
+    """PyTorch refusing to differentiate a compiled step twice (AOTAutograd has no double
+    backward) becomes ``NotCompilable``; every other error passes through."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if "double backward" in str(exc):
+            raise NotCompilable(str(exc)) from exc
+        raise
 
 
 def _grad_errors(got: dict, want: dict | None) -> dict:
@@ -179,14 +187,10 @@ class StackStep:
             t.grad = None
         with use_level(self.level):
             out = self.forward(self.u0, self.alpha, *self.weights)
-            try:
+            with _compile_refusal():
                 (forces,) = torch.autograd.grad(out, self.u0, self.grad_out, create_graph=True)
                 loss = (forces - self.target).square().sum() * self.scale
                 loss.backward()
-            except RuntimeError as exc:
-                if _double_backward_refusal(exc):
-                    raise NotCompilable(str(exc)) from exc
-                raise
 
     def __call__(self):
         self._loss_backward()
@@ -257,16 +261,11 @@ class PotentialStep:
 
     def _loss_backward(self):
         self.model.zero_grad(set_to_none=True)
-        with use_level(self.level):
-            try:
-                energy, forces, _, _ = self.model(*self.inputs)
-                loss = (energy - self.energy_ref).square() / self.n_atoms ** 2 + \
-                    (forces - self.forces_ref).square().mean()
-                loss.backward()
-            except RuntimeError as exc:
-                if _double_backward_refusal(exc):
-                    raise NotCompilable(str(exc)) from exc
-                raise
+        with use_level(self.level), _compile_refusal():
+            energy, forces, _, _ = self.model(*self.inputs)
+            loss = (energy - self.energy_ref).square() / self.n_atoms ** 2 + \
+                (forces - self.forces_ref).square().mean()
+            loss.backward()
 
     def __call__(self):
         self._loss_backward()
@@ -455,9 +454,7 @@ def markdown(record: dict) -> str:
     parts.append(markdown_table(summary_rows(record)))
     parts.append("\n## Gradient errors against float64\n\n")
     parts.append(markdown_table(error_rows(record)))
-    extra = [f"{s['variant']} skipped: {s['reason']}" for s in record["skipped"]] + record["notes"]
-    if extra:
-        parts.append("\n## Not run\n\n" + "\n".join(f"- {x}" for x in extra) + "\n")
+    parts.append(not_run_section(record))
     return "\n".join(parts)
 
 
@@ -482,13 +479,7 @@ def plot(record: dict, path) -> Path:
         ax.grid(axis="y", alpha=0.3)
     for ax in list(axes.flat)[len(cases):]:
         ax.set_visible(False)
-    head = header_lines(record)
-    fig.suptitle("mixstack bench train — " + head[0].removeprefix("device: "), fontsize=11)
-    fig.text(0.01, 0.005, head[1] + "\n" + head[2], fontsize=7, va="bottom")
-    fig.tight_layout(rect=(0, 0.08, 1, 0.94))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, plt, record, "mixstack bench train", path)
 
 
 def write(record: dict, out_dir, *, with_plot: bool = True) -> dict[str, Path]:
