@@ -275,16 +275,24 @@ def _run_model(args, argv) -> int:
             print(f"  {partial['cells'][-1]['label']} done ({done} of {n_cells} cells); written to {folder}")
 
     record = model_bench.run_model_bench(cfg, command=command_line(argv), on_cell=keep)
+    return _show_and_write(args, record, model_bench, "cells", "label", "bench-model")
+
+
+def _show_and_write(args, record: dict, bench, cases: str, label: str, purpose: str) -> int:
+    """The model or training bench's header and summary table, then its result files
+    (``bench.write``) and failures (``record[cases][i]["variants"]``, named by ``label``)."""
+    from ..bench import report
+
     print("\n".join(report.header_lines(record)))
-    print(report.markdown_table(model_bench.summary_rows(record)), end="")
-    out = args.out or report.default_dir(record, purpose="bench-model")
-    failed = [f"{v['variant']} on {c['label']}: {v['failed']}" for c in record["cells"]
+    print(report.markdown_table(bench.summary_rows(record)), end="")
+    out = args.out or report.default_dir(record, purpose=purpose)
+    failed = [f"{v['variant']} on {c[label]}: {v['failed']}" for c in record[cases]
               for v in c["variants"] if v["failed"]]
-    return write_results(model_bench.write, record, out, args.no_plot, failed)
+    return write_results(bench.write, record, out, args.no_plot, failed)
 
 
 def _run_train(args, argv) -> int:
-    from ..bench import env, report, train_bench
+    from ..bench import env, train_bench
 
     cfg = train_bench_config(args)
     keys, skipped = train_bench.plan(cfg)
@@ -298,12 +306,7 @@ def _run_train(args, argv) -> int:
     bar, step = progress_bar(train_bench.total_steps(cfg), fancy_output())
     with bar:
         record = train_bench.run_train_bench(cfg, on_step=step, command=command_line(argv))
-    print("\n".join(report.header_lines(record)))
-    print(report.markdown_table(train_bench.summary_rows(record)), end="")
-    out = args.out or report.default_dir(record, purpose="bench-train")
-    failed = [f"{v['variant']} on {c['case']}: {v['failed']}" for c in record["cases"]
-              for v in c["variants"] if v["failed"]]
-    return write_results(train_bench.write, record, out, args.no_plot, failed)
+    return _show_and_write(args, record, train_bench, "cases", "case", "bench-train")
 
 def grid_config(args):
     """The ``GridConfig`` the parsed ``bench grid`` arguments ask for."""
