@@ -32,6 +32,8 @@
 #   --atoms 4400 --repeats 3 --md-steps 0), ~4 min.  "baseline": the compiled level-0 frame's
 #   forces against float64 (the strict GPU test, BASELINE_TESTS, default its 0c cases), then
 #   the candidate standalone reproducers repro/inductor_gpu_*.py, ~3 min.
+#   "probe": scripts/frame_probe.py (PROBE_ARGS): one frame's kernels by device time and the
+#   allocations alive at its peak memory, per level, under $OUT/probe.
 #   "train" runs `mixstack bench train` (a force-matching training step: the stack at S1-S4,
 #   the potential at ~500 and ~2000 atoms, L0 eager and compiled, L1-L3); TRAIN_ARGS replaces
 #   its arguments.  Level 3 of the weight reductions needs stack_wgrad_compensated entries:
@@ -162,6 +164,10 @@ part_baseline() {
     summary+=("$script rc=${PIPESTATUS[0]}: $(tail -n 1 "$OUT/repro.log")")
   done
 }
+part_probe() {
+  timeout "$(left)" python3 scripts/frame_probe.py ${PROBE_ARGS:-} --out "$OUT/probe" 2>&1 | tee "$OUT/probe.log" | tail -n 40
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("frame probe rc=$r")
+}
 part_train() {
   mkdir -p "$OUT/train"
   timeout "$(left)" python3 -m mixstack bench train ${TRAIN_ARGS:-} --out "$OUT/train" 2>&1 | tee "$OUT/train.log" | tail -n 30
@@ -246,7 +252,7 @@ part_scaling() {
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|model|md|breakdown|baseline|train|lammps|scaling) "part_$part" ;;
+    tests|tune|retune|grid|model|md|breakdown|baseline|probe|train|lammps|scaling) "part_$part" ;;
     stack) part_stack "$@" ;;
     *) echo "unknown part '$part' (use tests, tune, retune, grid, stack, model, md, breakdown, baseline, train, lammps, scaling)"; rc=2 ;;
   esac
