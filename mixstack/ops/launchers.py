@@ -148,11 +148,10 @@ def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
     """
     n_focus, n_edges, row = u0.shape
     n_gated = w0.shape[0] - 1
-    out = u0.new_empty((n_edges, n_focus, row))
     z = u0.new_empty((n_gated, n_focus, n_edges, row))
     y = u0.new_empty((n_edges, n_focus, row) if apply_alpha else (0,))
     if _is_empty(n_edges):
-        return out, z, y
+        return u0.new_empty((n_edges, n_focus, row)), z, y
     u = u0
     split = split_weights(w0, w1) if compensated else None
     # The forward gate stays exact at level 3: with split fp16 logits (122 registers
@@ -174,6 +173,14 @@ def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
         block_gemm(u, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(1,), z=z, sg=sg, gate=True,
               res=u, out=u_next, split=split, amax_in=amax, amax_out=amax_next)
         u, amax = u_next, amax_next
+    if n_gated:
+        # The result is allocated only now, once the sigmoids and the ping-pong buffer that
+        # is no longer read are released: eagerly, the caching allocator hands it their
+        # memory, so the forward's peak holds one surface less (z, y and the live buffer).
+        del sg, buffers
+        if record:
+            del maxima
+    out = u0.new_empty((n_edges, n_focus, row))
     block_gemm(u, w0, w1, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=u, out=out,
           y=y if apply_alpha else None, alpha=alpha if apply_alpha else None,
           alpha_on_out=apply_alpha, out_edge_major=True, split=split, amax_in=amax)

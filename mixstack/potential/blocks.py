@@ -26,6 +26,7 @@ gates and radial weights scale ``m = -1`` and ``m = +1`` alike.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -34,7 +35,7 @@ from torch import nn
 from .. import conv, tuning
 from ..functional import mixing_stack
 from ..layout import LMAX_RANGE, StackLayout
-from . import stages
+from . import recompute, stages
 
 
 class EquivariantMixingStack(nn.Module):
@@ -146,14 +147,13 @@ class InteractionBlock(nn.Module):
             parts.append(torch.matmul(rows[l].transpose(-1, -2), kept))
         return torch.cat(parts, 1)
 
-    def edge_weights(self, x, src, dst, rbf, env, scaled: bool = True):
-        """Radial weights ``(E, F, 3*lmax + 2, C)`` (times the envelope where ``scaled``), the edge
-        scalar ``h (E, C)`` of the two atoms' ``l = 0`` channels, and ``alpha (E, F)``."""
+    def edge_weights(self, x, src, dst, rbf, env):
+        """Radial weights ``(E, F, 3*lmax + 2, C)`` times the envelope, the edge scalar
+        ``h (E, C)`` of the two atoms' ``l = 0`` channels, and ``alpha (E, F)`` (level 0; the
+        convolution's kernels take ``edge_weights_split``)."""
         n_edges = src.shape[0]
         scal = torch.cat((x[src, 0], x[dst, 0]), -1)                       # (E, 2C) invariants
-        radial = self.radial(rbf)
-        if scaled:
-            radial = radial * env[:, None]
+        radial = self.radial(rbf) * env[:, None]
         radial = radial.view(n_edges, self.n_focus, self.n_radial_out, self.c)
         alpha = torch.softmax(self.alpha_logits(torch.cat((scal, rbf), -1)), dim=-1)
         return radial, self.edge_scalar(scal), alpha
@@ -180,12 +180,60 @@ class InteractionBlock(nn.Module):
         radial, h, alpha = self.edge_weights(x, src, dst, rbf, env)
         return self.rotate_in(x, src, rows, radial, h), alpha
 
-    def rotate_in_kernels(self, x, src, wigner, radial, h, env):
+    def edge_weights_split(self, x, src, dst, rbf):
+        """``edge_weights`` as the convolution's kernels take it, the same functions computed
+        with fewer edge-sized surfaces: ``(hidden, (radial, scalar_weight), h, alpha)``.
+
+        - The radial network's last layer runs as two products, the weights of the m = 0 and
+          |m| = 1 subtiles ``(E, F, 2*lmax+1, C)`` and those of the edge scalar
+          ``(E, F, lmax+1, C)``, so their gradients arrive as two tensors: the slices of one
+          output would each be scattered into a zero-filled copy of the whole output and
+          added (two fills, two copies and an add of ``E x F x (3*lmax+2) x C`` floats).
+        - The first layers of the edge scalar and of the alpha network act on the two atoms'
+          ``l = 0`` channels, so they run at the atoms (``x0 @ W_src``, ``x0 @ W_dst``) and are
+          gathered to the edges: no ``(E, 2C)`` or ``(E, 2C + n_radial)`` concatenation.
+        ``hidden`` is the radial network's last hidden layer ``(E, radial_hidden)``, from which
+        ``radial_products`` recomputes the weights (``rotate_in_kernels`` may drop them)."""
+        c = self.c
+        hidden = self.radial[:-1](rbf)
+        first = self.alpha_logits[0]
+        w_scalar, w_alpha = self.edge_scalar.weight, first.weight
+        at_src = torch.cat((w_scalar[:, :c], w_alpha[:, :c]), 0)                 # (C + H, C)
+        at_dst = torch.cat((w_scalar[:, c:], w_alpha[:, c:2 * c]), 0)
+        x0 = x[:, 0]
+        pair = (x0 @ at_src.t())[src] + (x0 @ at_dst.t())[dst]                  # (E, C + H)
+        h = pair[:, :c] + self.edge_scalar.bias
+        logits = self.alpha_logits[1:](pair[:, c:] + nn.functional.linear(rbf, w_alpha[:, 2 * c:], first.bias))
+        return hidden, self.radial_products(hidden, src.shape[0]), h, torch.softmax(logits, dim=-1)
+
+    def radial_products(self, hidden, n_edges: int):
+        """The radial network's last layer on ``hidden``: ``(radial (E, F, 2*lmax+1, C),
+        scalar_weight (E, F, lmax+1, C))``, the two column groups of its output."""
+        last, f, c, lmax = self.radial[-1], self.n_focus, self.c, self.lmax
+        w = last.weight.view(f, self.n_radial_out, c, -1)
+        b = last.bias.view(f, self.n_radial_out, c)
+        cut = 2 * lmax + 1
+        parts = []
+        for lo, hi in ((0, cut), (cut, self.n_radial_out)):
+            out = nn.functional.linear(hidden, w[:, lo:hi].reshape(-1, w.shape[-1]), b[:, lo:hi].reshape(-1))
+            parts.append(out.view(n_edges, f, hi - lo, c))
+        return tuple(parts)
+
+    def rotate_in_kernels(self, x, src, wigner, hidden, radial, h, env):
         """``rotate_in``'s result through ``mixstack.rotate_in`` (the kernels): the radial weights
-        unscaled, the envelope as the edge weight (one pass less over the radial weights)."""
-        lmax = self.lmax
-        return conv.rotate_in(x, wigner, radial[:, :, :2 * lmax + 1], src, edge_scalar=h,
-                              scalar_weight=radial[:, :, 2 * lmax + 1:], edge_weight=env)
+        unscaled, the envelope as the edge weight (one pass less over the radial weights).
+
+        In eval mode (energy and forces), outside a compiler, the radial weights are not kept
+        for the backward: ``recompute.dropped`` keeps ``hidden`` (``radial_hidden`` floats an
+        edge against ``F x (3*lmax+2) x C``) and the backward recomputes them, one product per
+        block, which at the bench model frees two of the frame's largest saved tensors."""
+        radial, scalar_weight = radial
+        kw = dict(edge_scalar=h, scalar_weight=scalar_weight, edge_weight=env)
+        if self.training or torch.compiler.is_compiling():
+            return conv.rotate_in(x, wigner, radial, src, **kw)
+        remake = functools.partial(self.radial_products, hidden.detach(), src.shape[0])
+        with recompute.dropped((radial, scalar_weight), remake):
+            return conv.rotate_in(x, wigner, radial, src, **kw)
 
     def rotate_out_kernels(self, out, wigner, dst, env, n_atoms: int):
         """Rotate back, sum the focus streams and each atom's messages (``mixstack.rotate_out_sum``)."""
@@ -211,10 +259,11 @@ class InteractionBlock(nn.Module):
         which case rotate-in and rotate-out + aggregation run as ``mixstack`` operators."""
         n_edges = src.shape[0]
         kernels = wigner is not None
-        radial, h, alpha = stages.run(stages.RADIAL, self.edge_weights, x, src, dst, rbf, env, not kernels)
         if kernels:
-            u0 = stages.run(stages.ROTATE_IN, self.rotate_in_kernels, x, src, wigner, radial, h, env)
+            hidden, radial, h, alpha = stages.run(stages.RADIAL, self.edge_weights_split, x, src, dst, rbf)
+            u0 = stages.run(stages.ROTATE_IN, self.rotate_in_kernels, x, src, wigner, hidden, radial, h, env)
         else:
+            radial, h, alpha = stages.run(stages.RADIAL, self.edge_weights, x, src, dst, rbf, env)
             u0 = stages.run(stages.ROTATE_IN, self.rotate_in, x, src, rows, radial, h)
         out = stages.run(stages.STACK, self.stack, u0, alpha)
         if kernels:

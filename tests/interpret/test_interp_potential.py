@@ -45,6 +45,32 @@ def test_eval_mode_forces_run_the_kernels_and_match_level_zero(system, level):
     assert ref[1].norm() > 0
 
 
+def test_eval_mode_recomputes_the_radial_weights_in_the_backward_and_train_mode_keeps_them(system, monkeypatch):
+    """The radial weights rotate-in reads are not held across the stack in eval mode: the
+    backward makes them again (``recompute.dropped``).  Shown by doubling what
+    ``nn.functional.linear`` returns between the forward and the backward: eval-mode forces
+    move, train-mode forces (the weights kept) do not."""
+    model, _, inputs, _, _ = system
+    linear = torch.nn.functional.linear
+
+    def forces(train: bool, tamper: bool):
+        m = model.train(train)
+        pos = inputs.positions.detach().requires_grad_(True)
+        with mixstack.use_level(1):
+            energy, _ = m.energy(pos, *inputs[1:])
+            if tamper:
+                monkeypatch.setattr(torch.nn.functional, "linear", lambda *a: 2 * linear(*a))
+            (g,) = torch.autograd.grad(energy, pos)
+            monkeypatch.undo()
+        return g
+
+    try:
+        assert not torch.equal(forces(False, True), forces(False, False))
+        assert torch.equal(forces(True, True), forces(True, False))
+    finally:
+        model.eval()
+
+
 @pytest.mark.slow
 def test_frames_at_levels_1_to_3_are_bitwise_identical_run_to_run(system):
     """Separate calls at levels 1, 2 and 3 (the first two kept from the test above where it ran)."""
