@@ -123,8 +123,9 @@ def stack_launches(layout, n_focus: int, apply_alpha: bool = True, *, n_layers: 
 
 
 def conv_launches(layout, n_focus: int, *, edges: int = 409688, atoms: int = 4608) -> list[Launch]:
-    """The launches of ``rotate_in`` and ``rotate_out_sum``, forward and backward with every
-    gradient (``conv_launchers``), with the edge scalar and edge weights, on meta tensors."""
+    """The launches of ``rotate_in`` (with the radial weights as a tensor and as a linear layer
+    of 32 hidden features) and ``rotate_out_sum``, forward and backward with every gradient
+    (``conv_launchers``), with the edge scalar and edge weights, on meta tensors."""
     meta = dict(device="meta", dtype=torch.float32)
     s, c = (layout.lmax + 1) ** 2, layout.focus_dim
     x = torch.empty((atoms, s, c), **meta)
@@ -133,9 +134,19 @@ def conv_launches(layout, n_focus: int, *, edges: int = 409688, atoms: int = 460
     radial, scalar_weight = wide[:, :, :2 * layout.lmax + 1], wide[:, :, 2 * layout.lmax + 1:]
     index = torch.empty((edges,), dtype=torch.int64, device="meta")
     h, ew = torch.empty((edges, c), **meta), torch.empty((edges,), **meta)
-    out = record_launches(conv_launchers.rotate_in_forward, x, wigner, radial, index, h, scalar_weight, ew, layout)
-    out += record_launches(conv_launchers.rotate_in_backward, torch.empty((n_focus, edges, layout.row), **meta), x,
-                           wigner, radial, index, h, scalar_weight, ew, layout, (True,) * 6)
+    grad_u = torch.empty((n_focus, edges, layout.row), **meta)
+    out = record_launches(conv_launchers.rotate_in_forward, x, wigner, radial, index, h, scalar_weight, ew, layout,
+                          n_focus)
+    out += record_launches(conv_launchers.rotate_in_backward, grad_u, x, wigner, radial, index, h, scalar_weight, ew,
+                           layout, (True,) * 6)
+    hidden_dim = 32                            # the potential's radial network's hidden width
+    linear = (torch.empty((edges, hidden_dim), **meta),
+              torch.empty((n_focus, 3 * layout.lmax + 2, c, hidden_dim), **meta),
+              torch.empty((n_focus, 3 * layout.lmax + 2, c), **meta))
+    out += record_launches(conv_launchers.rotate_in_forward, x, wigner, None, index, h, None, ew, layout, n_focus,
+                           linear=linear)
+    out += record_launches(conv_launchers.rotate_in_backward, grad_u, x, wigner, None, index, h, None, ew, layout,
+                           (True, True, True, True, False, True), linear=linear)
     y = torch.empty((edges, n_focus, layout.row), **meta)
     out += record_launches(conv_launchers.rotate_out_forward, y, wigner, index, ew, atoms, layout, True)
     out += record_launches(conv_launchers.rotate_out_backward, x, torch.empty((edges, 1, layout.row), **meta),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import conv_reference
-from .conv_layout import validate_rotate_in, validate_rotate_out_sum
+from .conv_layout import LinearRadial, validate_rotate_in, validate_rotate_out_sum
 from .dispatch.guards import conv_level, triton_installed
 from .dispatch.log import record
 
@@ -47,9 +47,18 @@ def rotate_in(x, wigner, radial, src, *, edge_scalar=None, scalar_weight=None, e
     ``edge_weight (E,)`` (optional) scales the row.  ``radial`` and ``scalar_weight`` are read
     through their strides (views of one network output cost no copy).  Differentiable in
     every tensor but ``src``, to any order.
+
+    ``radial`` may instead be a ``LinearRadial(hidden, weight, bias)``, the linear layer that
+    makes the radial weights (and, with ``edge_scalar``, the scalar weights as its last
+    ``lmax + 1`` rows; ``scalar_weight`` is then ``None``): the kernels make each tile where they
+    read it, so the ``(E, F, rows, C)`` weights never exist, forward or backward.  A backward
+    that wants the layer's own ``weight`` or ``bias``, or builds a graph, runs the reference
+    formulas (``conv_in_bwd:reference``).
     """
     layout, _, _ = validate_rotate_in(x, wigner, radial, src, edge_scalar, scalar_weight, edge_weight)
     level = conv_level(x, layout.focus_dim)
+    if isinstance(radial, LinearRadial) and level > 0:
+        return torch.ops.mixstack.rotate_in_linear(x, wigner, *radial, src, edge_scalar, edge_weight, level)
     if level == 0:
         record("conv_in:reference")
         out = conv_reference.rotate_in(x, wigner, radial, src, edge_scalar=edge_scalar,

@@ -10,6 +10,7 @@ inputs; the row they hand to or take from the stack is the stack's (``StackLayou
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -50,9 +51,41 @@ def _check_same(ref_name: str, ref: torch.Tensor, named: dict) -> None:
             raise ValueError(f"{name} must be on {ref.device} like {ref_name}, got {t.device}")
 
 
+class LinearRadial(NamedTuple):
+    """Radial weights given as the linear layer that makes them: ``hidden @ weight^T + bias``.
+
+    ``hidden (E, H)`` the layer's input on every edge, ``weight (F, R, C, H)`` and ``bias
+    (F, R, C)``: row ``r`` of focus stream ``f`` is ``radial[e, f, r] = weight[f, r] @ hidden[e]
+    + bias[f, r]``.  ``R = 2*lmax + 1`` (the ``radial`` rows of ``rotate_in``), or ``3*lmax + 2``
+    with an edge scalar, whose weights (``scalar_weight``) are then rows ``2*lmax + 1 ..``.  Given
+    this, the kernels make each tile of the weights where they read it, and the ``(E, F, R, C)``
+    tensor never exists (docs/contract.md §7).  ``nn.Linear(H, F*R*C)``'s parameters are
+    ``weight.view(F, R, C, H)`` and ``bias.view(F, R, C)``."""
+
+    hidden: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor
+
+
+def validate_linear_radial(radial: LinearRadial, n_edges: int, lmax: int, c: int, has_scalar: bool) -> int:
+    """Check a ``LinearRadial``; return ``F``.  Errors name the field."""
+    hidden, weight, bias = radial
+    _check_tensor("radial.hidden", hidden, 2, "(E, H)")
+    _check_size("radial.hidden", hidden, (n_edges, hidden.shape[1]), "(E, H) with E from wigner")
+    rows = 3 * lmax + 2 if has_scalar else 2 * lmax + 1
+    what = "3*lmax+2 rows (the radial weights, then the edge scalar's)" if has_scalar else "2*lmax+1 rows"
+    _check_tensor("radial.weight", weight, 4, "(F, R, C, H)")
+    n_focus = weight.shape[0]
+    _check_size("radial.weight", weight, (n_focus, rows, c, hidden.shape[1]), f"(F, R, C, H) with {what}")
+    _check_tensor("radial.bias", bias, 3, "(F, R, C)")
+    _check_size("radial.bias", bias, (n_focus, rows, c), "(F, R, C) matching radial.weight")
+    return n_focus
+
+
 def validate_rotate_in(x, wigner, radial, src, edge_scalar=None, scalar_weight=None,
                        edge_weight=None) -> tuple[StackLayout, int, int]:
-    """Check ``rotate_in``'s arguments; return ``(layout, F, E)``.  Errors name the argument."""
+    """Check ``rotate_in``'s arguments (``radial`` a tensor or a ``LinearRadial``); return
+    ``(layout, F, E)``.  Errors name the argument."""
     _check_tensor("x", x, 3, "(N, S=(lmax+1)^2, C)")
     lmax = _lmax_of("x's dimension 1", x.shape[1])
     c = x.shape[2]
@@ -62,12 +95,23 @@ def validate_rotate_in(x, wigner, radial, src, edge_scalar=None, scalar_weight=N
     _check_tensor("wigner", wigner, 3, "(E, 3, S)")
     n_edges = wigner.shape[0]
     _check_size("wigner", wigner, (n_edges, 3, s), "(E, 3, S) with S from x")
-    _check_tensor("radial", radial, 4, "(E, F, 2*lmax+1, C)")
-    n_focus = radial.shape[1]
-    _check_size("radial", radial, (n_edges, n_focus, 2 * lmax + 1, c), "(E, F, 2*lmax+1, C) matching x and wigner")
-    if (edge_scalar is None) != (scalar_weight is None):
-        raise ValueError("edge_scalar and scalar_weight go together: pass both or neither")
-    if edge_scalar is not None:
+    if isinstance(radial, LinearRadial):
+        if scalar_weight is not None:
+            raise ValueError("with a LinearRadial, the edge scalar's weights are rows of radial.weight: "
+                             "pass scalar_weight=None")
+        n_focus = validate_linear_radial(radial, n_edges, lmax, c, edge_scalar is not None)
+        _check_same("x", x, dict(zip(("radial.hidden", "radial.weight", "radial.bias"), radial)))
+        if edge_scalar is not None:
+            _check_tensor("edge_scalar", edge_scalar, 2, "(E, C)")
+            _check_size("edge_scalar", edge_scalar, (n_edges, c), "(E, C) matching x and wigner")
+        radial = scalar_weight = None
+    else:
+        _check_tensor("radial", radial, 4, "(E, F, 2*lmax+1, C)")
+        n_focus = radial.shape[1]
+        _check_size("radial", radial, (n_edges, n_focus, 2 * lmax + 1, c), "(E, F, 2*lmax+1, C) matching x and wigner")
+        if (edge_scalar is None) != (scalar_weight is None):
+            raise ValueError("edge_scalar and scalar_weight go together: pass both or neither")
+    if edge_scalar is not None and scalar_weight is not None:
         _check_tensor("edge_scalar", edge_scalar, 2, "(E, C)")
         _check_size("edge_scalar", edge_scalar, (n_edges, c), "(E, C) matching radial")
         _check_tensor("scalar_weight", scalar_weight, 4, "(E, F, lmax+1, C)")

@@ -14,16 +14,30 @@ import math
 
 import torch
 
-from .conv_layout import validate_rotate_in, validate_rotate_out_sum
+from .conv_layout import LinearRadial, validate_rotate_in, validate_rotate_out_sum
+
+
+def linear_radial_weights(radial: LinearRadial, lmax: int, with_scalar: bool):
+    """``(radial (E, F, 2*lmax+1, C), scalar_weight (E, F, lmax+1, C) or None)``: the weights a
+    ``LinearRadial`` stands for, made whole (one ``nn.functional.linear``)."""
+    hidden, weight, bias = radial
+    f, rows, c, h = weight.shape
+    full = torch.nn.functional.linear(hidden, weight.reshape(f * rows * c, h), bias.reshape(-1))
+    full = full.view(hidden.shape[0], f, rows, c)
+    cut = 2 * lmax + 1
+    return full[:, :, :cut], (full[:, :, cut:] if with_scalar else None)
 
 
 def rotate_in(x, wigner, radial, src, *, edge_scalar=None, scalar_weight=None, edge_weight=None):
     """``u (F, E, ROW)``: ``u[f, e, sub(k, l), c] = ew[e] * (radial[e, f, r(k, l), c] *
     rot_k[e, l, c] + [k = 1] * sw[e, f, l, c] * h[e, c])``, ``rot_k[e, l] = W[e, k, l^2 .. l^2+2l]
     @ x[src[e], l^2 .. l^2+2l]`` (rows ``k = 0, 1, 2`` are m = -1, 0, +1; degree 0 has row 1 only;
-    ``h = edge_scalar``, ``sw = scalar_weight``)."""
+    ``h = edge_scalar``, ``sw = scalar_weight``).  ``radial`` may be a ``LinearRadial``
+    (``linear_radial_weights`` makes the weights)."""
     lay, n_focus, n_edges = validate_rotate_in(x, wigner, radial, src, edge_scalar, scalar_weight, edge_weight)
     lmax = lay.lmax
+    if isinstance(radial, LinearRadial):
+        radial, scalar_weight = linear_radial_weights(radial, lmax, edge_scalar is not None)
     rn, r0, rp = _rotated(x[src], wigner, lmax)
     a0, a1 = radial[:, :, :lmax + 1], radial[:, :, lmax + 1:]
     first = a0 * r0[:, None]

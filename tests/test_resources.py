@@ -117,10 +117,14 @@ def test_the_signature_types_tensors_ints_and_floats_as_triton_does():
 
 def test_the_convolution_records_its_four_kernels_and_the_source_order_segment_sum():
     launches = compiler_report.conv_launches(StackLayout(2, 16), 2, edges=1000, atoms=50)
-    assert _names(launches) == ["rotate_in_kernel", "rotate_in_grad_kernel", "segment_rotate_back_kernel",
-                                "segment_rotate_back_kernel", "rotate_out_grad_kernel"]
+    rotate_in = ["rotate_in_kernel", "rotate_in_grad_kernel", "segment_rotate_back_kernel"]
+    assert _names(launches) == rotate_in * 2 + ["segment_rotate_back_kernel", "rotate_out_grad_kernel"]
+    # the radial weights read, then made from a linear layer (32 hidden features, padded tiles)
+    ins = [x for x in launches if x.name.startswith("rotate_in")]
+    assert [x.kwargs.get("LINEAR", False) for x in ins] == [False, False, True, True]
+    assert all(x.kwargs["BLOCK_E"] >= 16 and x.kwargs["CP"] >= 16 and x.kwargs["HP"] == 32 for x in ins[2:])
     segments = [x for x in launches if x.name == "segment_rotate_back_kernel"]
-    assert [x.kwargs["INDIRECT"] for x in segments] == [True, False]      # rotate-in's backward, rotate-out
+    assert [x.kwargs["INDIRECT"] for x in segments] == [True, True, False]   # rotate-in's backwards, rotate-out
     assert all(t.device.type == "meta" for x in launches for t in x.args if isinstance(t, torch.Tensor))
 
 

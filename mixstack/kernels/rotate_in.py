@@ -16,6 +16,12 @@ with its own weights ``sw (E, F, lmax + 1, C)``; ``ew`` (optional) scales the wh
 ``rad`` and ``sw`` are read through their strides (views of a wider radial network output need
 no copy).
 
+With ``LINEAR`` the radial weights are not read but made per tile from a linear layer,
+``rad[e, f, r, c] = sum_j hid[e, j] * lw[f, r, c, j] + lb[f, r, c]`` (``linear_row``, one
+``tl.dot`` a row; the rows ``2*lmax + 1 + l`` are the edge scalar's weights ``sw``), so the
+``(E, F, rows, C)`` weights never exist; the backward then sums their gradient straight into
+the hidden layer's, ``ghid[e] += grad_rad[e, f, r] @ lw[f, r]`` (``linear_row_grad``).
+
 ``rotate_in_grad_kernel`` is the edge-parallel part of the backward: the gradients of the
 radial weights, the edge scalar and its weights, the edge weights and the Wigner rows, and the gradient of the
 rotated features ``grot (E, 3*lmax + 1, C)`` (in the row's subtile order), from which
@@ -30,12 +36,36 @@ from .rotation import rotate_degree, wigner_grad_degree
 
 
 @triton.jit
-def rotate_in_kernel(x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr, ew_ptr, u_ptr,
+def linear_row(hid, lw_ptr, lb_ptr, f, r, c, j, NRAD: tl.constexpr, C: tl.constexpr, H: tl.constexpr):
+    """Row ``r`` of focus ``f`` of a linear layer's output, ``(BLOCK_E, CP)``: ``hid (BLOCK_E,
+    HP) @ lw[f, r]^T + lb[f, r]`` (``lw (F, NRAD, C, H)``, ``lb (F, NRAD, C)`` contiguous), the
+    products in exact fp32 and summed over ``j`` in the dot's fixed order."""
+    base = (f * NRAD + r) * C
+    wt = tl.load(lw_ptr + (base + c[None, :]) * H + j[:, None], mask=(j < H)[:, None] & (c < C)[None, :],
+                 other=0.0)
+    b = tl.load(lb_ptr + base + c, mask=c < C, other=0.0)
+    return tl.dot(hid, wt, input_precision="ieee") + b[None, :]
+
+
+@triton.jit
+def linear_row_grad(ghid, g, lw_ptr, f, r, c, j, NRAD: tl.constexpr, C: tl.constexpr, H: tl.constexpr):
+    """``ghid + g @ lw[f, r]``: the gradient ``g (BLOCK_E, CP)`` of row ``r`` of focus ``f`` of
+    ``linear_row``'s output carried into its hidden layer's, ``(BLOCK_E, HP)``."""
+    base = (f * NRAD + r) * C
+    w = tl.load(lw_ptr + (base + c[:, None]) * H + j[None, :], mask=(c < C)[:, None] & (j < H)[None, :],
+                other=0.0)
+    return ghid + tl.sum(g[:, :, None] * w[None, :, :], axis=1)
+
+
+@triton.jit
+def rotate_in_kernel(x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr, ew_ptr, u_ptr, hid_ptr, lw_ptr, lb_ptr,
                      E, F, rad_se, rad_sf, rad_sr, sw_se, sw_sf, sw_sl,
                      LMAX: tl.constexpr, C: tl.constexpr, CP: tl.constexpr,
-                     HAS_SCALAR: tl.constexpr, HAS_EW: tl.constexpr, BLOCK_E: tl.constexpr):
+                     HAS_SCALAR: tl.constexpr, HAS_EW: tl.constexpr, BLOCK_E: tl.constexpr,
+                     LINEAR: tl.constexpr, H: tl.constexpr, HP: tl.constexpr):
     S: tl.constexpr = (LMAX + 1) * (LMAX + 1)
     ROW: tl.constexpr = (3 * LMAX + 1) * C
+    NRAD: tl.constexpr = 3 * LMAX + 2 if HAS_SCALAR else 2 * LMAX + 1
     pid = tl.program_id(0).to(tl.int64)
     e = pid * BLOCK_E + tl.arange(0, BLOCK_E).to(tl.int64)
     e_mask = e < E
@@ -47,20 +77,33 @@ def rotate_in_kernel(x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr, ew_ptr, u_pt
         ew = tl.load(ew_ptr + e, mask=e_mask, other=0.0)[:, None]
     if HAS_SCALAR:
         h = tl.load(h_ptr + (e * C)[:, None] + c[None, :], mask=mask, other=0.0)
+    if LINEAR:
+        j = tl.arange(0, HP)
+        hid = tl.load(hid_ptr + (e * H)[:, None] + j[None, :], mask=e_mask[:, None] & (j < H)[None, :], other=0.0)
     for l in tl.static_range(LMAX + 1):
         rn, r0, rp = rotate_degree(x_ptr, x_rows, w_ptr, w_rows, c, mask, e_mask, l, C, S)
         for f in range(F):
             rad_at = rad_ptr + (e * rad_se + f * rad_sf)[:, None] + c[None, :]
             u_at = u_ptr + (((e * 0 + f) * E + e) * ROW)[:, None] + c[None, :]     # int64 before * E
-            v0 = tl.load(rad_at + l * rad_sr, mask=mask, other=0.0) * r0
+            if LINEAR:
+                v0 = linear_row(hid, lw_ptr, lb_ptr, f, l, c, j, NRAD, C, H) * r0
+            else:
+                v0 = tl.load(rad_at + l * rad_sr, mask=mask, other=0.0) * r0
             if HAS_SCALAR:
-                sw = tl.load(sw_ptr + (e * sw_se + f * sw_sf)[:, None] + l * sw_sl + c[None, :], mask=mask, other=0.0)
+                if LINEAR:
+                    sw = linear_row(hid, lw_ptr, lb_ptr, f, 2 * LMAX + 1 + l, c, j, NRAD, C, H)
+                else:
+                    sw = tl.load(sw_ptr + (e * sw_se + f * sw_sf)[:, None] + l * sw_sl + c[None, :], mask=mask,
+                                 other=0.0)
                 v0 += sw * h
             if HAS_EW:
                 v0 = v0 * ew
             tl.store(u_at + l * C, v0, mask=mask)
             if l > 0:
-                a1 = tl.load(rad_at + (LMAX + l) * rad_sr, mask=mask, other=0.0)
+                if LINEAR:
+                    a1 = linear_row(hid, lw_ptr, lb_ptr, f, LMAX + l, c, j, NRAD, C, H)
+                else:
+                    a1 = tl.load(rad_at + (LMAX + l) * rad_sr, mask=mask, other=0.0)
                 vn = a1 * rn
                 vp = a1 * rp
                 if HAS_EW:
@@ -73,17 +116,22 @@ def rotate_in_kernel(x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr, ew_ptr, u_pt
 @triton.jit
 def rotate_in_grad_kernel(gu_ptr, x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr, ew_ptr,
                           grad_rad_ptr, grad_h_ptr, grad_sw_ptr, grad_ew_ptr, grad_w_ptr, grot_ptr,
+                          hid_ptr, lw_ptr, lb_ptr,
                           E, F, rad_se, rad_sf, rad_sr, sw_se, sw_sf, sw_sl,
                           LMAX: tl.constexpr, C: tl.constexpr, CP: tl.constexpr,
                           HAS_SCALAR: tl.constexpr, HAS_EW: tl.constexpr,
                           GRAD_RAD: tl.constexpr, GRAD_SCALAR: tl.constexpr, GRAD_EW: tl.constexpr,
-                          GRAD_W: tl.constexpr, GRAD_X: tl.constexpr, BLOCK_E: tl.constexpr):
+                          GRAD_W: tl.constexpr, GRAD_X: tl.constexpr, BLOCK_E: tl.constexpr,
+                          LINEAR: tl.constexpr, H: tl.constexpr, HP: tl.constexpr):
     """``gu (F, E, ROW)`` contiguous.  Writes (each where its flag is set): ``grad_rad (E, F,
     2*lmax + 1, C)``; ``grad_h (E, C)`` and ``grad_sw (E, F, lmax + 1, C)``; ``grad_ew (E,)``;
-    ``grad_w (E, 3, S)``; ``grot (E, 3*lmax + 1, C)``; all contiguous."""
+    ``grad_w (E, 3, S)``; ``grot (E, 3*lmax + 1, C)``; all contiguous.  With ``LINEAR``,
+    ``GRAD_RAD`` writes the hidden layer's gradient ``(E, H)`` to ``grad_rad`` instead (the
+    scalar weights' part included), and ``GRAD_SCALAR`` writes ``grad_h`` alone."""
     S: tl.constexpr = (LMAX + 1) * (LMAX + 1)
     ROW: tl.constexpr = (3 * LMAX + 1) * C
     NR: tl.constexpr = 2 * LMAX + 1
+    NRAD: tl.constexpr = 3 * LMAX + 2 if HAS_SCALAR else 2 * LMAX + 1
     pid = tl.program_id(0).to(tl.int64)
     e = pid * BLOCK_E + tl.arange(0, BLOCK_E).to(tl.int64)
     e_mask = e < E
@@ -97,6 +145,11 @@ def rotate_in_grad_kernel(gu_ptr, x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr,
         h = tl.load(h_ptr + (e * C)[:, None] + c[None, :], mask=mask, other=0.0)
     ew_acc = tl.zeros((BLOCK_E, CP), dtype=tl.float32)
     h_acc = tl.zeros((BLOCK_E, CP), dtype=tl.float32)
+    if LINEAR:
+        j = tl.arange(0, HP)
+        hmask = e_mask[:, None] & (j < H)[None, :]
+        hid = tl.load(hid_ptr + (e * H)[:, None] + j[None, :], mask=hmask, other=0.0)
+        ghid = tl.zeros((BLOCK_E, HP), dtype=tl.float32)
     for l in tl.static_range(LMAX + 1):
         rn, r0, rp = rotate_degree(x_ptr, x_rows, w_ptr, w_rows, c, mask, e_mask, l, C, S)
         gn = tl.zeros((BLOCK_E, CP), dtype=tl.float32)
@@ -107,10 +160,16 @@ def rotate_in_grad_kernel(gu_ptr, x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr,
             gu_at = gu_ptr + (((e * 0 + f) * E + e) * ROW)[:, None] + c[None, :]
             gr_at = grad_rad_ptr + ((e * F + f) * (NR * C))[:, None] + c[None, :]
             d0 = tl.load(gu_at + l * C, mask=mask, other=0.0)
-            a0 = tl.load(rad_at + l * rad_sr, mask=mask, other=0.0)
+            if LINEAR:
+                a0 = linear_row(hid, lw_ptr, lb_ptr, f, l, c, j, NRAD, C, H)
+            else:
+                a0 = tl.load(rad_at + l * rad_sr, mask=mask, other=0.0)
             if HAS_SCALAR:
-                sw_at = (e * sw_se + f * sw_sf)[:, None] + l * sw_sl + c[None, :]
-                sw = tl.load(sw_ptr + sw_at, mask=mask, other=0.0)
+                if LINEAR:
+                    sw = linear_row(hid, lw_ptr, lb_ptr, f, 2 * LMAX + 1 + l, c, j, NRAD, C, H)
+                else:
+                    sw_at = (e * sw_se + f * sw_sf)[:, None] + l * sw_sl + c[None, :]
+                    sw = tl.load(sw_ptr + sw_at, mask=mask, other=0.0)
             if GRAD_EW:
                 pre = a0 * r0
                 if HAS_SCALAR:
@@ -121,14 +180,23 @@ def rotate_in_grad_kernel(gu_ptr, x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr,
             g0 += d0 * a0
             if GRAD_SCALAR:
                 h_acc += d0 * sw
-                tl.store(grad_sw_ptr + ((e * F + f) * ((LMAX + 1) * C))[:, None] + l * C + c[None, :], d0 * h,
-                         mask=mask)
+                if not LINEAR:
+                    tl.store(grad_sw_ptr + ((e * F + f) * ((LMAX + 1) * C))[:, None] + l * C + c[None, :], d0 * h,
+                             mask=mask)
             if GRAD_RAD:
-                tl.store(gr_at + l * C, d0 * r0, mask=mask)
+                if LINEAR:
+                    ghid = linear_row_grad(ghid, d0 * r0, lw_ptr, f, l, c, j, NRAD, C, H)
+                    if HAS_SCALAR:
+                        ghid = linear_row_grad(ghid, d0 * h, lw_ptr, f, 2 * LMAX + 1 + l, c, j, NRAD, C, H)
+                else:
+                    tl.store(gr_at + l * C, d0 * r0, mask=mask)
             if l > 0:
                 dn = tl.load(gu_at + (LMAX + l) * C, mask=mask, other=0.0)
                 dp = tl.load(gu_at + (2 * LMAX + l) * C, mask=mask, other=0.0)
-                a1 = tl.load(rad_at + (LMAX + l) * rad_sr, mask=mask, other=0.0)
+                if LINEAR:
+                    a1 = linear_row(hid, lw_ptr, lb_ptr, f, LMAX + l, c, j, NRAD, C, H)
+                else:
+                    a1 = tl.load(rad_at + (LMAX + l) * rad_sr, mask=mask, other=0.0)
                 if GRAD_EW:
                     ew_acc += dn * (a1 * rn) + dp * (a1 * rp)
                 if HAS_EW:
@@ -137,7 +205,10 @@ def rotate_in_grad_kernel(gu_ptr, x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr,
                 gn += dn * a1
                 gp += dp * a1
                 if GRAD_RAD:
-                    tl.store(gr_at + (LMAX + l) * C, dn * rn + dp * rp, mask=mask)
+                    if LINEAR:
+                        ghid = linear_row_grad(ghid, dn * rn + dp * rp, lw_ptr, f, LMAX + l, c, j, NRAD, C, H)
+                    else:
+                        tl.store(gr_at + (LMAX + l) * C, dn * rn + dp * rp, mask=mask)
         if GRAD_W:
             wigner_grad_degree(x_ptr, x_rows, grad_w_ptr, w_rows, gn, g0, gp, c, mask, e_mask, l, C, S)
         if GRAD_X:
@@ -148,5 +219,7 @@ def rotate_in_grad_kernel(gu_ptr, x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr,
                 tl.store(grot_at + (2 * LMAX + l) * C, gp, mask=mask)
     if GRAD_SCALAR:
         tl.store(grad_h_ptr + (e * C)[:, None] + c[None, :], h_acc, mask=mask)
+    if LINEAR and GRAD_RAD:
+        tl.store(grad_rad_ptr + (e * H)[:, None] + j[None, :], ghid, mask=hmask)
     if GRAD_EW:
         tl.store(grad_ew_ptr + e, tl.sum(ew_acc, axis=1), mask=e_mask)

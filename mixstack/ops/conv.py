@@ -28,6 +28,7 @@ from torch import Tensor
 from torch.library import triton_op
 
 from .. import conv_reference
+from ..conv_layout import LinearRadial
 from ..dispatch.guards import conv_unsupported_reason, kernels_can_run
 from ..dispatch.log import record
 from ..layout import StackLayout
@@ -66,7 +67,8 @@ def rotate_in(x: Tensor, wigner: Tensor, radial: Tensor, src: Tensor, edge_scala
         record("conv_in:triton")
         return cl.rotate_in_forward(x.contiguous(), wigner.contiguous(), _unit_channel_stride(radial),
                                     src.contiguous(), *_scalar_pair(edge_scalar, scalar_weight),
-                                    None if edge_weight is None else edge_weight.contiguous(), _layout_of_x(x))
+                                    None if edge_weight is None else edge_weight.contiguous(), _layout_of_x(x),
+                                    radial.shape[1])
     record("conv_in:reference")
     return conv_reference.rotate_in(x, wigner, radial, src, edge_scalar=edge_scalar, scalar_weight=scalar_weight,
                                     edge_weight=edge_weight)
@@ -92,6 +94,73 @@ def rotate_in_backward(grad_u: Tensor, x: Tensor, wigner: Tensor, radial: Tensor
     grads = conv_reference.rotate_in_backward(grad_u, x, wigner, radial, src, edge_scalar, scalar_weight,
                                               edge_weight)
     return tuple(g.contiguous() if need and g is not None else x.new_empty((0,)) for g, need in zip(grads, needs))
+
+
+def _linear_factors(hidden, weight, bias):
+    return hidden.contiguous(), weight.contiguous(), bias.contiguous()
+
+
+@triton_op("mixstack::rotate_in_linear", mutates_args=())
+def rotate_in_linear(x: Tensor, wigner: Tensor, hidden: Tensor, weight: Tensor, bias: Tensor, src: Tensor,
+                     edge_scalar: Optional[Tensor], edge_weight: Optional[Tensor], level: int) -> Tensor:
+    """``rotate_in`` with the radial weights given as a linear layer (``LinearRadial``):
+    the kernels make them per tile; the reference formulas make them whole first."""
+    if _kernels_for(x, x.shape[2], level):
+        record("conv_in:triton")
+        return cl.rotate_in_forward(x.contiguous(), wigner.contiguous(), None, src.contiguous(),
+                                    None if edge_scalar is None else edge_scalar.contiguous(), None,
+                                    None if edge_weight is None else edge_weight.contiguous(), _layout_of_x(x),
+                                    weight.shape[0], linear=_linear_factors(hidden, weight, bias))
+    record("conv_in:reference")
+    return conv_reference.rotate_in(x, wigner, LinearRadial(hidden, weight, bias), src, edge_scalar=edge_scalar,
+                                    edge_weight=edge_weight)
+
+
+@triton_op("mixstack::rotate_in_linear_backward", mutates_args=())
+def rotate_in_linear_backward(grad_u: Tensor, x: Tensor, wigner: Tensor, hidden: Tensor, weight: Tensor,
+                              bias: Tensor, src: Tensor, edge_scalar: Optional[Tensor],
+                              edge_weight: Optional[Tensor], need_x: bool, need_wigner: bool, need_hidden: bool,
+                              need_edge_scalar: bool, need_edge_weight: bool,
+                              level: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of ``(x, wigner, hidden, edge_scalar, edge_weight)`` of ``rotate_in_linear`` (not
+    of the layer's weight and bias: a backward that wants those runs the reference formulas);
+    those not asked for come back empty."""
+    needs = (need_x, need_wigner, need_hidden, need_edge_scalar, need_edge_weight)
+    if _kernels_for(grad_u, x.shape[2], level):
+        record("conv_in_bwd:triton")
+        g = cl.rotate_in_backward(grad_u.contiguous(), x.contiguous(), wigner.contiguous(), None, src.contiguous(),
+                                  None if edge_scalar is None else edge_scalar.contiguous(), None,
+                                  None if edge_weight is None else edge_weight.contiguous(), _layout_of_x(x),
+                                  (need_x, need_wigner, need_hidden, need_edge_scalar, False, need_edge_weight),
+                                  linear=_linear_factors(hidden, weight, bias))
+        return g[0], g[1], g[2], g[3], g[5]
+    record("conv_in_bwd:reference")
+    grads = _rotate_in_linear_reference_grads(grad_u, (x, wigner, hidden, weight, bias, edge_scalar, edge_weight),
+                                              src, (need_x, need_wigner, need_hidden, False, False,
+                                                    need_edge_scalar, need_edge_weight), create_graph=False)
+    picked = (grads[0], grads[1], grads[2], grads[5], grads[6])
+    return tuple(g.contiguous() if need and g is not None else x.new_empty((0,)) for g, need in zip(picked, needs))
+
+
+def _rotate_in_linear_reference_grads(grad_u, inputs, src, needs, create_graph: bool):
+    """The gradients of ``(x, wigner, hidden, weight, bias, edge_scalar, edge_weight)`` (``None``
+    where not needed or absent) by autograd through the reference formulas, differentiable
+    again with ``create_graph``."""
+    with torch.enable_grad():
+        if create_graph:             # the inputs themselves, so the gradients stay on their graph
+            leaves = list(inputs)
+        else:
+            leaves = [None if t is None else t.detach().requires_grad_(need) for t, need in zip(inputs, needs)]
+        x, wigner, hidden, weight, bias, edge_scalar, edge_weight = leaves
+        u = conv_reference.rotate_in(x, wigner, LinearRadial(hidden, weight, bias), src, edge_scalar=edge_scalar,
+                                     edge_weight=edge_weight)
+        wanted = [i for i, (t, need) in enumerate(zip(leaves, needs)) if need and t is not None and t.requires_grad]
+        got = torch.autograd.grad(u, [leaves[i] for i in wanted], grad_u, create_graph=create_graph,
+                                  allow_unused=True)
+    grads = [None] * len(inputs)
+    for i, g in zip(wanted, got):
+        grads[i] = torch.zeros_like(inputs[i]) if g is None else g
+    return grads
 
 
 @triton_op("mixstack::rotate_out_sum", mutates_args=())
@@ -155,6 +224,30 @@ def _rotate_in_backward(ctx, grad_u):
             gh if need[4] else None, gsw if need[5] else None, gew if need[6] else None, None)
 
 
+def _rotate_in_linear_setup(ctx, inputs, output):
+    x, wigner, hidden, weight, bias, src, edge_scalar, edge_weight, level = inputs
+    ctx.save_for_backward(x, wigner, hidden, weight, bias, src, edge_scalar, edge_weight)
+    ctx.level = level
+
+
+def _rotate_in_linear_backward(ctx, grad_u):
+    x, wigner, hidden, weight, bias, src, edge_scalar, edge_weight = ctx.saved_tensors
+    n = ctx.needs_input_grad
+    needs = (n[0], n[1], n[2], n[3], n[4], n[6], n[7])
+    if torch.is_grad_enabled() or n[3] or n[4]:
+        # a double backward, or the layer's own weights wanted (training): the reference formulas
+        record("conv_in_bwd:reference")
+        g = _rotate_in_linear_reference_grads(grad_u, (x, wigner, hidden, weight, bias, edge_scalar, edge_weight),
+                                              src, needs, create_graph=torch.is_grad_enabled())
+    else:
+        gx, gw, gh, gs, gew = torch.ops.mixstack.rotate_in_linear_backward(
+            grad_u, x, wigner, hidden, weight, bias, src, edge_scalar, edge_weight, n[0], n[1], n[2],
+            n[6] and edge_scalar is not None, n[7] and edge_weight is not None, ctx.level)
+        g = [gx, gw, gh, None, None, gs, gew]
+    out = [gr if need else None for gr, need in zip(g, needs)]
+    return out[0], out[1], out[2], out[3], out[4], None, out[5], out[6], None
+
+
 def _rotate_out_setup(ctx, inputs, output):
     y, wigner, dst, edge_weight, n_atoms, save_sum, level = inputs
     _, ys = output
@@ -187,4 +280,5 @@ def _rotate_out_backward(ctx, grad_out, _grad_ys):
 
 
 rotate_in.register_autograd(_rotate_in_backward, setup_context=_rotate_in_setup)
+rotate_in_linear.register_autograd(_rotate_in_linear_backward, setup_context=_rotate_in_linear_setup)
 rotate_out_sum.register_autograd(_rotate_out_backward, setup_context=_rotate_out_setup)

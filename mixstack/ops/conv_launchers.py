@@ -15,7 +15,7 @@ from ..kernels.rotate_in import rotate_in_grad_kernel, rotate_in_kernel
 from ..kernels.rotate_out import rotate_out_grad_kernel
 from ..kernels.segment_sum import segment_rotate_back_kernel
 from ..layout import StackLayout
-from .configs import conv_config
+from .configs import conv_config, next_power_of_2
 
 
 def _grid(n: int, block: int) -> tuple:
@@ -40,40 +40,73 @@ def _scalar_args(edge_scalar, scalar_weight, fill):
     """``(h, sw, sw strides)`` as the rotate-in kernels take them (``fill`` where absent)."""
     if edge_scalar is None:
         return fill, fill, (0, 0, 0)
+    if scalar_weight is None:                  # a linear radial layer makes the scalar weights
+        return edge_scalar, fill, (0, 0, 0)
     return edge_scalar, scalar_weight, tuple(scalar_weight.stride()[:3])
 
 
-def rotate_in_forward(x, wigner, radial, src, edge_scalar, scalar_weight, edge_weight, layout: StackLayout):
-    """``u (F, E, ROW)`` (``kernels.rotate_in.rotate_in_kernel``)."""
-    n_edges, n_focus = radial.shape[0], radial.shape[1]
+def _linear_args(linear, fill):
+    """``(radial strides, (hid, lw, lb), constexprs, cfg updates)`` for the rotate-in kernels:
+    ``linear = (hidden (E, H), weight (F, R, C, H), bias (F, R, C))`` contiguous makes the radial
+    weights per tile (``LINEAR``); ``None`` reads them (``fill`` for the unused pointers)."""
+    if linear is None:
+        return (fill, fill, fill), {"LINEAR": False, "H": 1, "HP": 16}
+    hidden = linear[0]
+    return tuple(linear), {"LINEAR": True, "H": hidden.shape[1], "HP": max(16, next_power_of_2(hidden.shape[1]))}
+
+
+def _edge_launch(cfg: dict, linear, backward: bool) -> tuple[int, int, int]:
+    """``(edges per program, padded channels, warps)``: ``conv_config``'s, or for the
+    linear-radial path ``conv_config``'s linear ones (its ``tl.dot`` needs 16 edges and 16
+    channels at least; the backward holds the hidden layer's gradient too)."""
+    if linear is None:
+        return cfg["edge_block"], cfg["CP"], cfg["num_warps"]
+    if backward:
+        return cfg["linear_block_bwd"], max(16, cfg["CP"]), cfg["linear_warps_bwd"]
+    return cfg["linear_block"], max(16, cfg["CP"]), cfg["linear_warps"]
+
+
+def rotate_in_forward(x, wigner, radial, src, edge_scalar, scalar_weight, edge_weight, layout: StackLayout,
+                      n_focus: int, linear=None):
+    """``u (F, E, ROW)`` (``kernels.rotate_in.rotate_in_kernel``): the radial weights ``radial``
+    (read through its strides), or made from ``linear = (hidden, weight, bias)`` (then ``radial``
+    and ``scalar_weight`` are ``None``: the weight's rows hold both)."""
+    n_edges = wigner.shape[0]
     u = x.new_empty((n_focus, n_edges, layout.row))
     if n_edges == 0:
         return u
     cfg = conv_config(layout)
     h, sw, sw_strides = _scalar_args(edge_scalar, scalar_weight, x)
-    wrap_triton(rotate_in_kernel)[_grid(n_edges, cfg["edge_block"])](
-        x, wigner, radial, src, h, sw, x if edge_weight is None else edge_weight, u,
-        n_edges, n_focus, radial.stride(0), radial.stride(1), radial.stride(2), *sw_strides,
-        LMAX=layout.lmax, C=layout.focus_dim, CP=cfg["CP"], HAS_SCALAR=edge_scalar is not None,
-        HAS_EW=edge_weight is not None, BLOCK_E=cfg["edge_block"], num_warps=cfg["num_warps"])
+    factors, lin = _linear_args(linear, x)
+    rad = x if radial is None else radial
+    rad_strides = (0, 0, 0) if radial is None else tuple(radial.stride()[:3])
+    block, cp, warps = _edge_launch(cfg, linear, False)
+    wrap_triton(rotate_in_kernel)[_grid(n_edges, block)](
+        x, wigner, rad, src, h, sw, x if edge_weight is None else edge_weight, u, *factors,
+        n_edges, n_focus, *rad_strides, *sw_strides,
+        LMAX=layout.lmax, C=layout.focus_dim, CP=cp, HAS_SCALAR=edge_scalar is not None,
+        HAS_EW=edge_weight is not None, BLOCK_E=block, num_warps=warps, **lin)
     return u
 
 
 def rotate_in_backward(grad_u, x, wigner, radial, src, edge_scalar, scalar_weight, edge_weight,
-                       layout: StackLayout, needs):
+                       layout: StackLayout, needs, linear=None):
     """Gradients ``(x, wigner, radial, edge_scalar, scalar_weight, edge_weight)`` of ``rotate_in``;
     ``needs`` says which (six bools); the others come back empty.  ``grad_u (F, E, ROW)``
-    contiguous.  The two edge-scalar gradients come together (one flag in the kernel)."""
+    contiguous.  The two edge-scalar gradients come together (one flag in the kernel).  With
+    ``linear = (hidden, weight, bias)`` (``radial``, ``scalar_weight`` ``None``) the third
+    gradient is the hidden layer's ``(E, H)`` (the scalar weights' part included) and the fifth
+    is empty."""
     need_x, need_w, need_rad, need_h, need_sw, need_ew = needs
     need_ew = need_ew and edge_weight is not None
-    need_scalar = (need_h or need_sw) and edge_scalar is not None
-    n_edges, n_focus = radial.shape[0], radial.shape[1]
+    need_scalar = (need_h or (need_sw and linear is None)) and edge_scalar is not None
+    n_edges, n_focus = grad_u.shape[1], grad_u.shape[0]
     lay, cfg = layout, conv_config(layout)
     def empty(shape, need):        # an unused gradient: a distinct empty tensor (outputs must not alias)
         return x.new_empty(shape if need else (0,))
-    g_rad = empty(radial.shape, need_rad)
+    g_rad = empty(radial.shape if linear is None else linear[0].shape, need_rad)
     g_h = empty(edge_scalar.shape if need_scalar else (0,), need_scalar)
-    g_sw = empty(scalar_weight.shape if need_scalar else (0,), need_scalar)
+    g_sw = empty(scalar_weight.shape if need_scalar and linear is None else (0,), need_scalar and linear is None)
     g_ew = empty((n_edges,), need_ew)
     g_w = empty(wigner.shape, need_w)
     g_x = torch.zeros_like(x) if need_x and n_edges == 0 else empty(x.shape, need_x)
@@ -81,14 +114,18 @@ def rotate_in_backward(grad_u, x, wigner, radial, src, edge_scalar, scalar_weigh
         return g_x, g_w, g_rad, g_h, g_sw, g_ew
     grot = empty((n_edges, lay.row), need_x)
     h, sw, sw_strides = _scalar_args(edge_scalar, scalar_weight, x)
-    wrap_triton(rotate_in_grad_kernel)[_grid(n_edges, cfg["edge_block"])](
-        grad_u, x, wigner, radial, src, h, sw, x if edge_weight is None else edge_weight,
-        g_rad if need_rad else x, g_h if need_scalar else x, g_sw if need_scalar else x,
-        g_ew if need_ew else x, g_w if need_w else x, grot if need_x else x,
-        n_edges, n_focus, radial.stride(0), radial.stride(1), radial.stride(2), *sw_strides,
-        LMAX=lay.lmax, C=lay.focus_dim, CP=cfg["CP"], HAS_SCALAR=edge_scalar is not None,
+    factors, lin = _linear_args(linear, x)
+    rad = x if radial is None else radial
+    rad_strides = (0, 0, 0) if radial is None else tuple(radial.stride()[:3])
+    block, cp, warps = _edge_launch(cfg, linear, True)
+    wrap_triton(rotate_in_grad_kernel)[_grid(n_edges, block)](
+        grad_u, x, wigner, rad, src, h, sw, x if edge_weight is None else edge_weight,
+        g_rad if need_rad else x, g_h if need_scalar else x, g_sw if need_scalar and linear is None else x,
+        g_ew if need_ew else x, g_w if need_w else x, grot if need_x else x, *factors,
+        n_edges, n_focus, *rad_strides, *sw_strides,
+        LMAX=lay.lmax, C=lay.focus_dim, CP=cp, HAS_SCALAR=edge_scalar is not None,
         HAS_EW=edge_weight is not None, GRAD_RAD=need_rad, GRAD_SCALAR=need_scalar, GRAD_EW=need_ew,
-        GRAD_W=need_w, GRAD_X=need_x, BLOCK_E=cfg["edge_block"], num_warps=cfg["num_warps"])
+        GRAD_W=need_w, GRAD_X=need_x, BLOCK_E=block, num_warps=warps, **lin)
     if need_x:
         order, ptr = source_order(src, x.shape[0])
         segment_sum(grot, 1, grot.stride(0), 0, wigner, None, ptr, lay, g_x, order=order)

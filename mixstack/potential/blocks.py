@@ -26,16 +26,16 @@ gates and radial weights scale ``m = -1`` and ``m = +1`` alike.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 from torch import nn
 
 from .. import conv, tuning
+from ..conv_layout import LinearRadial
 from ..functional import mixing_stack
 from ..layout import LMAX_RANGE, StackLayout
-from . import recompute, stages
+from . import stages
 
 
 class EquivariantMixingStack(nn.Module):
@@ -182,18 +182,19 @@ class InteractionBlock(nn.Module):
 
     def edge_weights_split(self, x, src, dst, rbf):
         """``edge_weights`` as the convolution's kernels take it, the same functions computed
-        with fewer edge-sized surfaces: ``(hidden, (radial, scalar_weight), h, alpha)``.
+        with fewer edge-sized surfaces: ``(radial, h, alpha)``.
 
-        - The radial network's last layer runs as two products, the weights of the m = 0 and
-          |m| = 1 subtiles ``(E, F, 2*lmax+1, C)`` and those of the edge scalar
-          ``(E, F, lmax+1, C)``, so their gradients arrive as two tensors: the slices of one
-          output would each be scattered into a zero-filled copy of the whole output and
-          added (two fills, two copies and an add of ``E x F x (3*lmax+2) x C`` floats).
+        - ``radial`` is the radial network's last layer, unapplied, as a ``mixstack.LinearRadial``
+          (its last hidden layer ``(E, radial_hidden)`` and the layer's weight and bias): in
+          eval mode the kernels make the weights of the m = 0 and |m| = 1 subtiles and of the
+          edge scalar per tile, so the ``E x F x (3*lmax+2) x C`` weights never exist, forward
+          or backward.  In train mode the weights' gradients are wanted: ``radial`` is the pair
+          ``radial_products`` makes (two products, so their gradients arrive as two tensors: the
+          slices of one output would each be scattered into a zero-filled copy of all of it and
+          added).
         - The first layers of the edge scalar and of the alpha network act on the two atoms'
           ``l = 0`` channels, so they run at the atoms (``x0 @ W_src``, ``x0 @ W_dst``) and are
-          gathered to the edges: no ``(E, 2C)`` or ``(E, 2C + n_radial)`` concatenation.
-        ``hidden`` is the radial network's last hidden layer ``(E, radial_hidden)``, from which
-        ``radial_products`` recomputes the weights (``rotate_in_kernels`` may drop them)."""
+          gathered to the edges: no ``(E, 2C)`` or ``(E, 2C + n_radial)`` concatenation."""
         c = self.c
         hidden = self.radial[:-1](rbf)
         first = self.alpha_logits[0]
@@ -204,11 +205,17 @@ class InteractionBlock(nn.Module):
         pair = (x0 @ at_src.t())[src] + (x0 @ at_dst.t())[dst]                  # (E, C + H)
         h = pair[:, :c] + self.edge_scalar.bias
         logits = self.alpha_logits[1:](pair[:, c:] + nn.functional.linear(rbf, w_alpha[:, 2 * c:], first.bias))
-        return hidden, self.radial_products(hidden, src.shape[0]), h, torch.softmax(logits, dim=-1)
+        if self.training:
+            radial = self.radial_products(hidden)
+        else:
+            last = self.radial[-1]
+            shape = (self.n_focus, self.n_radial_out, c)
+            radial = LinearRadial(hidden, last.weight.detach().view(*shape, -1), last.bias.detach().view(shape))
+        return radial, h, torch.softmax(logits, dim=-1)
 
-    def radial_products(self, hidden, n_edges: int):
+    def radial_products(self, hidden):
         """The radial network's last layer on ``hidden``: ``(radial (E, F, 2*lmax+1, C),
-        scalar_weight (E, F, lmax+1, C))``, the two column groups of its output."""
+        scalar_weight (E, F, lmax+1, C))``, the two row groups of its output."""
         last, f, c, lmax = self.radial[-1], self.n_focus, self.c, self.lmax
         w = last.weight.view(f, self.n_radial_out, c, -1)
         b = last.bias.view(f, self.n_radial_out, c)
@@ -216,24 +223,18 @@ class InteractionBlock(nn.Module):
         parts = []
         for lo, hi in ((0, cut), (cut, self.n_radial_out)):
             out = nn.functional.linear(hidden, w[:, lo:hi].reshape(-1, w.shape[-1]), b[:, lo:hi].reshape(-1))
-            parts.append(out.view(n_edges, f, hi - lo, c))
+            parts.append(out.view(hidden.shape[0], f, hi - lo, c))
         return tuple(parts)
 
-    def rotate_in_kernels(self, x, src, wigner, hidden, radial, h, env):
+    def rotate_in_kernels(self, x, src, wigner, radial, h, env):
         """``rotate_in``'s result through ``mixstack.rotate_in`` (the kernels): the radial weights
-        unscaled, the envelope as the edge weight (one pass less over the radial weights).
-
-        In eval mode (energy and forces), outside a compiler, the radial weights are not kept
-        for the backward: ``recompute.dropped`` keeps ``hidden`` (``radial_hidden`` floats an
-        edge against ``F x (3*lmax+2) x C``) and the backward recomputes them, one product per
-        block, which at the bench model frees two of the frame's largest saved tensors."""
+        unscaled (a ``LinearRadial`` in eval mode, the pair of products in train mode), the
+        envelope as the edge weight (one pass less over the radial weights)."""
+        kw = dict(edge_scalar=h, edge_weight=env)
+        if isinstance(radial, LinearRadial):
+            return conv.rotate_in(x, wigner, radial, src, **kw)
         radial, scalar_weight = radial
-        kw = dict(edge_scalar=h, scalar_weight=scalar_weight, edge_weight=env)
-        if self.training or torch.compiler.is_compiling():
-            return conv.rotate_in(x, wigner, radial, src, **kw)
-        remake = functools.partial(self.radial_products, hidden.detach(), src.shape[0])
-        with recompute.dropped((radial, scalar_weight), remake):
-            return conv.rotate_in(x, wigner, radial, src, **kw)
+        return conv.rotate_in(x, wigner, radial, src, scalar_weight=scalar_weight, **kw)
 
     def rotate_out_kernels(self, out, wigner, dst, env, n_atoms: int):
         """Rotate back, sum the focus streams and each atom's messages (``mixstack.rotate_out_sum``)."""
@@ -260,8 +261,8 @@ class InteractionBlock(nn.Module):
         n_edges = src.shape[0]
         kernels = wigner is not None
         if kernels:
-            hidden, radial, h, alpha = stages.run(stages.RADIAL, self.edge_weights_split, x, src, dst, rbf)
-            u0 = stages.run(stages.ROTATE_IN, self.rotate_in_kernels, x, src, wigner, hidden, radial, h, env)
+            radial, h, alpha = stages.run(stages.RADIAL, self.edge_weights_split, x, src, dst, rbf)
+            u0 = stages.run(stages.ROTATE_IN, self.rotate_in_kernels, x, src, wigner, radial, h, env)
         else:
             radial, h, alpha = stages.run(stages.RADIAL, self.edge_weights, x, src, dst, rbf, env)
             u0 = stages.run(stages.ROTATE_IN, self.rotate_in, x, src, rows, radial, h)

@@ -128,3 +128,99 @@ def test_the_double_backward_runs_the_tensor_op_formulas_and_matches_float64():
     assert log["conv_in_bwd:reference"] >= 1 and log["conv_out_bwd:reference"] >= 1, log
     for name in want:
         helpers.assert_close_rel(got[name], want[name], f"double backward, {name}")
+
+
+# ------------------------------------------------------------------ radial weights as a layer
+
+LINEAR_CASES = [
+    (ConvCase(N=7, E=53, F=2, C=32, lmax=3), 32),                           # the bench model's key
+    (ConvCase(N=5, E=37, F=1, C=8, lmax=1, scalar=False), 20),              # C and H padded to 16, 32
+    (ConvCase(N=9, E=41, F=3, C=48, lmax=2, weight=False), 16),             # C not a power of two
+]
+
+
+def _linear_inputs(case, hidden_dim, dtype=torch.float32):
+    inp = helpers.make_conv_inputs(case, 0, dtype=dtype)
+    g = torch.Generator().manual_seed(5)
+    rows = 3 * case.lmax + 2 if case.scalar else 2 * case.lmax + 1
+    f64 = torch.float64
+    inp["hidden"] = torch.randn(case.E, hidden_dim, generator=g, dtype=f64).to(dtype)
+    inp["lin_weight"] = (torch.randn(case.F, rows, case.C, hidden_dim, generator=g, dtype=f64)
+                         / hidden_dim ** 0.5).to(dtype)
+    inp["lin_bias"] = torch.randn(case.F, rows, case.C, generator=g, dtype=f64).to(dtype)
+    return inp
+
+
+def _run_linear(inp, level, *, layer_grads=False, create_graph=False):
+    names = ["x", "wigner", "hidden"] + [k for k in ("edge_scalar", "edge_weight") if inp[k] is not None]
+    if layer_grads:
+        names += ["lin_weight", "lin_bias"]
+    leaves = {k: inp[k].detach().clone().requires_grad_(k in names)
+              for k in ("x", "wigner", "hidden", "edge_scalar", "edge_weight", "lin_weight", "lin_bias")
+              if inp[k] is not None}
+    radial = mixstack.LinearRadial(leaves["hidden"], leaves["lin_weight"], leaves["lin_bias"])
+    with mixstack.use_level(level), mixstack.dispatch_log() as log:
+        u = mixstack.rotate_in(leaves["x"], leaves["wigner"], radial, inp["src"],
+                               edge_scalar=leaves.get("edge_scalar"), edge_weight=leaves.get("edge_weight"))
+        gu = torch.randn(u.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(u)
+        grads = torch.autograd.grad(u, [leaves[k] for k in names], gu, create_graph=create_graph)
+    return u, dict(zip(names, grads)), dict(log), leaves
+
+
+@pytest.mark.parametrize("case,hidden_dim", LINEAR_CASES, ids=lambda v: str(v))
+def test_linear_radial_forward_and_forces_gradients_run_the_kernels_and_match_float64(case, hidden_dim):
+    """The radial weights made per tile from the layer: forward and the gradients a force pass
+    wants (every input but the layer's own weight and bias) from the kernels, against float64;
+    and the same numbers as rotate-in fed the whole weights (to rounding)."""
+    inp = _linear_inputs(case, hidden_dim)
+    u, grads, log, _ = _run_linear(inp, 1)
+    assert log == {"conv_in:triton": 1, "conv_in_bwd:triton": 1}, log
+    u64, grads64, _, _ = _run_linear(_linear_inputs(case, hidden_dim, torch.float64), 0)
+    helpers.assert_close_rel(u, u64, "rotate_in (linear radial)")
+    assert set(grads) == set(grads64)
+    for name in grads:
+        helpers.assert_close_rel(grads[name], grads64[name], f"rotate_in (linear radial) grad {name}")
+    radial, sw = mixstack.conv_reference.linear_radial_weights(
+        mixstack.LinearRadial(inp["hidden"], inp["lin_weight"], inp["lin_bias"]), case.lmax, case.scalar)
+    with mixstack.use_level(1):
+        whole = mixstack.rotate_in(inp["x"], inp["wigner"], radial, inp["src"], edge_scalar=inp["edge_scalar"],
+                                   scalar_weight=sw, edge_weight=inp["edge_weight"])
+    helpers.assert_close_rel(u, whole, "linear radial against the whole weights")
+
+
+def test_linear_radial_wrong_layer_is_caught():
+    """Negative control: the bias of the wrong focus stream (rows swapped) fails the comparison."""
+    case, hidden_dim = LINEAR_CASES[0]
+    inp = _linear_inputs(case, hidden_dim)
+    u, _, _, _ = _run_linear(inp, 1)
+    inp["lin_bias"] = inp["lin_bias"].flip(0)
+    u_wrong, _, _, _ = _run_linear(inp, 1)
+    with pytest.raises(AssertionError):
+        helpers.assert_close_rel(u_wrong, u, "swapped focus streams")
+
+
+def test_linear_radial_layer_gradients_and_double_backward_run_the_reference_formulas():
+    case, hidden_dim = LINEAR_CASES[0]
+    inp = _linear_inputs(case, hidden_dim)
+    u, grads, log, _ = _run_linear(inp, 1, layer_grads=True)
+    assert log == {"conv_in:triton": 1, "conv_in_bwd:reference": 1}, log
+    _, grads64, _, _ = _run_linear(_linear_inputs(case, hidden_dim, torch.float64), 0, layer_grads=True)
+    for name in ("lin_weight", "lin_bias", "hidden", "x"):
+        helpers.assert_close_rel(grads[name], grads64[name], f"grad {name}")
+    # create_graph: the gradients are differentiable again (here: d/dx of <grad_hidden, 1>)
+    _, g2, log2, leaves = _run_linear(inp, 1, create_graph=True)
+    assert log2["conv_in_bwd:reference"] == 1
+    (gx,) = torch.autograd.grad(g2["hidden"].sum(), leaves["x"])
+    _, g64, _, leaves64 = _run_linear(_linear_inputs(case, hidden_dim, torch.float64), 0, create_graph=True)
+    (gx64,) = torch.autograd.grad(g64["hidden"].sum(), leaves64["x"])
+    helpers.assert_close_rel(gx, gx64, "double backward through the linear radial")
+
+
+@pytest.mark.slow
+def test_linear_radial_runs_and_levels_1_to_3_give_the_same_bits():
+    case, hidden_dim = LINEAR_CASES[0]
+    inp = _linear_inputs(case, hidden_dim)
+    first = _run_linear(inp, 1)
+    for level in (1, 2, 3):
+        u, grads, _, _ = _run_linear(inp, level)
+        assert torch.equal(u, first[0]) and all(torch.equal(grads[k], first[1][k]) for k in grads)
