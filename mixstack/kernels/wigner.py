@@ -108,17 +108,20 @@ def first_state(r00, r01, r02, r10, r11, r12, r20, r21, r22, PAD: tl.constexpr):
 
 
 @triton.jit
-def _k_tile(k_ptr, IJ: tl.constexpr, PIN: tl.constexpr, POUT: tl.constexpr, TRANSPOSE: tl.constexpr):
-    """Matrix ``IJ = 3 i + j`` of a step (at ``k_ptr``): ``(PIN, POUT)``, or its transpose."""
-    base = k_ptr + IJ * PIN * POUT
-    if TRANSPOSE:
-        return tl.load(base + tl.arange(0, POUT)[:, None] + tl.arange(0, PIN)[None, :] * POUT)
-    return tl.load(base + tl.arange(0, PIN)[:, None] * POUT + tl.arange(0, POUT)[None, :])
+def _k_tile(k_ptr, IJ: tl.constexpr, PIN: tl.constexpr, POUT: tl.constexpr):
+    """Matrix ``IJ = 3 i + j`` of a step (at ``k_ptr``): ``(PIN, POUT)``."""
+    return tl.load(k_ptr + IJ * PIN * POUT + tl.arange(0, PIN)[:, None] * POUT + tl.arange(0, POUT)[None, :])
+
+
+@triton.jit
+def _k_tile_t(k_ptr, IJ: tl.constexpr, PIN: tl.constexpr, POUT: tl.constexpr):
+    """The transpose of ``_k_tile``: ``(POUT, PIN)``."""
+    return tl.load(k_ptr + IJ * PIN * POUT + tl.arange(0, POUT)[:, None] + tl.arange(0, PIN)[None, :] * POUT)
 
 
 @triton.jit
 def _scaled_dot(acc, m, r, k_ptr, IJ: tl.constexpr, PIN: tl.constexpr, POUT: tl.constexpr):
-    return tl.dot(m * r[:, None], _k_tile(k_ptr, IJ, PIN, POUT, False), acc, input_precision="ieee")
+    return tl.dot(m * r[:, None], _k_tile(k_ptr, IJ, PIN, POUT), acc, input_precision="ieee")
 
 
 @triton.jit
@@ -200,8 +203,34 @@ def edge_wigner_kernel(vec_ptr, k_ptr, w_ptr, E, LMAX: tl.constexpr, BLOCK_E: tl
 @triton.jit
 def _step_back(g, m_prev, r, gr, k_ptr, IJ: tl.constexpr, PIN: tl.constexpr, POUT: tl.constexpr):
     """One ``[i, j]`` of a step's backward: ``(gM_{l-1} contribution, dR1[i, j] contribution)``."""
-    y = tl.dot(g, _k_tile(k_ptr, IJ, PIN, POUT, True), input_precision="ieee")
+    y = tl.dot(g, _k_tile_t(k_ptr, IJ, PIN, POUT), input_precision="ieee")
     return r[:, None] * y, gr + tl.sum(m_prev * y, axis=1)
+
+
+@triton.jit
+def step_backward(g, m_prev, r00, r01, r02, r10, r11, r12, r20, r21, r22,
+                  g00, g01, g02, g10, g11, g12, g20, g21, g22, k_ptr, PIN: tl.constexpr, POUT: tl.constexpr):
+    """Back through ``recursion_step``: ``g (BLOCK_E, POUT)`` the gradient of ``M_l``, ``m_prev``
+    ``M_{l-1}``; returns the gradient of ``M_{l-1}`` through the step and the nine ``dR1``
+    accumulators, each ``[i, j]`` added in the order ``ij = 0..8``."""
+    gm, g00 = _step_back(g, m_prev, r00, g00, k_ptr, 0, PIN, POUT)
+    d, g01 = _step_back(g, m_prev, r01, g01, k_ptr, 1, PIN, POUT)
+    gm += d
+    d, g02 = _step_back(g, m_prev, r02, g02, k_ptr, 2, PIN, POUT)
+    gm += d
+    d, g10 = _step_back(g, m_prev, r10, g10, k_ptr, 3, PIN, POUT)
+    gm += d
+    d, g11 = _step_back(g, m_prev, r11, g11, k_ptr, 4, PIN, POUT)
+    gm += d
+    d, g12 = _step_back(g, m_prev, r12, g12, k_ptr, 5, PIN, POUT)
+    gm += d
+    d, g20 = _step_back(g, m_prev, r20, g20, k_ptr, 6, PIN, POUT)
+    gm += d
+    d, g21 = _step_back(g, m_prev, r21, g21, k_ptr, 7, PIN, POUT)
+    gm += d
+    d, g22 = _step_back(g, m_prev, r22, g22, k_ptr, 8, PIN, POUT)
+    gm += d
+    return gm, g00, g01, g02, g10, g11, g12, g20, g21, g22
 
 
 @triton.jit
@@ -243,35 +272,17 @@ def edge_wigner_grad_kernel(gw_ptr, vec_ptr, k_ptr, scratch_ptr, gv_ptr, E, SCRA
     g21 = tl.zeros((BLOCK_E,), tl.float32)
     g22 = tl.zeros((BLOCK_E,), tl.float32)
     g = load_degree(gw_ptr, w_rows, e_mask, LMAX, LMAX, state_pad(LMAX, LMAX), S)
-    for t in tl.static_range(LMAX - 1):
-        L: tl.constexpr = LMAX - t                    # the step L - 1 -> L, L = LMAX .. 2
-        PIN: tl.constexpr = state_pad(L - 1, LMAX)
-        POUT: tl.constexpr = state_pad(L, LMAX)
+    for L in tl.static_range(LMAX, 1, -1):           # the step L - 1 -> L, L = LMAX .. 2
         if L - 1 == 1:
             mp = m1
         else:
-            p = tl.arange(0, PIN)
+            p = tl.arange(0, state_pad(L - 1, LMAX))
             mp = tl.load(scratch_ptr + s_rows[:, None] + scratch_offset(L - 1, LMAX) + p[None, :],
                          mask=e_mask[:, None] & (p < state_size(L - 1, LMAX))[None, :], other=0.0)
-        kp = k_ptr + step_offset(L, LMAX)
-        gm, g00 = _step_back(g, mp, r00, g00, kp, 0, PIN, POUT)
-        d, g01 = _step_back(g, mp, r01, g01, kp, 1, PIN, POUT)
-        gm += d
-        d, g02 = _step_back(g, mp, r02, g02, kp, 2, PIN, POUT)
-        gm += d
-        d, g10 = _step_back(g, mp, r10, g10, kp, 3, PIN, POUT)
-        gm += d
-        d, g11 = _step_back(g, mp, r11, g11, kp, 4, PIN, POUT)
-        gm += d
-        d, g12 = _step_back(g, mp, r12, g12, kp, 5, PIN, POUT)
-        gm += d
-        d, g20 = _step_back(g, mp, r20, g20, kp, 6, PIN, POUT)
-        gm += d
-        d, g21 = _step_back(g, mp, r21, g21, kp, 7, PIN, POUT)
-        gm += d
-        d, g22 = _step_back(g, mp, r22, g22, kp, 8, PIN, POUT)
-        gm += d
-        g = gm + load_degree(gw_ptr, w_rows, e_mask, L - 1, LMAX, PIN, S)
+        gm, g00, g01, g02, g10, g11, g12, g20, g21, g22 = step_backward(
+            g, mp, r00, r01, r02, r10, r11, r12, r20, r21, r22, g00, g01, g02, g10, g11, g12, g20, g21, g22,
+            k_ptr + step_offset(L, LMAX), state_pad(L - 1, LMAX), state_pad(L, LMAX))
+        g = gm + load_degree(gw_ptr, w_rows, e_mask, L - 1, LMAX, state_pad(L - 1, LMAX), S)
     # M_1 = R1: entry 3 i + j
     p1 = tl.arange(0, state_pad(1, LMAX))[None, :]
     g00 += tl.sum(tl.where(p1 == 0, g, 0.0), axis=1)

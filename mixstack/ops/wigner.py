@@ -28,10 +28,16 @@ from ..dispatch.log import record
 from ..kernels import wigner as kw
 from ..wigner import edge_wigner_reference, step_matrices
 
-# Edges per program and warps, fixed per lmax (never tuned; the sums inside an edge do not
-# depend on them, but one config everywhere keeps levels 1-3 trivially identical).
-BLOCK_E = 32
-NUM_WARPS = 4
+# Edges per program, fixed (never tuned: one config at every level keeps levels 1-3 identical).
+# From the sm_90 compile (Triton 3.7), not timed yet: at lmax 3, 16 edges and 4 warps take 127
+# registers forward and 190 backward without spills, where 32 edges took 253 / 255 with 440 bytes
+# spilled (the FMA ``tl.dot`` holds whole operand rows per thread); lmax 6 spills at 4 warps.
+BLOCK_E = 16
+
+
+def num_warps(lmax: int) -> int:
+    """Warps of both kernels: 4, or 8 above lmax 3 (wider tiles)."""
+    return 4 if lmax <= 3 else 8
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,7 +90,7 @@ def launch_forward(vec: Tensor, steps: Tensor, lmax: int) -> Tensor:
     w = vec.new_empty((n_edges, 3, (lmax + 1) ** 2))
     if n_edges > 0:
         wrap_triton(kw.edge_wigner_kernel)[_grid(n_edges)](vec, steps, w, n_edges, LMAX=lmax, BLOCK_E=BLOCK_E,
-                                                           num_warps=NUM_WARPS)
+                                                           num_warps=num_warps(lmax))
     return w
 
 
@@ -96,7 +102,7 @@ def launch_backward(grad_w: Tensor, vec: Tensor, steps: Tensor, lmax: int) -> Te
         row = scratch_row(lmax)
         scratch = vec.new_empty((n_edges, row))
         wrap_triton(kw.edge_wigner_grad_kernel)[_grid(n_edges)](
-            grad_w, vec, steps, scratch, gv, n_edges, row, LMAX=lmax, BLOCK_E=BLOCK_E, num_warps=NUM_WARPS)
+            grad_w, vec, steps, scratch, gv, n_edges, row, LMAX=lmax, BLOCK_E=BLOCK_E, num_warps=num_warps(lmax))
     return gv
 
 
@@ -121,7 +127,7 @@ def edge_wigner(vec: Tensor, steps: Tensor, lmax: int, level: int) -> Tensor:
     """The packed rows ``(E, 3, (lmax+1)^2)`` of the edges ``vec (E, 3)``."""
     if _kernels_for(vec, level):
         record("wigner:triton")
-        return launch_forward(vec.contiguous(), steps.contiguous(), lmax)
+        return launch_forward(vec.contiguous(), steps.to(torch.float32).contiguous(), lmax)
     record("wigner:reference")
     return edge_wigner_reference(vec, lmax)
 
@@ -131,7 +137,7 @@ def edge_wigner_backward(grad_wigner: Tensor, vec: Tensor, steps: Tensor, lmax: 
     """``grad_vec (E, 3)`` of ``edge_wigner``."""
     if _kernels_for(vec, level):
         record("wigner_bwd:triton")
-        return launch_backward(grad_wigner.contiguous(), vec.contiguous(), steps.contiguous(), lmax)
+        return launch_backward(grad_wigner.contiguous(), vec.contiguous(), steps.to(torch.float32).contiguous(), lmax)
     record("wigner_bwd:reference")
     return reference_grad(grad_wigner, vec, lmax).contiguous()
 
