@@ -44,7 +44,7 @@ def edge_frames(vec: torch.Tensor) -> torch.Tensor:
     """
     r_hat = vec / torch.linalg.vector_norm(vec, dim=-1, keepdim=True)
     with torch.no_grad():
-        pick = r_hat.detach().abs().argmin(dim=-1)
+        pick = r_hat.abs().argmin(dim=-1)             # an index: no gradient to stop
     helper = torch.nn.functional.one_hot(pick, 3).to(vec.dtype)
     x = helper - (helper * r_hat).sum(-1, keepdim=True) * r_hat
     x = x / torch.linalg.vector_norm(x, dim=-1, keepdim=True)
@@ -137,18 +137,30 @@ def step_constants(lmax: int, keep: int = 1) -> dict[int, tuple[torch.Tensor, to
     return {l: _coefficients(l, _kept(l, lmax, keep), _kept(l - 1, lmax, keep)) for l in range(2, lmax + 1)}
 
 
+def _numbers(lmax: int, keep: int) -> dict:
+    return {l: (C.tolist(), s.tolist()) for l, (C, s) in step_constants(lmax, keep).items()}
+
+
+# ``step_constants`` as nested Python lists for every lmax at keep = 1, computed at import: an
+# operator body traced on fake tensors, or a compiler tracing ``wigner_rows``, builds its
+# constants from these numbers (a real tensor there is an error; a dict lookup traces cleanly).
+_CONSTANT_NUMBERS = {(lmax, 1): _numbers(lmax, 1) for lmax in range(1, 7)}
+
+
 def wigner_rows(R: torch.Tensor, lmax: int, keep: int = 1, constants=None) -> list[torch.Tensor]:
     """Rows ``|m| <= keep`` of the real Wigner matrices ``D^l(R)``, ``l = 0..lmax``.
 
     ``R (..., 3, 3)`` rotations.  Returns a list whose entry ``l`` has shape
     ``(..., 2*min(l, keep)+1, 2l+1)`` (rows ``m = -min(l,keep)..min(l,keep)``).
     ``constants``: ``step_constants(lmax, keep)`` already on ``R``'s device
-    (``WignerRows`` keeps them as buffers); by default they are built here.
+    (``WignerRows`` keeps them as buffers); by default they are built here, from the numbers
+    (so that an operator body traced on fake tensors can call this).
     """
     if lmax < 0:
         raise ValueError(f"lmax must be >= 0, got {lmax}")
-    if constants is None:
-        constants = {l: (C.to(R.device), s.to(R.device)) for l, (C, s) in step_constants(lmax, keep).items()}
+    if constants is None:       # new tensors from the numbers, which fake tensors (tracing) allow
+        constants = {l: (R.new_tensor(C), R.new_tensor(s)) for l, (C, s) in
+                     (_CONSTANT_NUMBERS.get((lmax, keep)) or _numbers(lmax, keep)).items()}
     out = [torch.ones(R.shape[:-2] + (1, 1), dtype=R.dtype, device=R.device)]
     if lmax == 0:
         return out

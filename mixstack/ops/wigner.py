@@ -33,11 +33,12 @@ from ..wigner import edge_wigner_reference, step_matrices
 # registers forward and 190 backward without spills, where 32 edges took 253 / 255 with 440 bytes
 # spilled (the FMA ``tl.dot`` holds whole operand rows per thread); lmax 6 spills at 4 warps.
 BLOCK_E = 16
+WIDE_WARPS = 8
 
 
 def num_warps(lmax: int) -> int:
     """Warps of both kernels: 4, or 8 above lmax 3 (wider tiles)."""
-    return 4 if lmax <= 3 else 8
+    return 4 if lmax <= 3 else WIDE_WARPS
 
 
 @functools.lru_cache(maxsize=None)
@@ -115,11 +116,14 @@ def _kernels_for(vec: Tensor, level: int) -> bool:
 def reference_grad(grad_w: Tensor, vec: Tensor, lmax: int, create_graph: bool = False) -> Tensor:
     """``grad_vec`` by autograd through the tensor-op formulas; with ``create_graph`` through
     ``vec`` itself, so the result is differentiable again (in ``vec`` and ``grad_w``)."""
-    with torch.enable_grad():
-        v = vec if create_graph else vec.detach().requires_grad_(True)
-        w = edge_wigner_reference(v, lmax)
-        (g,) = torch.autograd.grad(w, v, grad_w, create_graph=create_graph)
-    return g
+    if create_graph:
+        with torch.enable_grad():
+            (g,) = torch.autograd.grad(edge_wigner_reference(vec, lmax), vec, grad_w, create_graph=True)
+        return g
+    # torch.func.vjp, not torch.autograd.grad: an operator's body runs below autograd, where
+    # requires_grad builds no graph; functorch's transform brings its own
+    _, vjp = torch.func.vjp(lambda v: edge_wigner_reference(v, lmax), vec)
+    return vjp(grad_w)[0]
 
 
 @triton_op("mixstack::edge_wigner", mutates_args=())
@@ -159,3 +163,4 @@ def _backward(ctx, grad_w):
 
 
 edge_wigner.register_autograd(_backward, setup_context=_setup)
+

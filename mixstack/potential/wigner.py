@@ -7,8 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..wigner import (edge_frames, pack_rows, step_constants, wigner_d1, wigner_full,  # noqa: F401
-                      wigner_rows)
+from ..wigner import edge_frames, pack_rows, step_constants, wigner_d1, wigner_full, wigner_rows  # noqa: F401
 
 
 class WignerRows(nn.Module):
