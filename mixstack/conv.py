@@ -1,11 +1,13 @@
 """``mixstack.rotate_in`` and ``mixstack.rotate_out_sum``: the SO(2) convolution's rotations around
-the stack, at the active level (docs/contract.md §7).
+the stack, and ``mixstack.edge_wigner``, the packed Wigner rows they read, at the active level
+(docs/contract.md §7).
 
 Level 0, or a tensor the kernels cannot take, runs ``mixstack.reference.rotate_in`` /
 ``rotate_out_sum`` (plain PyTorch, any float dtype); levels 1-3 run the ``mixstack::`` operators
 (``ops.conv``): Triton kernels forward and backward, deterministic (rotate-out sums each atom's
 edges in their order; rotate-in's node-feature gradient sums each source atom's edges in theirs;
-no atomics), the same bits at levels 1, 2 and 3.
+no atomics), the same bits at levels 1, 2 and 3.  ``edge_wigner`` runs ``mixstack::edge_wigner``
+(``ops.wigner``) there: one kernel from the edge vectors to the packed rows, one back.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from __future__ import annotations
 import torch
 
 from . import conv_reference
-from .conv_layout import LinearRadial, validate_rotate_in, validate_rotate_out_sum
+from .conv_layout import LinearRadial, validate_edge_wigner, validate_rotate_in, validate_rotate_out_sum
 from .dispatch.guards import conv_level, triton_installed
 from .dispatch.log import record
+from .wigner import edge_wigner_reference
 
 if triton_installed():
     from .ops import conv as _ops  # noqa: F401  (registers the mixstack:: operators)
+    from .ops import wigner as _wigner_ops
 
 
 def kernels_active(t: torch.Tensor, channels: int) -> bool:
@@ -89,3 +93,37 @@ def rotate_out_sum(y, wigner, dst, n_atoms: int, *, edge_weight=None, keep_input
         return out
     out, _ = torch.ops.mixstack.rotate_out_sum(y, wigner, dst, edge_weight, n_atoms, not keep_input, level)
     return out
+
+
+def edge_wigner_constants(lmax: int, device=None) -> torch.Tensor:
+    """The constants ``edge_wigner``'s kernels read for ``lmax`` (float32, on ``device``): a
+    module that calls ``edge_wigner`` may keep them as a buffer and pass them as ``constants``,
+    so a traced or exported graph takes them as an input.  Empty where Triton is not installed
+    (the kernels never run there)."""
+    if not triton_installed():
+        return torch.zeros(0, device=device)
+    return _wigner_ops.packed_steps(lmax).to(device)
+
+
+def edge_wigner(vec, lmax: int, *, constants=None):
+    """The packed Wigner rows ``(E, 3, (lmax+1)^2)`` of the edges ``vec (E, 3)``: the ``wigner``
+    argument of ``rotate_in`` and ``rotate_out_sum``.
+
+    Per edge, the rotation ``R`` with rows ``(x', y', r_hat)`` (``r_hat = vec / |vec|``; ``x'``
+    from the coordinate axis least aligned with the edge, the first on a tie) and the rows
+    ``m = -1, 0, +1`` of its real Wigner matrices ``D^l(R)``, ``l = 0..lmax``, by the
+    Ivanic-Ruedenberg recursion (``mixstack.wigner``).  Differentiable in ``vec`` to any order.
+    Levels 1-3 (float32, where the kernels run): one kernel forward, one backward; ``constants``
+    is ``edge_wigner_constants(lmax, vec.device)`` (built and kept per device when not given).
+    """
+    validate_edge_wigner(vec, lmax)
+    level = conv_level(vec, 1)
+    if level == 0:
+        record("wigner:reference")
+        out = edge_wigner_reference(vec, lmax)
+        if out.requires_grad and not torch.compiler.is_compiling():
+            out.register_hook(_record_backward("wigner_bwd:reference"))
+        return out
+    if constants is None:
+        constants = _wigner_ops.steps_on(lmax, vec.device)
+    return torch.ops.mixstack.edge_wigner(vec, constants, lmax, level)

@@ -295,3 +295,35 @@ def run_rotate_out(inp: dict, grad_seed: int = 2, *, keep_input: bool = True):
     go = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out)
     grads = torch.autograd.grad(out, list(leaves.values()), go)
     return out, dict(zip(leaves, grads))
+
+
+# Edge vectors that stress the frame's helper axis: along each axis (either sign), ties of
+# |r_hat| components (the first minimum wins), and near-axis directions.
+SPECIAL_EDGES = ((1.0, 1.0, 1.0), (1.0, 0.0, 0.0), (0.0, -2.0, 0.0), (0.0, 0.0, 3.0), (-1.0, -1.0, -1.0),
+                 (0.5, 0.5, 0.0), (0.0, 1.5, -1.5), (1e-3, 0.0, 3.0), (2.0, 1e-4, -1e-4), (1.0, 1.0, 1e-3))
+
+
+def edge_vectors(n: int, seed: int = 0, *, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    """``n`` edge vectors ``(n, 3)``: ``SPECIAL_EDGES`` first, then Gaussian ones of lengths ~1-3
+    (float64 on the CPU from a seeded generator, then cast and moved)."""
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(n, 3, generator=g, dtype=torch.float64)
+    v = v * (1.0 + 2.0 * torch.rand(n, 1, generator=g, dtype=torch.float64)) / v.norm(dim=-1, keepdim=True)
+    k = min(n, len(SPECIAL_EDGES))
+    v[:k] = torch.tensor(SPECIAL_EDGES[:k], dtype=torch.float64)
+    return v.to(dtype=dtype, device=device)
+
+
+def edge_wigner_check(vec: torch.Tensor, lmax: int, seed: int = 1):
+    """``(w, g, w64, g64)``: ``mixstack.edge_wigner`` at the active level on ``vec`` and the
+    gradient of a random weighted sum of it, against the float64 tensor-op formulas (on the CPU)."""
+    from mixstack.wigner import edge_wigner_reference
+    gen = torch.Generator().manual_seed(seed)
+    weights = torch.randn(vec.shape[0], 3, (lmax + 1) ** 2, generator=gen, dtype=torch.float64)
+    v = vec.detach().clone().requires_grad_(True)
+    w = mixstack.edge_wigner(v, lmax)
+    (g,) = torch.autograd.grad((w * weights.to(w)).sum(), v)
+    v64 = vec.detach().double().cpu().requires_grad_(True)
+    w64 = edge_wigner_reference(v64, lmax)
+    (g64,) = torch.autograd.grad((w64 * weights).sum(), v64)
+    return w.detach(), g, w64.detach(), g64

@@ -26,7 +26,7 @@ from . import stages
 from .blocks import InteractionBlock, mlp
 from .neighbors import MAX_Z
 from .radial import BesselBasis, PolynomialEnvelope
-from .wigner import WignerRows, edge_frames, pack_rows
+from .wigner import WignerRows, edge_frames
 
 
 class SO2Potential(nn.Module):
@@ -63,6 +63,9 @@ class SO2Potential(nn.Module):
             self.radial_basis = BesselBasis(cutoff, n_radial, **kw)
             self.envelope = PolynomialEnvelope(cutoff, envelope_p)
             self.wigner = WignerRows(lmax, keep=1, **kw)
+            # the constants of mixstack.edge_wigner's kernels (float32 whatever the model's dtype:
+            # the kernels run float32 only), a buffer so that they follow .to(device)
+            self.register_buffer("wigner_constants", conv.edge_wigner_constants(lmax), persistent=False)
             self.blocks = nn.ModuleList(
                 InteractionBlock(lmax=lmax, focus_dim=focus_dim, n_focus=n_focus, n_layers=n_layers,
                                  n_radial=n_radial, radial_hidden=radial_hidden,
@@ -104,13 +107,15 @@ class SO2Potential(nn.Module):
         return energies.sum(), energies
 
     def edge_geometry(self, positions, cell, src, dst, shifts, packed: bool = False):
-        """``(r (E,), rows, wigner)``: edge lengths, the Wigner rows of the edge frames
-        (``wigner_rows``'s list) and, with ``packed``, the same rows as one ``(E, 3, S)`` tensor
-        (what the convolution's kernels read; else ``None``)."""
+        """``(r (E,), rows, wigner)``: edge lengths and the Wigner rows of the edge frames, either
+        as ``wigner_rows``'s list (``wigner`` ``None``) or, with ``packed`` (the convolution's
+        kernels are active), as one ``(E, 3, S)`` tensor from ``mixstack.edge_wigner``'s kernels
+        (``rows`` ``None``)."""
         vec = positions[src] - positions[dst] + shifts @ cell
         r = torch.linalg.vector_norm(vec, dim=-1)
-        rows = self.wigner(edge_frames(vec))
-        return r, rows, (pack_rows(rows) if packed else None)
+        if packed:
+            return r, None, conv.edge_wigner(vec, self.lmax, constants=self.wigner_constants)
+        return r, self.wigner(edge_frames(vec)), None
 
     def radial_terms(self, r):
         """The radial basis ``(E, n_radial)`` and the cutoff envelope ``(E,)`` of the edge lengths."""

@@ -74,4 +74,5 @@ def test_frames_on_the_convolution_kernels_are_bitwise_identical_run_to_run(leve
         first = model(*inputs)
         second = model(*inputs)
     assert log["conv_in:triton"] == 4 and log["conv_out_bwd:triton"] == 4, dict(log)
+    assert log["wigner:triton"] == 2 and log["wigner_bwd:triton"] == 2, dict(log)
     assert all(torch.equal(a, b) for a, b in zip(first, second))

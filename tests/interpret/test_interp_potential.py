@@ -20,7 +20,7 @@ from ase.build import bulk  # noqa: E402
 from mixstack.potential import SO2Potential, atoms_inputs  # noqa: E402
 
 EVAL_PATHS = {"fwd:triton": 2, "bwd:relay": 2, "conv_in:triton": 2, "conv_in_bwd:triton": 2,
-              "conv_out:triton": 2, "conv_out_bwd:triton": 2}
+              "conv_out:triton": 2, "conv_out_bwd:triton": 2, "wigner:triton": 1, "wigner_bwd:triton": 1}
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +142,8 @@ def test_a_training_step_runs_the_stack_kernels_end_to_end_and_matches_float64()
     # runs the reference formulas (create_graph), the loss's backward through the forward kernels
     assert log == {"fwd:triton": 2, "bwd:relay": 4, "bwd2:triton": 2, "wgrad:triton": 4,
                    "conv_in:triton": 2, "conv_out:triton": 2, "conv_in_bwd:reference": 2,
-                   "conv_out_bwd:reference": 2, "conv_in_bwd:triton": 2, "conv_out_bwd:triton": 2}, log
+                   "conv_out_bwd:reference": 2, "conv_in_bwd:triton": 2, "conv_out_bwd:triton": 2,
+                   "wigner:triton": 1, "wigner_bwd:reference": 1, "wigner_bwd:triton": 1}, log
     assert got.keys() == want.keys()
     stack = [n for n in got if n.startswith("blocks.1.stack.")]      # block 0 sees no |m| = 1 input
     assert len(stack) == 4 and all(got[n].abs().sum() > 0 for n in stack)
