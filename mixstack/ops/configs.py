@@ -144,15 +144,13 @@ def conv_config(layout: StackLayout) -> dict:
     the order of the sums (as ``block_k`` does for the GEMMs), and levels 1-3 give the same bits.
     Sizes keep every live ``(BLOCK_E, CP)`` tile at 4 floats a thread (edge kernels) and the
     segment step's ``(BLOCK_E, NP, CP)`` product at about 32 (``NP`` the padded rows of the
-    widest degree).  Rotate-in with a linear radial layer (``linear_*``) makes the weights with
-    a ``tl.dot`` (16 edges, channels padded to 16 at least) and carries their gradient into the
-    hidden layer as a broadcast product summed over the channels, whose ``(edges, CP, HP)``
-    tile sets its edges and warps: on the sm_90 compile at 32 hidden features, spill-free at
-    lmax 1-6 with C up to 64 (the backward at lmax 3: 253 registers at C 32, 128 at C 64 with
-    16 warps); C 128 spills 152 bytes in the backward.  Chosen from the sm_90 compile (Triton 3.7), not timed yet: at lmax 3 and
-    Cf 32, 16 edges a program take 71 / 96 / 72 registers (rotate-in, its backward, rotate-out's
-    backward) without spills, where 64 edges took 247 / 255 with 304 bytes spilled; at lmax 6,
-    117 / 124 / 56 against spills of 136 and 1344 bytes.  The segment kernel takes 128-198.
+    widest degree).  Rotate-in with a linear radial layer (``linear_*``) makes the weights with a
+    ``tl.dot`` (16 edges, channels padded to 16 at least; three TF32 products,
+    ``kernels.rotate_in``) and carries their gradient into the hidden layer with another: on the
+    sm_90 compile at 32 hidden features the forward is spill-free at lmax 1-6 and C up to 128;
+    the backward holds 255 registers and spills 32 bytes at C 32 with 8 warps (16 warps: 552;
+    4 warps: 32), and far more at C 64 and beyond (496 bytes and up), where the potential passes
+    the weights whole instead.
     """
     cp = next_power_of_2(layout.focus_dim)
     np_ = next_power_of_2(2 * layout.lmax + 1)
@@ -161,7 +159,7 @@ def conv_config(layout: StackLayout) -> dict:
             "segment_block": max(2, min(32, 4096 // (np_ * cp))),
             "CP": cp, "NP": np_, "num_warps": 4,
             "linear_block": 16, "linear_warps": max(4, wide // 8),
-            "linear_block_bwd": max(4, 512 // wide), "linear_warps_bwd": max(8, min(16, wide // 4))}
+            "linear_block_bwd": 16, "linear_warps_bwd": 8}
 
 
 # Weight gradients (``kernels.wgrad``).  The chunk of edges each program sums and the edges per
