@@ -19,8 +19,9 @@ no copy).
 With ``LINEAR`` the radial weights are not read but made per tile from a linear layer,
 ``rad[e, f, r, c] = sum_j hid[e, j] * lw[f, r, c, j] + lb[f, r, c]`` (``linear_row``, one
 ``tl.dot`` a row; the rows ``2*lmax + 1 + l`` are the edge scalar's weights ``sw``), so the
-``(E, F, rows, C)`` weights never exist; the backward then sums their gradient straight into
-the hidden layer's, ``ghid[e] += grad_rad[e, f, r] @ lw[f, r]`` (``linear_row_grad``).
+``(E, F, rows, C)`` weights are never read or kept; the backward makes them again the same way
+and writes their gradient, all rows of it, for the launcher's one product with the layer's
+weight (the hidden layer's gradient).
 
 ``rotate_in_grad_kernel`` is the edge-parallel part of the backward: the gradients of the
 radial weights, the edge scalar and its weights, the edge weights and the Wigner rows, and the gradient of the
@@ -52,16 +53,6 @@ def linear_row(hid, lw_ptr, lb_ptr, f, r, c, j, NRAD: tl.constexpr, C: tl.conste
                  other=0.0)
     b = tl.load(lb_ptr + base + c, mask=c < C, other=0.0)
     return tl.dot(hid, wt, input_precision=RADIAL_PRECISION) + b[None, :]
-
-
-@triton.jit
-def linear_row_grad(ghid, g, lw_ptr, f, r, c, j, NRAD: tl.constexpr, C: tl.constexpr, H: tl.constexpr):
-    """``ghid + g @ lw[f, r]``: the gradient ``g (BLOCK_E, CP)`` of row ``r`` of focus ``f`` of
-    ``linear_row``'s output carried into its hidden layer's, ``(BLOCK_E, HP)``."""
-    base = (f * NRAD + r) * C
-    w = tl.load(lw_ptr + (base + c[:, None]) * H + j[None, :], mask=(c < C)[:, None] & (j < H)[None, :],
-                other=0.0)
-    return tl.dot(g, w, ghid, input_precision=RADIAL_PRECISION)
 
 
 @triton.jit
@@ -133,8 +124,8 @@ def rotate_in_grad_kernel(gu_ptr, x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr,
     """``gu (F, E, ROW)`` contiguous.  Writes (each where its flag is set): ``grad_rad (E, F,
     2*lmax + 1, C)``; ``grad_h (E, C)`` and ``grad_sw (E, F, lmax + 1, C)``; ``grad_ew (E,)``;
     ``grad_w (E, 3, S)``; ``grot (E, 3*lmax + 1, C)``; all contiguous.  With ``LINEAR``,
-    ``GRAD_RAD`` writes the hidden layer's gradient ``(E, H)`` to ``grad_rad`` instead (the
-    scalar weights' part included), and ``GRAD_SCALAR`` writes ``grad_h`` alone."""
+    ``GRAD_RAD`` writes the gradient of the layer's whole output ``(E, F, NRAD, C)`` (the
+    scalar weights' rows included) and ``GRAD_SCALAR`` writes ``grad_h`` alone."""
     S: tl.constexpr = (LMAX + 1) * (LMAX + 1)
     ROW: tl.constexpr = (3 * LMAX + 1) * C
     NR: tl.constexpr = 2 * LMAX + 1
@@ -154,9 +145,8 @@ def rotate_in_grad_kernel(gu_ptr, x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr,
     h_acc = tl.zeros((BLOCK_E, CP), dtype=tl.float32)
     if LINEAR:
         j = tl.arange(0, HP)
-        hmask = e_mask[:, None] & (j < H)[None, :]
-        hid = tl.load(hid_ptr + (e * H)[:, None] + j[None, :], mask=hmask, other=0.0)
-        ghid = tl.zeros((BLOCK_E, HP), dtype=tl.float32)
+        hid = tl.load(hid_ptr + (e * H)[:, None] + j[None, :], mask=e_mask[:, None] & (j < H)[None, :], other=0.0)
+    GR_ROWS: tl.constexpr = NRAD if LINEAR else NR
     for l in tl.static_range(LMAX + 1):
         rn, r0, rp = rotate_degree(x_ptr, x_rows, w_ptr, w_rows, c, mask, e_mask, l, C, S)
         gn = tl.zeros((BLOCK_E, CP), dtype=tl.float32)
@@ -165,7 +155,7 @@ def rotate_in_grad_kernel(gu_ptr, x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr,
         for f in range(F):
             rad_at = rad_ptr + (e * rad_se + f * rad_sf)[:, None] + c[None, :]
             gu_at = gu_ptr + (((e * 0 + f) * E + e) * ROW)[:, None] + c[None, :]
-            gr_at = grad_rad_ptr + ((e * F + f) * (NR * C))[:, None] + c[None, :]
+            gr_at = grad_rad_ptr + ((e * F + f) * (GR_ROWS * C))[:, None] + c[None, :]
             d0 = tl.load(gu_at + l * C, mask=mask, other=0.0)
             if LINEAR:
                 a0 = linear_row(hid, lw_ptr, lb_ptr, f, l, c, j, NRAD, C, H)
@@ -191,12 +181,9 @@ def rotate_in_grad_kernel(gu_ptr, x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr,
                     tl.store(grad_sw_ptr + ((e * F + f) * ((LMAX + 1) * C))[:, None] + l * C + c[None, :], d0 * h,
                              mask=mask)
             if GRAD_RAD:
-                if LINEAR:
-                    ghid = linear_row_grad(ghid, d0 * r0, lw_ptr, f, l, c, j, NRAD, C, H)
-                    if HAS_SCALAR:
-                        ghid = linear_row_grad(ghid, d0 * h, lw_ptr, f, 2 * LMAX + 1 + l, c, j, NRAD, C, H)
-                else:
-                    tl.store(gr_at + l * C, d0 * r0, mask=mask)
+                tl.store(gr_at + l * C, d0 * r0, mask=mask)
+                if LINEAR and HAS_SCALAR:
+                    tl.store(gr_at + (2 * LMAX + 1 + l) * C, d0 * h, mask=mask)
             if l > 0:
                 dn = tl.load(gu_at + (LMAX + l) * C, mask=mask, other=0.0)
                 dp = tl.load(gu_at + (2 * LMAX + l) * C, mask=mask, other=0.0)
@@ -212,10 +199,7 @@ def rotate_in_grad_kernel(gu_ptr, x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr,
                 gn += dn * a1
                 gp += dp * a1
                 if GRAD_RAD:
-                    if LINEAR:
-                        ghid = linear_row_grad(ghid, dn * rn + dp * rp, lw_ptr, f, LMAX + l, c, j, NRAD, C, H)
-                    else:
-                        tl.store(gr_at + (LMAX + l) * C, dn * rn + dp * rp, mask=mask)
+                    tl.store(gr_at + (LMAX + l) * C, dn * rn + dp * rp, mask=mask)
         if GRAD_W:
             wigner_grad_degree(x_ptr, x_rows, grad_w_ptr, w_rows, gn, g0, gp, c, mask, e_mask, l, C, S)
         if GRAD_X:
@@ -226,7 +210,5 @@ def rotate_in_grad_kernel(gu_ptr, x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr,
                 tl.store(grot_at + (2 * LMAX + l) * C, gp, mask=mask)
     if GRAD_SCALAR:
         tl.store(grad_h_ptr + (e * C)[:, None] + c[None, :], h_acc, mask=mask)
-    if LINEAR and GRAD_RAD:
-        tl.store(grad_rad_ptr + (e * H)[:, None] + j[None, :], ghid, mask=hmask)
     if GRAD_EW:
         tl.store(grad_ew_ptr + e, tl.sum(ew_acc, axis=1), mask=e_mask)

@@ -145,12 +145,10 @@ def conv_config(layout: StackLayout) -> dict:
     Sizes keep every live ``(BLOCK_E, CP)`` tile at 4 floats a thread (edge kernels) and the
     segment step's ``(BLOCK_E, NP, CP)`` product at about 32 (``NP`` the padded rows of the
     widest degree).  Rotate-in with a linear radial layer (``linear_*``) makes the weights with a
-    ``tl.dot`` (16 edges, channels padded to 16 at least; three TF32 products,
-    ``kernels.rotate_in``) and carries their gradient into the hidden layer with another: on the
-    sm_90 compile at 32 hidden features the forward is spill-free at lmax 1-6 and C up to 128;
-    the backward holds 255 registers and spills 32 bytes at C 32 with 8 warps (16 warps: 552;
-    4 warps: 32), and far more at C 64 and beyond (496 bytes and up), where the potential passes
-    the weights whole instead.
+    ``tl.dot`` a row, forward and again in the backward (16 edges, channels padded to 16 at
+    least; three TF32 products, ``kernels.rotate_in``): on the sm_90 compile at 32 hidden
+    features spill-free at lmax 1-6 with C up to 64 (the backward at lmax 3: 168 registers at
+    C 32, 241 at C 64 with 8 warps); at C 128 the backward spills 24 bytes.
     """
     cp = next_power_of_2(layout.focus_dim)
     np_ = next_power_of_2(2 * layout.lmax + 1)
@@ -158,8 +156,7 @@ def conv_config(layout: StackLayout) -> dict:
     return {"edge_block": max(4, min(64, 512 // cp)),
             "segment_block": max(2, min(32, 4096 // (np_ * cp))),
             "CP": cp, "NP": np_, "num_warps": 4,
-            "linear_block": 16, "linear_warps": max(4, wide // 8),
-            "linear_block_bwd": 16, "linear_warps_bwd": 8}
+            "linear_block": 16, "linear_warps": max(4, wide // 8)}
 
 
 # Weight gradients (``kernels.wgrad``).  The chunk of edges each program sums and the edges per

@@ -55,14 +55,11 @@ def _linear_args(linear, fill):
     return tuple(linear), {"LINEAR": True, "H": hidden.shape[1], "HP": max(16, next_power_of_2(hidden.shape[1]))}
 
 
-def _edge_launch(cfg: dict, linear, backward: bool) -> tuple[int, int, int]:
-    """``(edges per program, padded channels, warps)``: ``conv_config``'s, or for the
-    linear-radial path ``conv_config``'s linear ones (its ``tl.dot`` needs 16 edges and 16
-    channels at least; the backward holds the hidden layer's gradient too)."""
+def _edge_launch(cfg: dict, linear) -> tuple[int, int, int]:
+    """``(edges per program, padded channels, warps)``: ``conv_config``'s, or its linear ones for
+    the linear-radial path (whose ``tl.dot`` needs 16 edges and 16 channels at least)."""
     if linear is None:
         return cfg["edge_block"], cfg["CP"], cfg["num_warps"]
-    if backward:
-        return cfg["linear_block_bwd"], max(16, cfg["CP"]), cfg["linear_warps_bwd"]
     return cfg["linear_block"], max(16, cfg["CP"]), cfg["linear_warps"]
 
 
@@ -80,7 +77,7 @@ def rotate_in_forward(x, wigner, radial, src, edge_scalar, scalar_weight, edge_w
     factors, lin = _linear_args(linear, x)
     rad = x if radial is None else radial
     rad_strides = (0, 0, 0) if radial is None else tuple(radial.stride()[:3])
-    block, cp, warps = _edge_launch(cfg, linear, False)
+    block, cp, warps = _edge_launch(cfg, linear)
     wrap_triton(rotate_in_kernel)[_grid(n_edges, block)](
         x, wigner, rad, src, h, sw, x if edge_weight is None else edge_weight, u, *factors,
         n_edges, n_focus, *rad_strides, *sw_strides,
@@ -95,8 +92,9 @@ def rotate_in_backward(grad_u, x, wigner, radial, src, edge_scalar, scalar_weigh
     ``needs`` says which (six bools); the others come back empty.  ``grad_u (F, E, ROW)``
     contiguous.  The two edge-scalar gradients come together (one flag in the kernel).  With
     ``linear = (hidden, weight, bias)`` (``radial``, ``scalar_weight`` ``None``) the third
-    gradient is the hidden layer's ``(E, H)`` (the scalar weights' part included) and the fifth
-    is empty."""
+    gradient is the hidden layer's ``(E, H)``: the kernel writes the gradient of the layer's
+    whole output ``(E, F, R, C)``, and one product with its weight (``torch.mm``) carries it
+    into the hidden layer; the fifth gradient is empty."""
     need_x, need_w, need_rad, need_h, need_sw, need_ew = needs
     need_ew = need_ew and edge_weight is not None
     need_scalar = (need_h or (need_sw and linear is None)) and edge_scalar is not None
@@ -104,20 +102,20 @@ def rotate_in_backward(grad_u, x, wigner, radial, src, edge_scalar, scalar_weigh
     lay, cfg = layout, conv_config(layout)
     def empty(shape, need):        # an unused gradient: a distinct empty tensor (outputs must not alias)
         return x.new_empty(shape if need else (0,))
-    g_rad = empty(radial.shape if linear is None else linear[0].shape, need_rad)
+    g_rad = empty(radial.shape if linear is None else (n_edges,) + tuple(linear[2].shape), need_rad)
     g_h = empty(edge_scalar.shape if need_scalar else (0,), need_scalar)
     g_sw = empty(scalar_weight.shape if need_scalar and linear is None else (0,), need_scalar and linear is None)
     g_ew = empty((n_edges,), need_ew)
     g_w = empty(wigner.shape, need_w)
     g_x = torch.zeros_like(x) if need_x and n_edges == 0 else empty(x.shape, need_x)
     if n_edges == 0:
-        return g_x, g_w, g_rad, g_h, g_sw, g_ew
+        return g_x, g_w, g_rad if linear is None else empty(linear[0].shape, need_rad), g_h, g_sw, g_ew
     grot = empty((n_edges, lay.row), need_x)
     h, sw, sw_strides = _scalar_args(edge_scalar, scalar_weight, x)
     factors, lin = _linear_args(linear, x)
     rad = x if radial is None else radial
     rad_strides = (0, 0, 0) if radial is None else tuple(radial.stride()[:3])
-    block, cp, warps = _edge_launch(cfg, linear, True)
+    block, cp, warps = _edge_launch(cfg, linear)
     wrap_triton(rotate_in_grad_kernel)[_grid(n_edges, block)](
         grad_u, x, wigner, rad, src, h, sw, x if edge_weight is None else edge_weight,
         g_rad if need_rad else x, g_h if need_scalar else x, g_sw if need_scalar and linear is None else x,
@@ -126,6 +124,9 @@ def rotate_in_backward(grad_u, x, wigner, radial, src, edge_scalar, scalar_weigh
         LMAX=lay.lmax, C=lay.focus_dim, CP=cp, HAS_SCALAR=edge_scalar is not None,
         HAS_EW=edge_weight is not None, GRAD_RAD=need_rad, GRAD_SCALAR=need_scalar, GRAD_EW=need_ew,
         GRAD_W=need_w, GRAD_X=need_x, BLOCK_E=block, num_warps=warps, **lin)
+    if linear is not None and need_rad:
+        weight = linear[1]
+        g_rad = torch.mm(g_rad.view(n_edges, -1), weight.view(-1, weight.shape[-1]))
     if need_x:
         order, ptr = source_order(src, x.shape[0])
         segment_sum(grot, 1, grot.stride(0), 0, wigner, None, ptr, lay, g_x, order=order)

@@ -37,10 +37,6 @@ from ..functional import mixing_stack
 from ..layout import LMAX_RANGE, StackLayout
 from . import stages
 
-# Channels up to which the eval-mode frame hands rotate-in its radial layer (``LinearRadial``):
-# wider, that kernel's backward spills (ops.configs.conv_config).
-LINEAR_RADIAL_MAX_CHANNELS = 32
-
 
 class EquivariantMixingStack(nn.Module):
     """The gated SO(2) mixing stack with ``w1 = [[U, V], [-V, U]]``: rotation-commuting
@@ -192,8 +188,7 @@ class InteractionBlock(nn.Module):
           (its last hidden layer ``(E, radial_hidden)`` and the layer's weight and bias): in
           eval mode the kernels make the weights of the m = 0 and |m| = 1 subtiles and of the
           edge scalar per tile, so the ``E x F x (3*lmax+2) x C`` weights never exist, forward
-          or backward.  In train mode the weights' gradients are wanted, and above
-          ``LINEAR_RADIAL_MAX_CHANNELS`` the kernel's backward spills: ``radial`` is the pair
+          or backward.  In train mode the weights' gradients are wanted: ``radial`` is the pair
           ``radial_products`` makes (two products, so their gradients arrive as two tensors: the
           slices of one output would each be scattered into a zero-filled copy of all of it and
           added).
@@ -210,7 +205,7 @@ class InteractionBlock(nn.Module):
         pair = (x0 @ at_src.t())[src] + (x0 @ at_dst.t())[dst]                  # (E, C + H)
         h = pair[:, :c] + self.edge_scalar.bias
         logits = self.alpha_logits[1:](pair[:, c:] + nn.functional.linear(rbf, w_alpha[:, 2 * c:], first.bias))
-        if self.training or c > LINEAR_RADIAL_MAX_CHANNELS:
+        if self.training:
             radial = self.radial_products(hidden)
         else:
             last = self.radial[-1]
