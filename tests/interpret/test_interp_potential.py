@@ -61,6 +61,7 @@ class _OutputShapes(TorchDispatchMode):
         return out
 
 
+@pytest.mark.slow
 def test_eval_mode_never_makes_the_radial_weights_and_train_mode_does(system):
     """Eval mode (forces) hands rotate-in the radial network's last layer (``LinearRadial``): the
     ``(E, F, 2*lmax+1, C)`` weights are never a tensor, forward or backward.  Train mode makes
