@@ -184,3 +184,32 @@ def test_exported_operators_run_at_another_edge_count():
     other = _inputs(ConvCase(N=4, E=13, F=2, C=3, lmax=1), seed=1, dtype=torch.float32)
     helpers.assert_close_rel(ep.module()(*(other[k] for k in names)), _conv_frame(*(other[k] for k in names)),
                              "exported frame")
+
+
+def test_the_linear_radial_operators_reference_bodies_match_autograd():
+    """``mixstack::rotate_in_linear`` and its backward operator on the CPU (their bodies run the
+    reference branch, below autograd): the backward operator's gradients equal autograd's through
+    the reference forward, and the forward operator is differentiable through its autograd."""
+    case = ConvCase(N=3, E=5, F=2, C=2, lmax=1)
+    inp = _inputs(case)
+    g = torch.Generator().manual_seed(3)
+    rows, hdim = 3 * case.lmax + 2, 4
+    hidden = torch.randn(case.E, hdim, generator=g, dtype=F64)
+    weight = torch.randn(case.F, rows, case.C, hdim, generator=g, dtype=F64)
+    bias = torch.randn(case.F, rows, case.C, generator=g, dtype=F64)
+    leaves = [t.detach().requires_grad_() for t in (inp["x"], inp["wigner"], hidden, inp["edge_scalar"],
+                                                     inp["edge_weight"])]
+    x, w, hid, h, ew = leaves
+    u = conv_reference.rotate_in(x, w, mixstack.LinearRadial(hid, weight, bias), inp["src"], edge_scalar=h,
+                                 edge_weight=ew)
+    gu = torch.randn(u.shape, generator=g, dtype=F64)
+    want = torch.autograd.grad(u, leaves, gu)
+    got = torch.ops.mixstack.rotate_in_linear_backward(gu, x.detach(), w.detach(), hid.detach(), weight, bias,
+                                                       inp["src"], h.detach(), ew.detach(), True, True, True,
+                                                       True, True, 1)
+    for name, a, b in zip(("x", "wigner", "hidden", "edge_scalar", "edge_weight"), got, want):
+        torch.testing.assert_close(a, b, msg=name)
+    u_op = torch.ops.mixstack.rotate_in_linear(x, w, hid, weight, bias, inp["src"], h, ew, 1)
+    torch.testing.assert_close(u_op, u)
+    for a, b in zip(torch.autograd.grad(u_op, leaves, gu), want):
+        torch.testing.assert_close(a, b)

@@ -144,22 +144,32 @@ def rotate_in_linear_backward(grad_u: Tensor, x: Tensor, wigner: Tensor, hidden:
 
 def _rotate_in_linear_reference_grads(grad_u, inputs, src, needs, create_graph: bool):
     """The gradients of ``(x, wigner, hidden, weight, bias, edge_scalar, edge_weight)`` (``None``
-    where not needed or absent) by autograd through the reference formulas, differentiable
-    again with ``create_graph``."""
-    with torch.enable_grad():
-        if create_graph:             # the inputs themselves, so the gradients stay on their graph
-            leaves = list(inputs)
-        else:
-            leaves = [None if t is None else t.detach().requires_grad_(need) for t, need in zip(inputs, needs)]
-        x, wigner, hidden, weight, bias, edge_scalar, edge_weight = leaves
-        u = conv_reference.rotate_in(x, wigner, LinearRadial(hidden, weight, bias), src, edge_scalar=edge_scalar,
-                                     edge_weight=edge_weight)
-        wanted = [i for i, (t, need) in enumerate(zip(leaves, needs)) if need and t is not None and t.requires_grad]
-        got = torch.autograd.grad(u, [leaves[i] for i in wanted], grad_u, create_graph=create_graph,
-                                  allow_unused=True)
+    where not needed or absent) through the reference formulas.  With ``create_graph`` (an
+    autograd backward that builds a graph) by autograd through the inputs themselves, so the
+    gradients are differentiable again; else by ``torch.func.vjp``, which also works in an
+    operator's body, below autograd, where ``requires_grad`` builds no graph (as
+    ``ops.wigner.reference_grad``)."""
+    wanted = [i for i, (t, need) in enumerate(zip(inputs, needs)) if need and t is not None]
+
+    def forward(*chosen):
+        args = list(inputs)
+        for i, t in zip(wanted, chosen):
+            args[i] = t
+        x, wigner, hidden, weight, bias, edge_scalar, edge_weight = args
+        return conv_reference.rotate_in(x, wigner, LinearRadial(hidden, weight, bias), src,
+                                        edge_scalar=edge_scalar, edge_weight=edge_weight)
+
+    chosen = [inputs[i] for i in wanted]
+    if create_graph:
+        with torch.enable_grad():
+            got = torch.autograd.grad(forward(*chosen), chosen, grad_u, create_graph=True, allow_unused=True)
+        got = [torch.zeros_like(t) if g is None else g for t, g in zip(chosen, got)]
+    else:
+        _, vjp = torch.func.vjp(forward, *chosen)
+        got = vjp(grad_u)
     grads = [None] * len(inputs)
     for i, g in zip(wanted, got):
-        grads[i] = torch.zeros_like(inputs[i]) if g is None else g
+        grads[i] = g
     return grads
 
 
