@@ -101,19 +101,18 @@ def validate_rotate_in(x, wigner, radial, src, edge_scalar=None, scalar_weight=N
                              "pass scalar_weight=None")
         n_focus = validate_linear_radial(radial, n_edges, lmax, c, edge_scalar is not None)
         _check_same("x", x, dict(zip(("radial.hidden", "radial.weight", "radial.bias"), radial)))
-        if edge_scalar is not None:
-            _check_tensor("edge_scalar", edge_scalar, 2, "(E, C)")
-            _check_size("edge_scalar", edge_scalar, (n_edges, c), "(E, C) matching x and wigner")
-        radial = scalar_weight = None
+        radial, matching = None, "x and wigner"
     else:
         _check_tensor("radial", radial, 4, "(E, F, 2*lmax+1, C)")
         n_focus = radial.shape[1]
         _check_size("radial", radial, (n_edges, n_focus, 2 * lmax + 1, c), "(E, F, 2*lmax+1, C) matching x and wigner")
         if (edge_scalar is None) != (scalar_weight is None):
             raise ValueError("edge_scalar and scalar_weight go together: pass both or neither")
-    if edge_scalar is not None and scalar_weight is not None:
+        matching = "radial"
+    if edge_scalar is not None:
         _check_tensor("edge_scalar", edge_scalar, 2, "(E, C)")
-        _check_size("edge_scalar", edge_scalar, (n_edges, c), "(E, C) matching radial")
+        _check_size("edge_scalar", edge_scalar, (n_edges, c), f"(E, C) matching {matching}")
+    if scalar_weight is not None:
         _check_tensor("scalar_weight", scalar_weight, 4, "(E, F, lmax+1, C)")
         _check_size("scalar_weight", scalar_weight, (n_edges, n_focus, lmax + 1, c),
                     "(E, F, lmax+1, C) matching radial")

@@ -19,13 +19,16 @@ from .conv_layout import LinearRadial, validate_rotate_in, validate_rotate_out_s
 
 def linear_radial_weights(radial: LinearRadial, lmax: int, with_scalar: bool):
     """``(radial (E, F, 2*lmax+1, C), scalar_weight (E, F, lmax+1, C) or None)``: the weights a
-    ``LinearRadial`` stands for, made whole (one ``nn.functional.linear``)."""
+    ``LinearRadial`` stands for, made whole, one ``nn.functional.linear`` per row group (so
+    their gradients arrive as two tensors: slices of one output would each be scattered into a
+    zero-filled copy of all of it and added)."""
     hidden, weight, bias = radial
     f, rows, c, h = weight.shape
-    full = torch.nn.functional.linear(hidden, weight.reshape(f * rows * c, h), bias.reshape(-1))
-    full = full.view(hidden.shape[0], f, rows, c)
     cut = 2 * lmax + 1
-    return full[:, :, :cut], (full[:, :, cut:] if with_scalar else None)
+    groups = ((0, cut), (cut, rows)) if with_scalar else ((0, cut),)
+    parts = [torch.nn.functional.linear(hidden, weight[:, lo:hi].reshape(-1, h), bias[:, lo:hi].reshape(-1))
+             .view(hidden.shape[0], f, hi - lo, c) for lo, hi in groups]
+    return parts[0], (parts[1] if with_scalar else None)
 
 
 def rotate_in(x, wigner, radial, src, *, edge_scalar=None, scalar_weight=None, edge_weight=None):

@@ -45,22 +45,19 @@ def _scalar_args(edge_scalar, scalar_weight, fill):
     return edge_scalar, scalar_weight, tuple(scalar_weight.stride()[:3])
 
 
-def _linear_args(linear, fill):
-    """``(radial strides, (hid, lw, lb), constexprs, cfg updates)`` for the rotate-in kernels:
-    ``linear = (hidden (E, H), weight (F, R, C, H), bias (F, R, C))`` contiguous makes the radial
-    weights per tile (``LINEAR``); ``None`` reads them (``fill`` for the unused pointers)."""
+def _radial_args(radial, linear, cfg: dict, fill):
+    """``(radial pointer, its three strides, (hid, lw, lb), edges per program, launch keywords)``
+    for the rotate-in kernels: ``radial`` read through its strides, or, with ``linear =
+    (hidden (E, H), weight (F, R, C, H), bias (F, R, C))`` contiguous, the radial weights made per
+    tile (``LINEAR``; its ``tl.dot`` needs 16 edges and 16 channels at least: ``conv_config``'s
+    linear launch).  ``fill`` stands for the unused pointers."""
     if linear is None:
-        return (fill, fill, fill), {"LINEAR": False, "H": 1, "HP": 16}
-    hidden = linear[0]
-    return tuple(linear), {"LINEAR": True, "H": hidden.shape[1], "HP": max(16, next_power_of_2(hidden.shape[1]))}
-
-
-def _edge_launch(cfg: dict, linear) -> tuple[int, int, int]:
-    """``(edges per program, padded channels, warps)``: ``conv_config``'s, or its linear ones for
-    the linear-radial path (whose ``tl.dot`` needs 16 edges and 16 channels at least)."""
-    if linear is None:
-        return cfg["edge_block"], cfg["CP"], cfg["num_warps"]
-    return cfg["linear_block"], max(16, cfg["CP"]), cfg["linear_warps"]
+        launch = {"LINEAR": False, "H": 1, "HP": 16, "CP": cfg["CP"], "num_warps": cfg["num_warps"]}
+        return radial, tuple(radial.stride()[:3]), (fill, fill, fill), cfg["edge_block"], launch
+    hidden_dim = linear[0].shape[1]
+    launch = {"LINEAR": True, "H": hidden_dim, "HP": max(16, next_power_of_2(hidden_dim)),
+              "CP": max(16, cfg["CP"]), "num_warps": cfg["linear_warps"]}
+    return fill, (0, 0, 0), tuple(linear), cfg["linear_block"], launch
 
 
 def rotate_in_forward(x, wigner, radial, src, edge_scalar, scalar_weight, edge_weight, layout: StackLayout,
@@ -74,15 +71,12 @@ def rotate_in_forward(x, wigner, radial, src, edge_scalar, scalar_weight, edge_w
         return u
     cfg = conv_config(layout)
     h, sw, sw_strides = _scalar_args(edge_scalar, scalar_weight, x)
-    factors, lin = _linear_args(linear, x)
-    rad = x if radial is None else radial
-    rad_strides = (0, 0, 0) if radial is None else tuple(radial.stride()[:3])
-    block, cp, warps = _edge_launch(cfg, linear)
+    rad, rad_strides, factors, block, launch = _radial_args(radial, linear, cfg, x)
     wrap_triton(rotate_in_kernel)[_grid(n_edges, block)](
         x, wigner, rad, src, h, sw, x if edge_weight is None else edge_weight, u, *factors,
         n_edges, n_focus, *rad_strides, *sw_strides,
-        LMAX=layout.lmax, C=layout.focus_dim, CP=cp, HAS_SCALAR=edge_scalar is not None,
-        HAS_EW=edge_weight is not None, BLOCK_E=block, num_warps=warps, **lin)
+        LMAX=layout.lmax, C=layout.focus_dim, HAS_SCALAR=edge_scalar is not None,
+        HAS_EW=edge_weight is not None, BLOCK_E=block, **launch)
     return u
 
 
@@ -112,18 +106,15 @@ def rotate_in_backward(grad_u, x, wigner, radial, src, edge_scalar, scalar_weigh
         return g_x, g_w, g_rad if linear is None else empty(linear[0].shape, need_rad), g_h, g_sw, g_ew
     grot = empty((n_edges, lay.row), need_x)
     h, sw, sw_strides = _scalar_args(edge_scalar, scalar_weight, x)
-    factors, lin = _linear_args(linear, x)
-    rad = x if radial is None else radial
-    rad_strides = (0, 0, 0) if radial is None else tuple(radial.stride()[:3])
-    block, cp, warps = _edge_launch(cfg, linear)
+    rad, rad_strides, factors, block, launch = _radial_args(radial, linear, cfg, x)
     wrap_triton(rotate_in_grad_kernel)[_grid(n_edges, block)](
         grad_u, x, wigner, rad, src, h, sw, x if edge_weight is None else edge_weight,
         g_rad if need_rad else x, g_h if need_scalar else x, g_sw if need_scalar and linear is None else x,
         g_ew if need_ew else x, g_w if need_w else x, grot if need_x else x, *factors,
         n_edges, n_focus, *rad_strides, *sw_strides,
-        LMAX=lay.lmax, C=lay.focus_dim, CP=cp, HAS_SCALAR=edge_scalar is not None,
+        LMAX=lay.lmax, C=lay.focus_dim, HAS_SCALAR=edge_scalar is not None,
         HAS_EW=edge_weight is not None, GRAD_RAD=need_rad, GRAD_SCALAR=need_scalar, GRAD_EW=need_ew,
-        GRAD_W=need_w, GRAD_X=need_x, BLOCK_E=block, num_warps=warps, **lin)
+        GRAD_W=need_w, GRAD_X=need_x, BLOCK_E=block, **launch)
     if linear is not None and need_rad:
         weight = linear[1]
         g_rad = torch.mm(g_rad.view(n_edges, -1), weight.view(-1, weight.shape[-1]))

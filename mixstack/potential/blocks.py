@@ -31,7 +31,7 @@ import math
 import torch
 from torch import nn
 
-from .. import conv, tuning
+from .. import conv, conv_reference, tuning
 from ..conv_layout import LinearRadial
 from ..functional import mixing_stack
 from ..layout import LMAX_RANGE, StackLayout
@@ -189,9 +189,7 @@ class InteractionBlock(nn.Module):
           eval mode the kernels make the weights of the m = 0 and |m| = 1 subtiles and of the
           edge scalar per tile, so the ``E x F x (3*lmax+2) x C`` weights never exist, forward
           or backward.  In train mode the weights' gradients are wanted: ``radial`` is the pair
-          ``radial_products`` makes (two products, so their gradients arrive as two tensors: the
-          slices of one output would each be scattered into a zero-filled copy of all of it and
-          added).
+          of tensors ``conv_reference.linear_radial_weights`` makes (two products, no slices).
         - The first layers of the edge scalar and of the alpha network act on the two atoms'
           ``l = 0`` channels, so they run at the atoms (``x0 @ W_src``, ``x0 @ W_dst``) and are
           gathered to the edges: no ``(E, 2C)`` or ``(E, 2C + n_radial)`` concatenation."""
@@ -205,26 +203,14 @@ class InteractionBlock(nn.Module):
         pair = (x0 @ at_src.t())[src] + (x0 @ at_dst.t())[dst]                  # (E, C + H)
         h = pair[:, :c] + self.edge_scalar.bias
         logits = self.alpha_logits[1:](pair[:, c:] + nn.functional.linear(rbf, w_alpha[:, 2 * c:], first.bias))
+        last = self.radial[-1]
+        shape = (self.n_focus, self.n_radial_out, c)
+        layer = LinearRadial(hidden, last.weight.view(*shape, -1), last.bias.view(shape))
         if self.training:
-            radial = self.radial_products(hidden)
+            radial = conv_reference.linear_radial_weights(layer, self.lmax, with_scalar=True)
         else:
-            last = self.radial[-1]
-            shape = (self.n_focus, self.n_radial_out, c)
-            radial = LinearRadial(hidden, last.weight.detach().view(*shape, -1), last.bias.detach().view(shape))
+            radial = layer._replace(weight=layer.weight.detach(), bias=layer.bias.detach())
         return radial, h, torch.softmax(logits, dim=-1)
-
-    def radial_products(self, hidden):
-        """The radial network's last layer on ``hidden``: ``(radial (E, F, 2*lmax+1, C),
-        scalar_weight (E, F, lmax+1, C))``, the two row groups of its output."""
-        last, f, c, lmax = self.radial[-1], self.n_focus, self.c, self.lmax
-        w = last.weight.view(f, self.n_radial_out, c, -1)
-        b = last.bias.view(f, self.n_radial_out, c)
-        cut = 2 * lmax + 1
-        parts = []
-        for lo, hi in ((0, cut), (cut, self.n_radial_out)):
-            out = nn.functional.linear(hidden, w[:, lo:hi].reshape(-1, w.shape[-1]), b[:, lo:hi].reshape(-1))
-            parts.append(out.view(hidden.shape[0], f, hi - lo, c))
-        return tuple(parts)
 
     def rotate_in_kernels(self, x, src, wigner, radial, h, env):
         """``rotate_in``'s result through ``mixstack.rotate_in`` (the kernels): the radial weights
