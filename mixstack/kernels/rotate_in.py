@@ -47,12 +47,22 @@ RADIAL_PRECISION: tl.constexpr = tl.constexpr("tf32x3")
 def linear_row(hid, lw_ptr, lb_ptr, f, r, c, j, NRAD: tl.constexpr, C: tl.constexpr, H: tl.constexpr):
     """Row ``r`` of focus ``f`` of a linear layer's output, ``(BLOCK_E, CP)``: ``hid (BLOCK_E,
     HP) @ lw[f, r]^T + lb[f, r]`` (``lw (F, NRAD, C, H)``, ``lb (F, NRAD, C)`` contiguous), the
-    products in exact fp32 and summed over ``j`` in the dot's fixed order."""
+    products at ``RADIAL_PRECISION``, summed over ``j`` in the dot's fixed order."""
     base = (f * NRAD + r) * C
     wt = tl.load(lw_ptr + (base + c[None, :]) * H + j[:, None], mask=(j < H)[:, None] & (c < C)[None, :],
                  other=0.0)
     b = tl.load(lb_ptr + base + c, mask=c < C, other=0.0)
     return tl.dot(hid, wt, input_precision=RADIAL_PRECISION) + b[None, :]
+
+
+@triton.jit
+def weight_row(at, stride, row, hid, lw_ptr, lb_ptr, f, made_row, c, j, mask, LINEAR: tl.constexpr,
+               NRAD: tl.constexpr, C: tl.constexpr, H: tl.constexpr):
+    """One row of weights, ``(BLOCK_E, CP)``: read at ``at + row * stride`` or, with ``LINEAR``,
+    made by ``linear_row`` as the layer's row ``made_row``."""
+    if LINEAR:
+        return linear_row(hid, lw_ptr, lb_ptr, f, made_row, c, j, NRAD, C, H)
+    return tl.load(at + row * stride, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -78,30 +88,26 @@ def rotate_in_kernel(x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr, ew_ptr, u_pt
     if LINEAR:
         j = tl.arange(0, HP)
         hid = tl.load(hid_ptr + (e * H)[:, None] + j[None, :], mask=e_mask[:, None] & (j < H)[None, :], other=0.0)
+    else:                                   # unread: weight_row loads the weights instead
+        j = 0
+        hid = 0.0
     for l in tl.static_range(LMAX + 1):
         rn, r0, rp = rotate_degree(x_ptr, x_rows, w_ptr, w_rows, c, mask, e_mask, l, C, S)
         for f in range(F):
             rad_at = rad_ptr + (e * rad_se + f * rad_sf)[:, None] + c[None, :]
             u_at = u_ptr + (((e * 0 + f) * E + e) * ROW)[:, None] + c[None, :]     # int64 before * E
-            if LINEAR:
-                v0 = linear_row(hid, lw_ptr, lb_ptr, f, l, c, j, NRAD, C, H) * r0
-            else:
-                v0 = tl.load(rad_at + l * rad_sr, mask=mask, other=0.0) * r0
+            v0 = weight_row(rad_at, rad_sr, l, hid, lw_ptr, lb_ptr, f, l, c, j, mask, LINEAR, NRAD, C, H) * r0
             if HAS_SCALAR:
-                if LINEAR:
-                    sw = linear_row(hid, lw_ptr, lb_ptr, f, 2 * LMAX + 1 + l, c, j, NRAD, C, H)
-                else:
-                    sw = tl.load(sw_ptr + (e * sw_se + f * sw_sf)[:, None] + l * sw_sl + c[None, :], mask=mask,
-                                 other=0.0)
+                sw_at = sw_ptr + (e * sw_se + f * sw_sf)[:, None] + c[None, :]
+                sw = weight_row(sw_at, sw_sl, l, hid, lw_ptr, lb_ptr, f, 2 * LMAX + 1 + l, c, j, mask, LINEAR,
+                                NRAD, C, H)
                 v0 += sw * h
             if HAS_EW:
                 v0 = v0 * ew
             tl.store(u_at + l * C, v0, mask=mask)
             if l > 0:
-                if LINEAR:
-                    a1 = linear_row(hid, lw_ptr, lb_ptr, f, LMAX + l, c, j, NRAD, C, H)
-                else:
-                    a1 = tl.load(rad_at + (LMAX + l) * rad_sr, mask=mask, other=0.0)
+                a1 = weight_row(rad_at, rad_sr, LMAX + l, hid, lw_ptr, lb_ptr, f, LMAX + l, c, j, mask, LINEAR,
+                                NRAD, C, H)
                 vn = a1 * rn
                 vp = a1 * rp
                 if HAS_EW:
@@ -146,6 +152,9 @@ def rotate_in_grad_kernel(gu_ptr, x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr,
     if LINEAR:
         j = tl.arange(0, HP)
         hid = tl.load(hid_ptr + (e * H)[:, None] + j[None, :], mask=e_mask[:, None] & (j < H)[None, :], other=0.0)
+    else:                                   # unread: weight_row loads the weights instead
+        j = 0
+        hid = 0.0
     GR_ROWS: tl.constexpr = NRAD if LINEAR else NR
     for l in tl.static_range(LMAX + 1):
         rn, r0, rp = rotate_degree(x_ptr, x_rows, w_ptr, w_rows, c, mask, e_mask, l, C, S)
@@ -157,16 +166,11 @@ def rotate_in_grad_kernel(gu_ptr, x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr,
             gu_at = gu_ptr + (((e * 0 + f) * E + e) * ROW)[:, None] + c[None, :]
             gr_at = grad_rad_ptr + ((e * F + f) * (GR_ROWS * C))[:, None] + c[None, :]
             d0 = tl.load(gu_at + l * C, mask=mask, other=0.0)
-            if LINEAR:
-                a0 = linear_row(hid, lw_ptr, lb_ptr, f, l, c, j, NRAD, C, H)
-            else:
-                a0 = tl.load(rad_at + l * rad_sr, mask=mask, other=0.0)
+            a0 = weight_row(rad_at, rad_sr, l, hid, lw_ptr, lb_ptr, f, l, c, j, mask, LINEAR, NRAD, C, H)
             if HAS_SCALAR:
-                if LINEAR:
-                    sw = linear_row(hid, lw_ptr, lb_ptr, f, 2 * LMAX + 1 + l, c, j, NRAD, C, H)
-                else:
-                    sw_at = (e * sw_se + f * sw_sf)[:, None] + l * sw_sl + c[None, :]
-                    sw = tl.load(sw_ptr + sw_at, mask=mask, other=0.0)
+                sw_at = sw_ptr + (e * sw_se + f * sw_sf)[:, None] + c[None, :]
+                sw = weight_row(sw_at, sw_sl, l, hid, lw_ptr, lb_ptr, f, 2 * LMAX + 1 + l, c, j, mask, LINEAR,
+                                NRAD, C, H)
             if GRAD_EW:
                 pre = a0 * r0
                 if HAS_SCALAR:
@@ -187,10 +191,8 @@ def rotate_in_grad_kernel(gu_ptr, x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr,
             if l > 0:
                 dn = tl.load(gu_at + (LMAX + l) * C, mask=mask, other=0.0)
                 dp = tl.load(gu_at + (2 * LMAX + l) * C, mask=mask, other=0.0)
-                if LINEAR:
-                    a1 = linear_row(hid, lw_ptr, lb_ptr, f, LMAX + l, c, j, NRAD, C, H)
-                else:
-                    a1 = tl.load(rad_at + (LMAX + l) * rad_sr, mask=mask, other=0.0)
+                a1 = weight_row(rad_at, rad_sr, LMAX + l, hid, lw_ptr, lb_ptr, f, LMAX + l, c, j, mask, LINEAR,
+                                NRAD, C, H)
                 if GRAD_EW:
                     ew_acc += dn * (a1 * rn) + dp * (a1 * rp)
                 if HAS_EW:
