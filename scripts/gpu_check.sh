@@ -24,7 +24,7 @@
 #   copied in and skipped.
 #   MODEL_ARGS replaces the model bench's default arguments (--levels 0c,2c,3c --atoms 4400
 #   --repeats 6 --md-steps 0: the frames the whole-frame targets are set on, ~6 min).
-#   "md": MD_ARGS (default --cell cu-bcc --atoms 4400 --levels 2,3,0c,3c --repeats 2 --md-steps 100)
+#   "md": MD_ARGS (default --cell cu-bcc --atoms 4400 --levels 2g,3g,2,3,0c --repeats 2 --md-steps 100)
 #   adds the MD columns (NVE through the ASE calculator; compiled variants compile with dynamic
 #   shapes), ~6 min.  "breakdown": where a frame's time goes, stage by stage, before (the
 #   convolution's kernels off, MIXSTACK_CONV_KERNELS=0, levels BREAKDOWN_BEFORE, default 2,3) and
@@ -136,7 +136,7 @@ part_model() {
 part_md() {
   mkdir -p "$OUT/md"
   timeout "$(left)" python3 -m mixstack bench model \
-    ${MD_ARGS:---cell cu-bcc --atoms 4400 --levels 2,3,0c,3c --repeats 2 --md-steps 100} --no-plot --out "$OUT/md" \
+    ${MD_ARGS:---cell cu-bcc --atoms 4400 --levels 2g,3g,2,3,0c --repeats 2 --md-steps 100} --no-plot --out "$OUT/md" \
     2>&1 | tee "$OUT/md.log" | tail -n 25
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench model (MD) rc=$r")
 }

@@ -77,7 +77,7 @@ def test_the_frame_parts_pass_options_the_model_bench_takes(tmp_path):
     assert before.variants == ("2", "3") and after.variants == ("0c", "2", "3")
     assert before.md_steps == after.md_steps == model.md_steps == 0
     assert md.md_steps == 100 and md.md_atoms == (4400,) and md.cells == ("cu-bcc",)
-    assert md.variants == ("2", "3", "0c", "3c") and model.variants == ("0c", "2c", "3c")
+    assert md.variants == ("2g", "3g", "2", "3", "0c") and model.variants == ("0c", "2c", "3c")
     assert {a0[a0.index("--out") + 1], a1[a1.index("--out") + 1]} == {
         str(tmp_path / "out" / "breakdown-before"), str(tmp_path / "out" / "breakdown-after")}
 

@@ -130,3 +130,9 @@ def test_compiled_variants_are_parsed_and_compile_their_own_copy_of_the_energy()
     a, b = model_bench.own_copy(energy, "1c"), model_bench.own_copy(energy, "2c")
     assert a.__code__ is not b.__code__ and a.__code__ is not energy.__code__   # one compile cache each
     assert a(1) == b(1) == 2
+
+
+def test_graph_variants_are_parsed_and_skipped_without_cuda():
+    assert model_bench.parse_variants("2g,L3-graph") == ("2g", "3g")
+    assert model_bench.skip_reason("3g", "cpu") == "CUDA graphs need a CUDA device"
+    assert model_bench.skip_reason("0", "cpu") is None

@@ -77,6 +77,32 @@ def test_calculator_rejects_what_is_neither_a_module_nor_a_path():
         MixstackCalculator(42)
 
 
+def test_cuda_graphs_default_off_on_the_cpu_and_refused_where_they_cannot_run(tmp_path):
+    model = SO2Potential(**KW)
+    calc = MixstackCalculator(model)
+    assert calc.graphs is None and not calc.neighbors.pad            # a CPU module: eager, unpadded
+    with pytest.raises(ValueError, match="cuda_graphs=True needs a live module on a CUDA device"):
+        MixstackCalculator(model, cuda_graphs=True)
+
+
+def test_graphed_frames_run_the_function_eagerly_on_cpu_tensors_and_check_their_arguments():
+    from mixstack.potential.graphs import GraphedFrames
+    calls = []
+
+    def frame(a, b):
+        calls.append(1)
+        return a + b, a * b
+
+    graphed = GraphedFrames(frame)
+    out = graphed(torch.ones(3), torch.full((3,), 2.0))
+    assert torch.equal(out[0], torch.full((3,), 3.0)) and torch.equal(out[1], torch.full((3,), 2.0))
+    assert calls == [1] and graphed.captures == 0 and graphed.replays == 0
+    with pytest.raises(ValueError, match="warmup must be >= 1"):
+        GraphedFrames(frame, warmup=0)
+    with pytest.raises(ValueError, match="max_graphs must be >= 1"):
+        GraphedFrames(frame, max_graphs=0)
+
+
 class _ScaledForces(MixstackCalculator):
     """A wrong calculator (forces 3% off the energy gradient): the drift check must catch it."""
 

@@ -128,3 +128,37 @@ def test_atoms_moved_onto_each_other_under_a_kept_list_raise_too():
     with pytest.raises(ZeroLengthEdgeError, match="coincident"):
         vl(pos, atoms.cell.array, atoms.pbc, atoms.numbers)
     assert vl.rebuilds == 1
+
+
+def test_padded_lists_keep_their_shape_and_give_the_models_results_unchanged():
+    """``pad=True`` (CUDA-graph replay): the edge count is ``edge_capacity`` of the pairs within the
+    cutoff, the pads are pairs beyond it in list order (edges stay sorted by centre), ``slots`` is
+    a multiple of 8 wide, and the model's energy, forces and stress are those of the fresh list."""
+    from mixstack.potential.verlet import SLOT_QUANTUM, edge_capacity
+    atoms = _cu()
+    model = SO2Potential(lmax=1, focus_dim=16, n_focus=2, n_blocks=1, n_layers=2, cutoff=CUTOFF,
+                         energy_scale=10.0, dtype=torch.float64).eval()
+    vl = VerletList(CUTOFF, SKIN, dtype=torch.float64, pad=True)
+    rng = np.random.default_rng(3)
+    pos, shapes = atoms.positions.copy(), set()
+    for _ in range(3):
+        got = vl(pos, atoms.cell.array, atoms.pbc, atoms.numbers)
+        fresh = system_inputs(pos, atoms.cell.array, atoms.pbc, atoms.numbers, CUTOFF, dtype=torch.float64)
+        n_in, n = fresh.edge_index.shape[1], got.edge_index.shape[1]
+        assert n == edge_capacity(n_in) > n_in and got.slots.shape[1] % SLOT_QUANTUM == 0
+        centres = got.edge_index[1]
+        assert bool((centres[1:] >= centres[:-1]).all())
+        length = torch.linalg.vector_norm(got.positions[got.edge_index[0]] - got.positions[centres]
+                                          + got.shifts @ got.cell, dim=-1)
+        assert int((length < CUTOFF).sum()) == n_in                   # every pad lies beyond the cutoff
+        for a, b in zip(model(*got), model(*fresh)):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        shapes.add(n)
+        pos = pos + rng.normal(scale=0.04, size=pos.shape)
+    assert len(shapes) == 1                                           # still between rebuilds
+
+
+@pytest.mark.parametrize("n, cap", [(1, 256), (256, 256), (257, 512), (20_000, 20_480), (409_688, 417_792)])
+def test_edge_capacity_rounds_up_in_steps_of_a_few_per_cent(n, cap):
+    from mixstack.potential.verlet import edge_capacity
+    assert edge_capacity(n) == cap and (cap - n) / n < 1 / 32 + 256 / n

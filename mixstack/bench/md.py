@@ -7,7 +7,9 @@ step (wall time of whole steps: the Verlet list's upkeep, host-device copies, th
 ASE's integrator), and the drift of the total energy (a least-squares slope, meV/atom/ps, and
 the largest excursion from the first timed step) with the number of neighbour-list rebuilds.
 A compiled variant compiles the energy with dynamic shapes (``MixstackCalculator(compile=True)``):
-the edge count changes from step to step.
+the edge count changes from step to step.  A graphed variant (``cuda_graphs``) replays each
+frame from a CUDA graph, the neighbour list padding the edges so that shapes hold between
+rebuilds; the record counts the graphs captured.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ FS_PER_NS = 1e6
 SECONDS_PER_DAY = 86400.0
 
 
-def run_md(model, atoms, level: int, *, compiled: bool, steps: int, warmup: int = 5, dt_fs: float = 1.0,
+def run_md(model, atoms, level: int, *, compiled: bool, steps: int, cuda_graphs: bool = False, warmup: int = 5, dt_fs: float = 1.0,
            temperature_K: float = 300.0, seed: int = 0, skin: float = 1.0, device=None) -> dict:
     """NVE of ``atoms`` (not modified) with ``model`` at ``level``; the record described above."""
     from ase import units
@@ -31,7 +33,8 @@ def run_md(model, atoms, level: int, *, compiled: bool, steps: int, warmup: int 
 
     from ..potential.calculator import MixstackCalculator
     atoms = atoms.copy()
-    atoms.calc = calc = MixstackCalculator(model, device=device, skin=skin, compile=compiled)
+    atoms.calc = calc = MixstackCalculator(model, device=device, skin=skin, compile=compiled,
+                                                      cuda_graphs=cuda_graphs)
     thermalize = getattr(vd, "thermalize_momenta", None) or vd.MaxwellBoltzmannDistribution   # ASE >= 3.29 / older
     thermalize(atoms, temperature_K=temperature_K, rng=np.random.default_rng(seed))
     vd.Stationary(atoms)
@@ -57,4 +60,6 @@ def run_md(model, atoms, level: int, *, compiled: bool, steps: int, warmup: int 
             "drift_mev_atom_ps": slope,
             "max_excursion_mev_atom": float(np.abs(per_atom - per_atom[0]).max()) * 1e3,
             "neighbour_rebuilds": calc.neighbors.rebuilds - rebuilds0,
+            "graph_captures": None if calc.graphs is None else calc.graphs.captures,
+            "graph_fallback": None if calc.graphs is None else calc.graphs.fallback_reason,
             "final_temperature_K": float(atoms.get_temperature())}

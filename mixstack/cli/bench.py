@@ -53,7 +53,8 @@ def add_parser(sub) -> None:
     b.add_argument("--no-alpha", action="store_true", help="custom shape: apply_alpha=False")
     b.add_argument("--levels", help="variants, comma-separated: 0 (eager), 0c (torch.compile), 1, 2, "
                    "2f (level 2 with the fused backward forced), 3; "
-                   "model also 1c, 2c, 3c (that level under torch.compile)")
+                   "model also 1c, 2c, 3c (that level under torch.compile) and 1g, 2g, 3g (that level replayed "
+                   "from a CUDA graph)")
     b.add_argument("--pass", dest="passes", action="append", metavar="PASS",
                    help="fwd, bwd (backward alone) or both (fwd+bwd); repeatable or comma-separated "
                         "(default: all three)")

@@ -25,6 +25,7 @@ except ImportError as exc:                      # pragma: no cover - exercised w
     raise ImportError("mixstack.potential.calculator needs ASE and NumPy; install them with "
                       "`pip install mixstack[potential]`") from exc
 
+from .graphs import GraphedFrames
 from .verlet import VerletList
 
 
@@ -40,12 +41,17 @@ class MixstackCalculator(Calculator):
     neighbour list's skin (0: a new list every call).  ``compile=True`` (a live
     ``SO2Potential``): the energy runs under ``torch.compile`` with dynamic shapes
     (the edge count changes from step to step), forces and stress by autograd
-    through it, as ``mixstack bench model`` times compiled frames.
+    through it, as ``mixstack bench model`` times compiled frames.  ``cuda_graphs`` (a live
+    module on a CUDA device; default: on there, unless ``compile``): frames are replayed from
+    CUDA graphs (``graphs.GraphedFrames``) and the neighbour list pads the edges so that the
+    shapes stay put between rebuilds (``VerletList(pad=True)``); a frame that cannot be
+    captured runs eagerly with a warning.
     """
 
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress"]
 
-    def __init__(self, model_or_path, device=None, *, skin: float = 1.0, compile: bool = False, **kwargs):
+    def __init__(self, model_or_path, device=None, *, skin: float = 1.0, compile: bool = False,
+                 cuda_graphs: bool | None = None, **kwargs):
         super().__init__(**kwargs)
         self._frame = None
         if isinstance(model_or_path, (str, os.PathLike)):
@@ -70,7 +76,19 @@ class MixstackCalculator(Calculator):
                                 "derivatives()); a frozen program is compiled already")
             energy = torch.compile(self.potential.energy, dynamic=True)
             self._frame = lambda *inputs: self.potential.derivatives(energy, *inputs)
-        self.neighbors = VerletList(self.cutoff, skin, device=self.device, dtype=self.dtype)
+        live_cuda = isinstance(model_or_path, torch.nn.Module) and self.device.type == "cuda"
+        if cuda_graphs is None:
+            cuda_graphs = live_cuda and not compile
+        elif cuda_graphs and not live_cuda:
+            raise ValueError(f"cuda_graphs=True needs a live module on a CUDA device, not a "
+                             f"{'frozen program' if self.device.type == 'cuda' else 'module on ' + str(self.device)}")
+        elif cuda_graphs and compile:
+            raise ValueError("cuda_graphs=True and compile=True do not combine; pick one")
+        self.graphs = GraphedFrames(self.potential) if cuda_graphs else None
+        if self.graphs is not None:
+            self._frame = self.graphs
+        self.neighbors = VerletList(self.cutoff, skin, device=self.device, dtype=self.dtype,
+                                    pad=self.graphs is not None)
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
         super().calculate(atoms, properties, system_changes)

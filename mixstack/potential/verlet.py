@@ -10,6 +10,14 @@ six tensors are those ``neighbors.system_inputs`` would build from scratch, so a
 the same results as with a fresh list, without the skin's extra pairs (at a 1 Å skin and a
 5 Å cutoff, 73% more) costing it anything.  A pair closer than
 ``neighbors.MIN_EDGE_LENGTH`` raises ``ZeroLengthEdgeError`` on any call.
+
+``pad=True`` keeps the input shapes still from step to step, for a frame replayed from a CUDA
+graph (``graphs.GraphedFrames``): the kept edges are padded to ``edge_capacity`` edges with pairs
+of the list that lie beyond the cutoff (the first ones in list order, so edges stay sorted by
+centre) and ``slots`` to a multiple of ``SLOT_QUANTUM`` columns.  The potential's envelope is
+exactly zero beyond the cutoff, so those pairs change no energy, force or stress; the capacity
+moves only when the edge count crosses a step of ~2-3%.  Where the list has too few such pairs
+the edges are not padded.
 """
 
 from __future__ import annotations
@@ -19,6 +27,14 @@ import torch
 
 from .neighbors import MIN_EDGE_LENGTH, SystemInputs, centre_slots, check_edge_lengths, host_arrays, neighbor_arrays
 
+SLOT_QUANTUM = 8
+
+
+def edge_capacity(n: int) -> int:
+    """``n`` rounded up to a step of 1/32-1/64 of it (at least 256): the padded edge count."""
+    step = max(256, 1 << max(0, int(n).bit_length() - 6))
+    return -(-int(n) // step) * step
+
 
 class VerletList:
     """``VerletList(cutoff, skin)(positions, cell, pbc, numbers) -> SystemInputs``.
@@ -27,12 +43,12 @@ class VerletList:
     call rebuilt (``None`` where it kept the list).  ``skin = 0`` rebuilds on every call.
     """
 
-    def __init__(self, cutoff: float, skin: float = 1.0, *, device=None, dtype=torch.float32):
+    def __init__(self, cutoff: float, skin: float = 1.0, *, device=None, dtype=torch.float32, pad: bool = False):
         if cutoff <= 0:
             raise ValueError(f"cutoff must be > 0, got {cutoff}")
         if skin < 0:
             raise ValueError(f"skin must be >= 0, got {skin}")
-        self.cutoff, self.skin = float(cutoff), float(skin)
+        self.cutoff, self.skin, self.pad = float(cutoff), float(skin), bool(pad)
         self.device, self.dtype = torch.device(device or "cpu"), dtype
         self.rebuilds = self.calls = 0
         self.last_reason: str | None = None
@@ -76,13 +92,20 @@ class VerletList:
         cell64 = torch.as_tensor(cel, device=dev)
         j, i = pairs[0], pairs[1]
         length = torch.linalg.vector_norm(pos64[j] - pos64[i] + shifts @ cell64, dim=-1)
-        keep = torch.nonzero(length < self.cutoff).squeeze(1)
+        inside = kept = length < self.cutoff
+        if bool((inside & (length < MIN_EDGE_LENGTH)).any()):
+            keep = torch.nonzero(inside).squeeze(1)
+            check_edge_lengths(length[keep].cpu().numpy(), pairs[1, keep].cpu().numpy(),
+                               pairs[0, keep].cpu().numpy(), shifts[keep].cpu().numpy())
+        if self.pad:
+            # the first (capacity - inside) pairs beyond the cutoff join the kept ones
+            n_inside = int(inside.sum())
+            need = edge_capacity(n_inside) - n_inside
+            if 0 < need <= inside.numel() - n_inside:
+                kept = inside | (torch.cumsum(~inside, 0) <= need)
+        keep = torch.nonzero(kept).squeeze(1)
         edge_index, shifts = pairs[:, keep], shifts[keep]
-        kept_len = length[keep]
-        if bool((kept_len < MIN_EDGE_LENGTH).any()):
-            check_edge_lengths(kept_len.cpu().numpy(), edge_index[1].cpu().numpy(), edge_index[0].cpu().numpy(),
-                               shifts.cpu().numpy())
-        slots = centre_slots(edge_index[1], n)
+        slots = centre_slots(edge_index[1], n, multiple=SLOT_QUANTUM if self.pad else 1)
         fl = dict(device=dev, dtype=self.dtype)
         return SystemInputs(torch.as_tensor(pos, **fl), torch.as_tensor(cel, **fl), torch.as_tensor(num, device=dev),
                             edge_index, shifts.to(self.dtype), slots)

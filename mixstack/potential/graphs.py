@@ -1,0 +1,114 @@
+"""``GraphedFrames``: a potential's frame (energy, forces, ...) replayed from CUDA graphs.
+
+Why: an eager frame launches a few hundred kernels from Python, forward and backward, and at
+the bench model's sizes the GPU waits on the host between many of them: at diamond-4608 on the
+H200, ~5.5 ms of a ~49 ms level-3 frame was idle (BENCHMARKS.md, "The glue on kernels").  A
+CUDA graph records the frame's kernels once and replays them with one launch.
+
+``GraphedFrames(fn)`` wraps ``fn(*tensors) -> tuple of tensors`` (``SO2Potential.forward``, or
+the bench's energy + forces frame).  A call with CUDA tensors looks up the graph of its
+signature (every input's shape, dtype and device, and the dispatch level): on first sight it
+runs ``fn`` ``warmup`` times eagerly on a side stream (so that Triton compiles, tuning-table
+lookups and level 3's first-use validation happen outside the capture), then captures one call;
+later calls copy the inputs into the graph's static tensors, replay, and return clones of its
+outputs.  At most ``max_graphs`` graphs are kept, the least recently used released first.  The
+graphs share one memory pool, so several cost about the memory of one frame: that is safe
+because a graph's outputs are read (cloned) right after its replay, before any other replay
+can reuse their memory, and the static inputs live outside the pool.
+
+What ``fn`` must satisfy (the potential's frame does: the neighbour list is an input): no host
+synchronisation and no host-to-device copy inside the frame, and results that depend on the
+inputs' values only through tensor operations.  A molecular-dynamics run keeps the signature
+fixed between neighbour-list rebuilds only if the edge count is: ``verlet.VerletList`` pads the
+kept edges to a multiple of ``edge_quantum`` with pairs beyond the cutoff, which the envelope
+zeroes exactly.
+
+CPU inputs run ``fn`` eagerly.  A capture that fails (an op that cannot be captured) warns once
+and runs ``fn`` eagerly from then on; ``fallback_reason`` says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections import OrderedDict
+from typing import Callable, NamedTuple
+
+import torch
+
+from ..dispatch.levels import get_level
+
+log = logging.getLogger(__name__)
+
+
+class _Graph(NamedTuple):
+    graph: torch.cuda.CUDAGraph
+    inputs: tuple[torch.Tensor, ...]
+    outputs: tuple[torch.Tensor, ...]
+
+
+class GraphedFrames:
+    """``GraphedFrames(fn)(*inputs)``: ``fn(*inputs)`` replayed from a CUDA graph (module doc).
+
+    ``captures`` counts the graphs captured, ``replays`` the calls served by a graph."""
+
+    def __init__(self, fn: Callable, *, warmup: int = 2, max_graphs: int = 2):
+        if warmup < 1:
+            raise ValueError(f"warmup must be >= 1 (the capture must not compile kernels), got {warmup}")
+        if max_graphs < 1:
+            raise ValueError(f"max_graphs must be >= 1, got {max_graphs}")
+        self.fn, self.warmup, self.max_graphs = fn, int(warmup), int(max_graphs)
+        self.fallback_reason: str | None = None
+        self.captures = self.replays = 0
+        self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
+        self._pool = None
+
+    def __call__(self, *inputs: torch.Tensor):
+        if self.fallback_reason is not None or not _all_cuda(inputs):
+            return self.fn(*inputs)
+        key = (get_level(),) + tuple((tuple(t.shape), t.dtype, t.device) for t in inputs)
+        entry = self._graphs.get(key)
+        if entry is None:
+            try:
+                entry = self._capture(inputs)
+            except Exception as exc:                # an op that cannot be captured: run eagerly
+                self.fallback_reason = f"{type(exc).__name__}: {exc}"
+                warnings.warn(f"mixstack: the frame could not be captured as a CUDA graph and runs "
+                              f"eagerly ({self.fallback_reason})", RuntimeWarning, stacklevel=2)
+                self._graphs.clear()
+                return self.fn(*inputs)
+            self._graphs[key] = entry
+            while len(self._graphs) > self.max_graphs:
+                self._graphs.popitem(last=False)
+        else:
+            self._graphs.move_to_end(key)
+        for static, value in zip(entry.inputs, inputs):
+            static.copy_(value)
+        entry.graph.replay()
+        self.replays += 1
+        return tuple(t.clone() for t in entry.outputs)
+
+    def _capture(self, inputs) -> _Graph:
+        device = inputs[0].device
+        static = tuple(t.detach().clone() for t in inputs)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup):
+                self.fn(*static)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs = self.fn(*static)
+        outputs = tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
+        if not all(torch.is_tensor(t) for t in outputs):
+            raise TypeError("the frame must return tensors to be replayed from a graph")
+        self.captures += 1
+        log.info("captured a frame graph for %s", [tuple(t.shape) for t in inputs])
+        return _Graph(graph, static, tuple(t.detach() for t in outputs))
+
+
+def _all_cuda(inputs) -> bool:
+    return bool(inputs) and all(torch.is_tensor(t) and t.is_cuda for t in inputs)
