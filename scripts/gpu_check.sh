@@ -34,6 +34,9 @@
 #   the candidate standalone reproducers repro/inductor_gpu_*.py, ~3 min.
 #   "probe": scripts/frame_probe.py (PROBE_ARGS): one frame's kernels by device time and the
 #   allocations alive at its peak memory, per level, under $OUT/probe.
+#   "convprobe": scripts/conv_probe.py (CONVPROBE_ARGS): rotate-in forward and backward at the
+#   frame's shape per edge-kernel launch config, then `ncu` on one NCU_KERNEL launch (default
+#   rotate_in_grad_kernel), under $OUT/convprobe.
 #   "train" runs `mixstack bench train` (a force-matching training step: the stack at S1-S4,
 #   the potential at ~500 and ~2000 atoms, L0 eager and compiled, L1-L3); TRAIN_ARGS replaces
 #   its arguments.  Level 3 of the weight reductions needs stack_wgrad_compensated entries:
@@ -168,6 +171,21 @@ part_probe() {
   timeout "$(left)" python3 scripts/frame_probe.py ${PROBE_ARGS:-} --out "$OUT/probe" 2>&1 | tee "$OUT/probe.log" | tail -n 40
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("frame probe rc=$r")
 }
+part_convprobe() {
+  # rotate-in's forward and backward at the frame's shape per edge-kernel launch config, then
+  # Nsight Compute on one backward kernel (CONVPROBE_ARGS, NCU_KERNEL)
+  mkdir -p "$OUT/convprobe"
+  timeout "$(left)" python3 scripts/conv_probe.py ${CONVPROBE_ARGS:-} --out "$OUT/convprobe" 2>&1 \
+    | tee "$OUT/convprobe.log" | tail -n 12
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("conv probe rc=$r")
+  if command -v ncu > /dev/null; then
+    timeout "$(left)" ncu --clock-control none -k "regex:${NCU_KERNEL:-rotate_in_grad_kernel}" --launch-skip 1 \
+      --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section SchedulerStats \
+      python3 scripts/conv_probe.py --ncu-run > "$OUT/convprobe/ncu.txt" 2>&1
+    summary+=("ncu rc=$?: $(grep -c 'Section:' "$OUT/convprobe/ncu.txt") sections")
+  fi
+}
 part_train() {
   mkdir -p "$OUT/train"
   timeout "$(left)" python3 -m mixstack bench train ${TRAIN_ARGS:-} --out "$OUT/train" 2>&1 | tee "$OUT/train.log" | tail -n 30
@@ -252,9 +270,9 @@ part_scaling() {
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|model|md|breakdown|baseline|probe|train|lammps|scaling) "part_$part" ;;
+    tests|tune|retune|grid|model|md|breakdown|baseline|probe|convprobe|train|lammps|scaling) "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, retune, grid, stack, model, md, breakdown, baseline, train, lammps, scaling)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, stack, model, md, breakdown, baseline, probe, convprobe, train, lammps, scaling)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

@@ -162,3 +162,11 @@ def test_padded_lists_keep_their_shape_and_give_the_models_results_unchanged():
 def test_edge_capacity_rounds_up_in_steps_of_a_few_per_cent(n, cap):
     from mixstack.potential.verlet import edge_capacity
     assert edge_capacity(n) == cap and (cap - n) / n < 1 / 32 + 256 / n
+
+
+def test_the_edge_capacity_holds_while_the_count_wanders_and_moves_when_it_must():
+    from mixstack.potential.verlet import edge_capacity
+    cap = edge_capacity(20_000)
+    assert [edge_capacity(n, cap) for n in (19_500, 20_480, 19_000 + 457)] == [cap] * 3
+    assert edge_capacity(cap + 1, cap) > cap                          # outgrown: grows
+    assert edge_capacity(cap - 2 * 512, cap) < cap                     # two steps below: shrinks

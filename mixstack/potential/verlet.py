@@ -15,9 +15,10 @@ the same results as with a fresh list, without the skin's extra pairs (at a 1 Å
 graph (``graphs.GraphedFrames``): the kept edges are padded to ``edge_capacity`` edges with pairs
 of the list that lie beyond the cutoff (the first ones in list order, so edges stay sorted by
 centre) and ``slots`` to a multiple of ``SLOT_QUANTUM`` columns.  The potential's envelope is
-exactly zero beyond the cutoff, so those pairs change no energy, force or stress; the capacity
-moves only when the edge count crosses a step of ~2-3%.  Where the list has too few such pairs
-the edges are not padded.
+exactly zero beyond the cutoff, so those pairs change no energy, force or stress.  The capacity
+grows when the edge count outgrows it and shrinks only when the count falls two steps (~3-6%)
+below it, and ``slots`` only widens, so shapes hold through neighbour-list rebuilds too.  Where
+the list has too few such pairs the edges are not padded.
 """
 
 from __future__ import annotations
@@ -30,9 +31,17 @@ from .neighbors import MIN_EDGE_LENGTH, SystemInputs, centre_slots, check_edge_l
 SLOT_QUANTUM = 8
 
 
-def edge_capacity(n: int) -> int:
-    """``n`` rounded up to a step of 1/32-1/64 of it (at least 256): the padded edge count."""
-    step = max(256, 1 << max(0, int(n).bit_length() - 6))
+def _capacity_step(n: int) -> int:
+    return max(256, 1 << max(0, int(n).bit_length() - 6))
+
+
+def edge_capacity(n: int, previous: int | None = None) -> int:
+    """The padded edge count for ``n`` edges: ``n`` rounded up to a step of 1/32-1/64 of it (at
+    least 256), or ``previous`` while ``n`` fits it and is not two steps below it (so that a
+    count wandering across a step does not change the shapes back and forth)."""
+    step = _capacity_step(n)
+    if previous is not None and previous - 2 * step < n <= previous:
+        return previous
     return -(-int(n) // step) * step
 
 
@@ -54,6 +63,7 @@ class VerletList:
         self.last_reason: str | None = None
         self._built = None          # (positions, cell, pbc, numbers) of the last build
         self._pairs = None          # (edge_index (2, E') int64, shifts (E', 3) float64) on the device
+        self._padded = (None, 1)    # with pad: the last edge capacity and slots width
 
     def rebuild_reason(self, positions, cell, pbc, numbers) -> str | None:
         """Why the kept list cannot serve these inputs (numpy arrays), or ``None`` when it can."""
@@ -100,12 +110,16 @@ class VerletList:
         if self.pad:
             # the first (capacity - inside) pairs beyond the cutoff join the kept ones
             n_inside = int(inside.sum())
-            need = edge_capacity(n_inside) - n_inside
+            need = edge_capacity(n_inside, self._padded[0]) - n_inside
             if 0 < need <= inside.numel() - n_inside:
                 kept = inside | (torch.cumsum(~inside, 0) <= need)
         keep = torch.nonzero(kept).squeeze(1)
         edge_index, shifts = pairs[:, keep], shifts[keep]
-        slots = centre_slots(edge_index[1], n, multiple=SLOT_QUANTUM if self.pad else 1)
+        if self.pad:
+            slots = centre_slots(edge_index[1], n, multiple=SLOT_QUANTUM, at_least=self._padded[1])
+            self._padded = (keep.numel(), slots.shape[1])
+        else:
+            slots = centre_slots(edge_index[1], n)
         fl = dict(device=dev, dtype=self.dtype)
         return SystemInputs(torch.as_tensor(pos, **fl), torch.as_tensor(cel, **fl), torch.as_tensor(num, device=dev),
                             edge_index, shifts.to(self.dtype), slots)
