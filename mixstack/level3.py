@@ -29,7 +29,7 @@ from . import reference
 from .dispatch import levels
 from .dispatch.log import unlogged, warn_once
 from .tuning import families, policy, registry, store, validity
-from .tuning.keys import ShapeKey, shape_key
+from .tuning.keys import ShapeKey, as_key, shape_key
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,11 @@ def _fwd_bwd(run, key, u0, alpha, w0, w1, gw, grad):
     return (out.detach(),) + tuple(grads)
 
 
+def validation_edges(device) -> tuple[int, ...]:
+    """The edge counts ``validate`` checks on ``device`` (small ones under the interpreter)."""
+    return VALIDATION_EDGES if torch.device(device).type == "cuda" else INTERPRETER_EDGES
+
+
 def validate(key, cfg: dict, device, edges=None) -> dict:
     """Run ``cfg`` at level 3 on ``key`` against float64 (see the module doc):
     ``{"ok": bool, "why": str | None, "edges": [...]}``."""
@@ -77,7 +82,7 @@ def validate(key, cfg: dict, device, edges=None) -> dict:
     def mixing_stack(u0, alpha, w0, w1, gw, *, lmax, focus_dim, apply_alpha):
         return torch.ops.mixstack.stack_forward(u0, alpha, w0, w1, gw, lmax, focus_dim, apply_alpha, 3, True)[0]
 
-    edges = tuple(edges or (VALIDATION_EDGES if device.type == "cuda" else INTERPRETER_EDGES))
+    edges = tuple(edges or validation_edges(device))
     why = None
     # the caller may be under no_grad or inference_mode (forces only): the check needs autograd
     with registry.registration(FAMILY, key, cfg), levels.use_level(3), unlogged(), \
@@ -94,6 +99,16 @@ def validate(key, cfg: dict, device, edges=None) -> dict:
     return {"ok": why is None, "why": why, "edges": list(edges)}
 
 
+def pending(key, device: str) -> policy.Decision | None:
+    """The policy's decision that the next level-3 call on ``key`` would validate (``device``: a
+    device name), or ``None`` where it validates nothing (an entry exists, or no config)."""
+    key = as_key(key)
+    if registry.find(FAMILY, key, device_name=device) is not None:
+        return None
+    decision = policy.decide(key, device)
+    return decision if decision.config is not None else None
+
+
 def prepare(u0, *, focus_dim: int, lmax: int, apply_alpha: bool) -> None:
     """Before a level-3 call on CUDA (or the interpreter): where the key has no
     ``stack_compensated`` entry and the policy names a config, validate it and record the
@@ -103,10 +118,8 @@ def prepare(u0, *, focus_dim: int, lmax: int, apply_alpha: bool) -> None:
         return
     key = shape_key(focus_dim=focus_dim, lmax=lmax, n_focus=int(u0.shape[0]), apply_alpha=apply_alpha)
     device = validity.device_name(u0.device)
-    if registry.find(FAMILY, key, device_name=device) is not None:
-        return
-    decision = policy.decide(key, device)
-    if decision.config is None:
+    decision = pending(key, device)
+    if decision is None:
         return
     _busy.on = True
     try:

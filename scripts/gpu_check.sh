@@ -21,7 +21,10 @@
 #   "grid": `mixstack bench grid` into $OUT/grid, bounded by the time left (GRID_SECONDS caps
 #   it); GRID_ARGS picks the subset (e.g. "--focus-dim 80,96,112,128 --lmax 1"); GRID_FROM=DIR
 #   (a folder in the repo holding a previous slice's grid/keys/*.json) resumes: those keys are
-#   copied in and skipped.
+#   copied in and skipped.  GRID_WARM_WORKERS (default auto: half the cores, at most 8) compile each batch
+#   of (Cf, lmax) groups in worker processes before it is measured (0: off).
+#   TUNE_WARM_WORKERS (default auto) does the same for "tune" and "retune": each key's kernels are
+#   compiled in workers before its sweep times anything; their logs end with the seconds per key.
 #   MODEL_ARGS replaces the model bench's default arguments (--levels 0c,2c,3c --atoms 4400
 #   --repeats 6 --md-steps 0: the frames the whole-frame targets are set on, ~6 min).
 #   "md": MD_ARGS (default --cell cu-bcc --atoms 4400 --levels 2g,3g,2,3,0c --repeats 2 --md-steps 100)
@@ -100,7 +103,7 @@ part_tests() {
 part_tune() {
   local limit=$(left)
   if [ -n "${TUNE_SECONDS:-}" ] && [ "$TUNE_SECONDS" -lt "$limit" ]; then limit=$TUNE_SECONDS; fi
-  timeout "$limit" python3 -m mixstack tune ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.log" | tail -n 30
+  timeout "$limit" python3 -m mixstack tune --warm-workers "${TUNE_WARM_WORKERS:-auto}" ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.log" | tail -n 30
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("tune rc=$r")
 }
 part_retune() {
@@ -109,7 +112,7 @@ part_retune() {
   local limit=$(( $(left) - 15 )) t0=$(date +%s)
   if [ -n "${RETUNE_SECONDS:-}" ] && [ "$RETUNE_SECONDS" -lt "$limit" ]; then limit=$RETUNE_SECONDS; fi
   timeout "$(left)" python3 -m mixstack tune --keys-of "${RETUNE_TABLE:-results/2026-12-01-h200-tuning/NVIDIA_H200.json}" \
-    --seconds "$limit" ${RETUNE_ARGS:-} 2>&1 | tee "$OUT/retune.log" | tail -n 45
+    --seconds "$limit" --warm-workers "${TUNE_WARM_WORKERS:-auto}" ${RETUNE_ARGS:-} 2>&1 | tee "$OUT/retune.log" | tail -n 45
   r=${PIPESTATUS[0]}; rc=$(( rc || r ))
   summary+=("retune rc=$r: $(grep -c '| tuned' "$OUT/retune.log") tuned, $(grep -c '| covered' "$OUT/retune.log") covered rows in $(( $(date +%s) - t0 )) s")
 }
@@ -118,10 +121,11 @@ part_grid() {
   if [ -n "${GRID_FROM:-}" ]; then cp "$GRID_FROM"/*.json "$OUT/grid/keys"/ 2>/dev/null; fi
   local limit=$(( $(left) - 30 )) t0=$(date +%s)     # room for the outputs and the packing
   if [ -n "${GRID_SECONDS:-}" ] && [ "$GRID_SECONDS" -lt "$limit" ]; then limit=$GRID_SECONDS; fi
-  timeout "$(left)" python3 -m mixstack bench grid ${GRID_ARGS:-} --resume --seconds "$limit" --out "$OUT/grid" \
+  timeout "$(left)" python3 -m mixstack bench grid ${GRID_ARGS:-} --resume --seconds "$limit" \
+    --warm-workers "${GRID_WARM_WORKERS:-auto}" --out "$OUT/grid" \
     2>&1 | tee "$OUT/grid.log" | tail -n 40
   r=${PIPESTATUS[0]}; rc=$(( rc || r ))
-  summary+=("bench grid rc=$r: $(grep -o 'measured [0-9]*, skipped [0-9]* (done before), left [0-9]*' "$OUT/grid.log") in $(( $(date +%s) - t0 )) s")
+  summary+=("bench grid rc=$r: $(grep -o 'measured [0-9]*, skipped [0-9]* (done before), left [0-9]*' "$OUT/grid.log") in $(( $(date +%s) - t0 )) s; warm-up: $(grep -c '\] warm ' "$OUT/grid.log") batches")
 }
 part_stack() {
   mkdir -p "$OUT/bench"

@@ -97,3 +97,28 @@ def test_the_baseline_part_selects_the_strict_compiled_baseline_test(tmp_path):
         collected.stdout + collected.stderr
     repro = sorted(f"repro/{p}" for p in os.listdir(os.path.join(ROOT, "repro")) if p.startswith("inductor_gpu_"))
     assert repro and [a[0] for a in calls if a and a[0].startswith("repro/")] == repro
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_the_tune_and_grid_parts_pass_their_warm_up_workers(tmp_path):
+    """``tune``, ``retune`` and ``grid`` give ``--warm-workers`` (auto, or TUNE_WARM_WORKERS /
+    GRID_WARM_WORKERS) to commands that parse."""
+    from mixstack.bench import prewarm
+    from mixstack.cli import build_parser
+    from mixstack.cli.bench import grid_config
+
+    def _fresh(path):
+        path.mkdir()
+        return path
+
+    def commands(**env):
+        calls = [argv[2:] for _, argv in _recorded_commands(_fresh(tmp_path / str(len(env))), "tune,retune,grid", **env)
+                 if argv[:2] == ["-m", "mixstack"]]
+        assert [a[0] for a in calls] == ["tune", "tune", "bench"]
+        return [build_parser().parse_args(a) for a in calls]
+
+    tune, retune, bench = commands()
+    assert tune.warm_workers == retune.warm_workers == bench.warm_workers == "auto"
+    assert grid_config(bench).warm_workers == prewarm.auto_workers()
+    tune, retune, bench = commands(TUNE_WARM_WORKERS="3", GRID_WARM_WORKERS="0")
+    assert (tune.warm_workers, retune.warm_workers, grid_config(bench).warm_workers) == ("3", "3", 0)

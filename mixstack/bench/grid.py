@@ -22,9 +22,21 @@ keys: the edge count and, for F > 1, the focus count are marked dynamic
 a second compile).  Each key records how many graphs dynamo compiled for it and how long
 its first call took.
 
+Compile ahead (``warm_workers``; ``bench.prewarm``): the keys are measured in batches of
+``(Cf, lmax)`` groups (as many groups as workers), and before a batch is measured, worker
+processes compile what its measurement will: per group the compiled reference, by the same
+``CompiledReference`` on the same inputs (the real edge counts: Inductor's kernels depend on
+size hints), the same F order and under the same ``runner.exact_fp32``, so that dynamo
+re-traces in the measuring process but Inductor's FX graph and AOTAutograd caches hit; and
+the Triton kernels of levels 1-3 at every key, recorded from the launches the measured run
+makes (``key_launches``: the tables' configs, level 3's first-use validation where the
+policy engages it), one task per distinct compile.  The workers idle while the batch is
+measured.  Each key records its batch's warm-up.
+
 Resumable and bounded: each key's record is written to ``<out>/keys/<key>.json`` as it
 finishes; ``resume`` skips keys that have one; ``seconds`` stops cleanly before a key
-that would not fit (estimated from the keys measured so far).  ``write_outputs`` builds
+that would not fit (estimated from the keys measured so far), and before a batch whose
+warm-up and first key would not fit (estimated from the batches warmed so far).  ``write_outputs`` builds
 ``grid.json``, ``grid.csv`` (long format: one row per measurement with GPU, versions and
 date), ``grid.md``, ``grid.png`` (speed-up over the compiled reference per key and level,
 and where level 3 ran compensated kernels) and ``level3.json`` (the level-3 verdicts
@@ -34,6 +46,7 @@ times add up.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -46,9 +59,9 @@ from typing import Callable
 
 import torch
 
-from .. import reference
-from . import env, report, runner
-from .shapes import BenchShape
+from .. import level3, reference
+from . import env, prewarm, report, runner
+from .shapes import BenchShape, make_inputs
 from .timing import clock_for
 
 log = logging.getLogger(__name__)
@@ -91,6 +104,7 @@ class GridConfig:
     seconds: float | None = None
     resume: bool = False
     compile_backend: str = "inductor"
+    warm_workers: int = 0
 
     def keys(self) -> list[tuple[int, int, int]]:
         """``(Cf, lmax, F)`` in run order: the F values of one ``(Cf, lmax)`` together (they
@@ -176,10 +190,97 @@ def key_path(out: str | os.PathLike, cf: int, lmax: int, focus: int) -> Path:
     return Path(out) / "keys" / f"{key_name(cf, lmax, focus)}.json"
 
 
+TRITON_VARIANTS = ("1", "2", "2f", "3")
+
+
+def key_launches(cfg: GridConfig, cf: int, lmax: int, focus: int, device) -> list:
+    """The Triton kernel launches the measurement of one key makes (variants 1, 2, 2f and 3
+    that ``runner.plan`` keeps), recorded instead of run on inputs of the key's real edge
+    count (``prewarm.record``): with the tables' configs in force, and for level 3 the
+    first-use validation ``level3.prepare`` will run where the policy engages it, then the
+    run with the policy's config (recorded, the validation could not pass: its outputs are
+    garbage, so it must not write a verdict)."""
+    shape = cfg.shape(cf, lmax, focus)
+    keys = [k for k in runner.plan(cfg.bench_config(shape))[0] if k in TRITON_VARIANTS]
+    if not keys:
+        return []
+    device = torch.device(device)
+    inp = make_inputs(shape, device, seed=cfg.seed)
+    u0, alpha = inp.u0.requires_grad_(), inp.alpha.requires_grad_()
+    wrt = [u0, alpha] if shape.apply_alpha else [u0]
+    out: list = []
+    for key in keys:
+        scope, fwd = runner._scope(key, shape), runner.forward_fn(key, shape, inp)
+        pinned = None
+        if runner.LEVEL_OF[key] == 3:
+            from ..tuning import registry, validity
+            decision = level3.pending(shape.tuning_key(), validity.device_name(device))
+            if decision is not None:
+                for n in level3.validation_edges(device):    # each: a recorded check fails at the first
+                    out += prewarm.record(level3.validate, shape.tuning_key(), decision.config, device, (n,))
+                pinned = registry.registration(level3.FAMILY, shape.tuning_key(), decision.config)
+
+        def run(scope=scope, fwd=fwd):
+            with scope():
+                torch.autograd.grad(fwd(u0, alpha), wrt, inp.grad_out)
+        with pinned or contextlib.nullcontext():
+            out += prewarm.record(run)
+    return out
+
+
+def warm_compiled_reference(cfg: GridConfig, cf: int, lmax: int, focus: tuple[int, ...], device: str) -> None:
+    """A worker's warm-up of one ``(Cf, lmax)``'s compiled reference: what ``run_key`` does
+    with it for the keys ``focus`` (in that order), up to the first call: a fresh
+    ``CompiledReference``, each key's inputs at its real edge count, one forward and
+    backward, under ``runner.exact_fp32``."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    compiled = CompiledReference(cfg.compile_backend)
+    with runner.exact_fp32():
+        for f in focus:
+            shape = cfg.shape(cf, lmax, f)
+            inp = make_inputs(shape, dev, seed=cfg.seed)
+            u0, alpha = inp.u0.requires_grad_(), inp.alpha.requires_grad_()
+            wrt = [u0, alpha] if shape.apply_alpha else [u0]
+            torch.autograd.grad(compiled.forward(shape, inp)(u0, alpha), wrt, inp.grad_out)
+            del inp, u0, alpha, wrt
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+
+
+def _warm_batch(cfg: GridConfig, pool: prewarm.Pool, batch, device, seen: set, say) -> dict:
+    """Compile what measuring ``batch`` (``[((Cf, lmax), [F, ...]), ...]``) will: the compiled
+    reference per group (submitted first: the longest tasks), the Triton launches of every key."""
+    tasks = []
+    if "0c" in runner.plan(cfg.bench_config(cfg.shape(*batch[0][0], batch[0][1][0])))[0]:
+        tasks += [prewarm.Task(f"0c Cf{cf}-l{lmax}", warm_compiled_reference, (cfg, cf, lmax, tuple(fs), str(device)))
+                  for (cf, lmax), fs in batch]
+    n_ref = len(tasks)
+    for (cf, lmax), fs in batch:
+        for f in fs:
+            try:
+                tasks += prewarm.launch_tasks(key_launches(cfg, cf, lmax, f, device), seen)
+            except Exception as exc:            # the measurement will show it; the warm-up only logs
+                log.info("grid: cannot record the launches of %s: %s: %s", key_name(cf, lmax, f),
+                         type(exc).__name__, exc)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    summary = pool.run(tasks)
+    refs = {r.name: r.seconds for r in summary.results if r.name.startswith("0c ") and r.error is None}
+    info = {"workers": pool.processes, "seconds": summary.seconds, "groups": len(batch),
+            "kernels": len(tasks) - n_ref, "compiled_references": n_ref,
+            "reference_seconds": refs, "failed": [f"{r.name}: {r.error.splitlines()[0]}" for r in summary.failed]}
+    say("warm", f"{len(batch)} (Cf, lmax)", f"{info['kernels']} kernels and {n_ref} compiled references in "
+        f"{summary.seconds:.1f} s on {pool.processes} workers"
+        + (f"; {len(summary.failed)} failed (compiled when measured)" if summary.failed else ""))
+    return info
+
+
 def run_grid(cfg: GridConfig, out: str | os.PathLike, *, on_key=None, on_step=None, clock=None,
              now: Callable[[], float] = time.monotonic) -> dict:
     """Measure the keys of ``cfg`` into ``out`` (see the module doc).  ``on_key(event, name,
-    detail)`` reports progress ("skip", "start", "done", "stop").  Returns ``{"measured": [...],
+    detail)`` reports progress ("skip", "warm", "start", "done", "stop").  Returns ``{"measured": [...],
     "skipped": [...], "stopped": [...]}`` (key names)."""
     device = env.resolve_device(cfg.device)
     clock = clock or clock_for(device)
@@ -190,35 +291,78 @@ def run_grid(cfg: GridConfig, out: str | os.PathLike, *, on_key=None, on_step=No
     done = {"measured": [], "skipped": [], "stopped": []}
     roof = None
     durations: list[float] = []
-    with runner.exact_fp32():
-        for cf, lmax, focus in cfg.keys():
-            name = key_name(cf, lmax, focus)
-            path = key_path(out, cf, lmax, focus)
-            if cfg.resume and path.exists():
-                done["skipped"].append(name)
-                say("skip", name, "measured already")
-                continue
-            if cfg.seconds is not None:                 # 0: measure nothing, only rebuild the outputs
+    groups: list[tuple[tuple[int, int], list[int]]] = []          # (Cf, lmax) and its F to measure
+    for cf, lmax, focus in cfg.keys():
+        name = key_name(cf, lmax, focus)
+        if cfg.resume and key_path(out, cf, lmax, focus).exists():
+            done["skipped"].append(name)
+            say("skip", name, "measured already")
+            continue
+        if not groups or groups[-1][0] != (cf, lmax):
+            groups.append(((cf, lmax), []))
+        groups[-1][1].append(focus)
+    workers = cfg.warm_workers
+    size = max(1, workers) if workers else max(1, len(groups))
+    warm_per_group = 0.0                         # the slowest batch's warm-up seconds per group
+    seen: set = set()
+
+    def stop(batches) -> None:
+        for (cf, lmax), fs in batches:
+            done["stopped"] += [key_name(cf, lmax, f) for f in fs]
+
+    with contextlib.ExitStack() as stack:
+        pool = stack.enter_context(prewarm.Pool(workers)) if workers else None
+        stack.enter_context(runner.exact_fp32())
+        i = 0
+        while i < len(groups):
+            batch = groups[i:i + size]
+            if pool is not None and cfg.seconds is not None:     # the warm-up and a first key must fit
                 estimate = max(durations) if durations else 0.0
-                if cfg.seconds <= 0 or now() - start + estimate > cfg.seconds:
-                    done["stopped"].append(name)
-                    continue
-            if roof is None:
-                cuda = device.type == "cuda"
-                roof = runner.measure_roofs(device, clock, n=8192 if cuda else 256, copy_mib=1024 if cuda else 16)
-            say("start", name, "")
-            t0 = now()
-            rec = run_key(cfg, cf, lmax, focus, compiled, device=device, clock=clock, roof=roof, on_step=on_step)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(rec, indent=1) + "\n")
-            os.replace(tmp, path)
-            durations.append(now() - t0)
-            done["measured"].append(name)
-            comp = rec["compile"]
-            first = "" if comp["first_call_s"] is None else f"; 0c first call {comp['first_call_s']:.1f} s"
-            say("done", name, f"{durations[-1]:.1f} s ({comp['graphs']} graphs compiled{first})")
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+                elapsed = now() - start
+                if cfg.seconds <= 0 or elapsed + warm_per_group + estimate > cfg.seconds:
+                    stop(groups[i:])
+                    break
+                fit, need = 0, elapsed
+                for _, fs in batch:                 # no group warmed that would not be measured
+                    need += warm_per_group + len(fs) * estimate
+                    if fit and need > cfg.seconds:
+                        break
+                    fit += 1
+                batch = batch[:fit]
+            i += len(batch)
+            info = None
+            if pool is not None:
+                t0 = now()
+                info = _warm_batch(cfg, pool, batch, device, seen, say)
+                warm_per_group = max(warm_per_group, (now() - t0) / len(batch))
+            for (cf, lmax), fs in batch:
+                for focus in fs:
+                    name = key_name(cf, lmax, focus)
+                    path = key_path(out, cf, lmax, focus)
+                    if cfg.seconds is not None:          # 0: measure nothing, only rebuild the outputs
+                        estimate = max(durations) if durations else 0.0
+                        if now() - start + estimate > cfg.seconds:
+                            done["stopped"].append(name)
+                            continue
+                    if roof is None:
+                        cuda = device.type == "cuda"
+                        roof = runner.measure_roofs(device, clock, n=8192 if cuda else 256,
+                                                    copy_mib=1024 if cuda else 16)
+                    say("start", name, "")
+                    t0 = now()
+                    rec = run_key(cfg, cf, lmax, focus, compiled, device=device, clock=clock, roof=roof,
+                                  on_step=on_step)
+                    rec["warmup"] = info
+                    tmp = path.with_suffix(".tmp")
+                    tmp.write_text(json.dumps(rec, indent=1) + "\n")
+                    os.replace(tmp, path)
+                    durations.append(now() - t0)
+                    done["measured"].append(name)
+                    comp = rec["compile"]
+                    first = "" if comp["first_call_s"] is None else f"; 0c first call {comp['first_call_s']:.1f} s"
+                    say("done", name, f"{durations[-1]:.1f} s ({comp['graphs']} graphs compiled{first})")
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
     if done["stopped"]:
         say("stop", f"{len(done['stopped'])} keys", "--seconds reached; run again with --resume")
     return done

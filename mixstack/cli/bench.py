@@ -76,6 +76,9 @@ def add_parser(sub) -> None:
     b.add_argument("--seconds", type=float, help="grid: stop cleanly before a key that would not fit in "
                    "this many seconds (0: measure nothing, rebuild the outputs from --out's key files)")
     b.add_argument("--resume", action="store_true", help="grid: skip keys already measured in --out")
+    b.add_argument("--warm-workers", default="auto", metavar="N",
+                   help="grid: worker processes that compile each batch of keys before it is measured "
+                        "(default auto: half the cores, at most 8; 0: compile while measuring)")
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -320,8 +323,10 @@ def grid_config(args):
              if v is not None]
     if other or args.no_alpha or args.quick:
         raise ValueError(f"{', '.join(other or ['--no-alpha / --quick'])}: not an option of `mixstack bench grid`")
+    from ..bench import prewarm
     cfg = grid.with_subset(grid.GridConfig(device=args.device, seed=args.seed, resume=args.resume,
-                                           seconds=positive("--seconds", args.seconds, allow_zero=True)),
+                                           seconds=positive("--seconds", args.seconds, allow_zero=True),
+                                           warm_workers=prewarm.resolve_workers(args.warm_workers, "--warm-workers")),
                            focus_dims=args.focus_dim, lmaxes=args.lmax, focus=args.focus)
     bad = [f"Cf {c}" for c in cfg.focus_dims if c % 16 or not 16 <= c <= 128]
     bad += [f"lmax {x}" for x in cfg.lmaxes if not 1 <= x <= 6] + [f"F {x}" for x in cfg.focus if x < 1]
@@ -353,7 +358,8 @@ def _run_grid(args, argv) -> int:
     print(f"mixstack bench grid on {device}: {len(cfg.keys())} keys (Cf {','.join(map(str, cfg.focus_dims))}; "
           f"lmax {','.join(map(str, cfg.lmaxes))}; F {','.join(map(str, cfg.focus))}); variants "
           f"{', '.join(runner.VARIANTS[k] for k in keys) or 'none'}; {cfg.rounds} rounds; into {out}"
-          + (f"; at most {cfg.seconds:.0f} s" if cfg.seconds else "") + ("; resuming" if cfg.resume else ""))
+          + (f"; at most {cfg.seconds:.0f} s" if cfg.seconds else "") + ("; resuming" if cfg.resume else "")
+          + (f"; {cfg.warm_workers} warm-up workers" if cfg.warm_workers else "; no warm-up workers"))
     if not announce("mixstack bench grid", keys, skipped, ()):
         return 2
     t0 = time.monotonic()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import sys
+import time
 
 from .common import existing_file, fancy_output, positive, print_table
 
@@ -40,6 +41,9 @@ def add_parser(sub) -> None:
     t.add_argument("--margin", type=float, default=0.02,
                    help="fraction a candidate must win by, beyond the baseline's spread (default 0.02)")
     t.add_argument("--device", help="CUDA device (default: the current one)")
+    t.add_argument("--warm-workers", default="auto", metavar="N",
+                   help="worker processes that compile each key's kernels before its sweep times anything "
+                        "(default auto: half the cores, at most 8; 0: compile inside the sweep)")
 
 
 def tune_keys(args) -> list | None:
@@ -109,10 +113,12 @@ def tune_rows(results) -> list[dict]:
 
 def run(args, argv=None) -> int:
     from .. import tuner, tuning
+    from ..bench import prewarm
     from ..tuner import probes, sweep
     from ..tuning import store
 
     keys = tune_keys(args)
+    workers = prewarm.resolve_workers(getattr(args, "warm_workers", "auto"), "--warm-workers")
     quick = not args.full
     names = tuner.resolve_families(args.family, quick)
     positive("--rounds", args.rounds)
@@ -125,14 +131,24 @@ def run(args, argv=None) -> int:
     shown = keys or tuner.default_keys()
     print(f"mixstack tune on {dev_name}: {len(shown)} key(s) ({'; '.join(k.short() for k in shown)}); "
           f"families {', '.join(names)}; {'quick' if quick else 'full'} sweep, {rounds} rounds; "
-          f"results in {store.user_path(dev_name)}")
+          f"results in {store.user_path(dev_name)}; "
+          + (f"{workers} warm-up workers" if workers else "no warm-up workers"))
     fancy = fancy_output()
     bar, step = _progress(fancy)
+    warmed = []
+    t0 = time.monotonic()
     with bar:
         results = tuner.tune(keys, families=names, force=args.force, rounds=rounds, warmup=warmup,
                              margin=args.margin, device=device, progress=step, stop_on_error=False,
-                             quick=quick, seconds=args.seconds)
+                             quick=quick, seconds=args.seconds, warm_workers=workers,
+                             on_warm=lambda key, summary: warmed.append((key, summary)))
+    elapsed = time.monotonic() - t0
     print()
+    for key, summary in warmed:
+        print(f"  warm-up {key.short()}: {summary.describe()}")
+    tuned = len({r.key for r in results if r.status == "tuned"})
+    print(f"  {elapsed:.1f} s in all ({sum(s.seconds for _, s in warmed):.1f} s of warm-up); "
+          f"{tuned} key(s) measured" + (f", {elapsed / tuned:.1f} s a key" if tuned else ""))
     if results:
         print_table(tune_rows(results), fancy)
     for r in results:

@@ -29,17 +29,21 @@ The probe (``probes.StackProbe`` on a GPU, a fake in the tests) builds the
 inputs and runs the operator: ``probe.run(cfg) -> (outputs, dispatch Counter)``
 and ``probe.task(cfg) -> timing.Task``; ``cfg`` is a candidate or ``None`` for
 the baseline.  ``tune`` sweeps many keys and families, making a probe for each.
+
+``sweep_launches`` lists the kernel launches ``tune_key`` will make, recorded instead of run,
+for the warm-up that compiles them in worker processes first (``bench.prewarm``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from ..bench import timing
+from ..bench import prewarm, timing
 from ..dispatch import levels
 from ..dispatch.log import dispatch_log
 from ..tuning import families, registry, validity
@@ -302,3 +306,34 @@ def tune_key(family: str, key, *, probe, clock: Callable | None = None, rounds: 
              ", ".join(f"{k} {v:.3f}" for k, v in medians.items()) or "none")
     return TuneResult(family, key, "tuned", config=winner, medians_ms=medians, skipped=skipped,
                       rejected=rejected, path=path)
+
+
+def sweep_launches(family: str, key, *, probe, quick: bool = False, earlier=()) -> list:
+    """The kernel launches ``tune_key`` makes for ``family`` and ``key`` with ``probe``, recorded
+    instead of run (``bench.prewarm.record``; nothing runs on the device): the baseline's and
+    every candidate's checking runs, each at its level and registrations as ``tune_key`` runs
+    them, and each timed task once.  ``earlier``: ``(family, candidates)`` of the families swept
+    before this one for the same key; the winner of each becomes a config of this family's
+    baseline, so the baseline is recorded under each of their candidates too (the probes' edge
+    counts differ: the compensated family's single-row set is a specialisation of its own).
+    A run that cannot be recorded is logged and left out: the sweep then compiles it itself."""
+    fam = families.family(family)
+    key = as_key(key)
+    runs = [(cfg, ()) for cfg in [None, *families.candidates(family, key, quick=quick)]]
+    runs += [(None, ((other, c),)) for other, cands in earlier for c in cands]
+    out: list = []
+    with registry.saved_registrations():
+        for cfg, extra in runs:
+            try:
+                with contextlib.ExitStack() as stack:
+                    for other, c in extra:
+                        stack.enter_context(registry.registration(other, key, c))
+                    out += prewarm.record(_run, probe, fam, key, cfg)
+                    if not extra:
+                        task = _engaged(probe.task(cfg), fam, key, cfg)
+                        out += prewarm.record(lambda t=task: t.run(t.setup()) if t.setup else t.run())
+            except Exception as exc:
+                log.info("tuning %s %s: cannot record the launches of %s for the warm-up: %s: %s", family, key,
+                         families.label(cfg) if not extra else f"the baseline under {extra[0][0]} "
+                         f"{families.label(extra[0][1])}", type(exc).__name__, exc)
+    return out

@@ -1,0 +1,93 @@
+"""The warm-up lists against the launches they are for: every distinct compile that a quick sweep
+(``mixstack tune``) or a grid key's measurement (``mixstack bench grid``) makes must be on the list
+its warm-up compiles (``tuner.sweep.sweep_launches``, ``bench.grid.key_launches``).  On the CPU the
+kernels run through the interpreter, which compiles nothing; the launches and their arguments are
+the ones a GPU run makes."""
+
+import contextlib
+
+import pytest
+from tuning_fakes import tuning_env  # noqa: F401  (private, empty tables)
+
+from mixstack import tuning
+from mixstack.bench import grid, prewarm
+from mixstack.compiler_report import Launch
+from mixstack.ops import conv_launchers, launchers, training
+from mixstack.tuner import probes, sweep
+
+KEY = tuning.shape_key(focus_dim=16, lmax=1, n_focus=1, apply_alpha=True)
+
+
+@pytest.fixture(autouse=True)
+def tables(tuning_env, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("TRITON_INTERPRET", "1")          # tuning_env clears it
+    tuning.policy.forget_verdicts()
+    yield tuning_env
+    tuning.policy.forget_verdicts()
+
+
+@contextlib.contextmanager
+def launches_made():
+    """Every kernel launch made inside, as a ``LaunchSpec``, while the launches still run."""
+    made = []
+    modules = (launchers, training, conv_launchers)
+    real = [m.wrap_triton for m in modules]
+
+    def spy(wrap):
+        def wrapped(kernel):
+            class Grid:
+                def __getitem__(self, grid_):
+                    def call(*a, **kw):
+                        made.append(prewarm.spec(Launch(kernel, a, kw)))
+                        return wrap(kernel)[grid_](*a, **kw)
+                    return call
+            return Grid()
+        return wrapped
+    for m, r in zip(modules, real):
+        m.wrap_triton = spy(r)
+    try:
+        yield made
+    finally:
+        for m, r in zip(modules, real):
+            m.wrap_triton = r
+
+
+def identities(specs) -> set:
+    return {s.identity() for s in specs}
+
+
+@pytest.mark.slow
+def test_the_sweep_warm_up_lists_every_compile_of_the_compensated_sweep_after_the_relay():
+    # the relay swept first and its candidate won: the compensated family's baseline runs with it
+    relay = tuning.candidates("stack_bwd_relay", KEY, quick=True)
+    probe = probes.StackProbe("stack_compensated", KEY, quick=True, edges=65, partial_edges=33, n_layers=2)
+    warm = sweep.sweep_launches("stack_compensated", KEY, probe=probe, quick=True,
+                                earlier=[("stack_bwd_relay", relay)])
+    listed = identities(t.args[0] for t in prewarm.launch_tasks(warm))
+    alone = identities(t.args[0] for t in prewarm.launch_tasks(
+        sweep.sweep_launches("stack_compensated", KEY, probe=probe, quick=True)))
+    with tuning.saved_registrations(), launches_made() as made:
+        tuning.register("stack_bwd_relay", KEY, relay[0])
+        result = sweep.tune_key("stack_compensated", KEY, probe=probe, rounds=1, warmup=0, persist=False,
+                                quick=True, clock=lambda fn: fn() or 1.0)
+    assert result.status == "tuned"
+    made = identities(made)
+    assert made <= listed
+    assert made - alone, "negative control: without the relay's candidate the list misses compiles"
+    assert len(listed - made) <= len(listed) // 10           # and it lists little the sweep does not make
+
+
+@pytest.mark.slow
+def test_the_grid_warm_up_lists_every_compile_of_a_keys_measurement(tmp_path):
+    cfg = grid.GridConfig(focus_dims=(32,), lmaxes=(2,), focus=(1,), variants=("3",), edges=37,
+                          rounds=1, warmup=0, check_edges=16, device="cpu")
+    listed = identities(t.args[0] for t in prewarm.launch_tasks(grid.key_launches(cfg, 32, 2, 1, "cpu")))
+    assert not tuning.registry.find("stack_compensated", tuning.shape_key(
+        focus_dim=32, lmax=2, n_focus=1, apply_alpha=True), device_name="triton-interpreter"), \
+        "recording must not leave a level-3 verdict behind"
+    with launches_made() as made:
+        done = grid.run_grid(cfg, tmp_path)
+    assert done["measured"] == ["Cf32-l2-F1"]
+    rec = grid.load_records(tmp_path)[0]
+    assert grid.compensated_ran(rec)                          # level 3 validated the policy's config and ran it
+    assert identities(made) <= listed
