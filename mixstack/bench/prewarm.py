@@ -169,9 +169,9 @@ class Pool:
 
         def finish(result: Result) -> None:
             summary.results.append(result)
-            if result.error is not None:
-                log.warning("warm-up %s failed (the measuring process compiles it itself): %s",
-                            result.name, result.error)
+            if result.error is not None:          # the first few in full; the count in the summary
+                (log.warning if len(summary.failed) <= 3 else log.info)(
+                    "warm-up %s failed (the measuring process compiles it itself): %s", result.name, result.error)
             done(result, len(summary.results), len(tasks))
 
         if self.processes == 0:
@@ -197,7 +197,7 @@ class Pool:
             if any(r.error and r.error.startswith("a worker died") for r in summary.results):
                 self.close()                                # a fresh pool for the next batch
         summary.seconds = time.perf_counter() - t0
-        log.info("warm-up: %s", summary.describe())
+        (log.warning if summary.failed else log.info)("warm-up: %s", summary.describe())
         return summary
 
 
