@@ -29,7 +29,8 @@
 #   --repeats 6 --md-steps 0: the frames the whole-frame targets are set on, ~6 min).
 #   "md": MD_ARGS (default --cell cu-bcc --atoms 4400 --levels 2g,3g,2,3,0c --repeats 2 --md-steps 100)
 #   adds the MD columns (NVE through the ASE calculator; compiled variants compile with dynamic
-#   shapes), ~6 min.  "breakdown": where a frame's time goes, stage by stage, before (the
+#   shapes), ~6 min; several runs separated by " | " write $OUT/md, $OUT/md-2, ...
+#   "breakdown": where a frame's time goes, stage by stage, before (the
 #   convolution's kernels off, MIXSTACK_CONV_KERNELS=0, levels BREAKDOWN_BEFORE, default 2,3) and
 #   after (levels BREAKDOWN_AFTER, default 0c,2,3), both on BREAKDOWN_ARGS (default --cell diamond
 #   --atoms 4400 --repeats 3 --md-steps 0), ~4 min.  "baseline": the compiled level-0 frame's
@@ -141,11 +142,17 @@ part_model() {
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench model rc=$r")
 }
 part_md() {
-  mkdir -p "$OUT/md"
-  timeout "$(left)" python3 -m mixstack bench model \
-    ${MD_ARGS:---cell cu-bcc --atoms 4400 --levels 2g,3g,2,3,0c --repeats 2 --md-steps 100} --no-plot --out "$OUT/md" \
-    2>&1 | tee "$OUT/md.log" | tail -n 25
-  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench model (MD) rc=$r")
+  # MD_ARGS may hold several runs separated by " | ": run i writes $OUT/md (i = 1) or $OUT/md-i
+  local sets i=1 dir args
+  IFS='|' read -r -a sets <<< "${MD_ARGS:---cell cu-bcc --atoms 4400 --levels 2g,3g,2,3,0c --repeats 2 --md-steps 100}"
+  for args in "${sets[@]}"; do
+    dir="$OUT/md"; [ "$i" -gt 1 ] && dir="$OUT/md-$i"
+    mkdir -p "$dir"
+    timeout "$(left)" python3 -m mixstack bench model $args --no-plot --out "$dir" \
+      2>&1 | tee "$dir.log" | tail -n 25
+    r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("bench model (MD run $i) rc=$r")
+    i=$(( i + 1 ))
+  done
 }
 part_breakdown() {
   local args=(${BREAKDOWN_ARGS:---cell diamond --atoms 4400 --repeats 3 --md-steps 0}) half=$(( $(left) / 2 ))

@@ -133,11 +133,12 @@ def test_the_convolution_records_its_four_kernels_and_the_source_order_segment_s
 @not_interpreted
 @pytest.mark.parametrize("lmax, cf", [(3, 32), (3, 64)])
 def test_the_convolution_kernels_compile_without_spills_for_sm90(lmax, cf):
-    """``configs.conv_config``'s claim: no spills at the S1 and S4 keys (rotate-in with a linear
-    radial layer included)."""
+    """``configs.conv_config``'s claim: no spills at the S1 and S4 keys, but for the backward of
+    rotate-in with a linear radial layer at C <= 32 on two warps (a few bytes, measured faster)."""
     for launch in compiler_report.distinct(compiler_report.conv_launches(StackLayout(lmax, cf), 2)):
         report = compiler_report.compile_report(launch)
-        assert report.spill_bytes == 0, (launch.name, report)
+        two_warps_grad = launch.name == "rotate_in_grad_kernel" and launch.kwargs["LINEAR"] and cf <= 32
+        assert report.spill_bytes <= (32 if two_warps_grad else 0), (launch.name, report)
         assert report.registers <= 255
 
 

@@ -146,9 +146,12 @@ def conv_config(layout: StackLayout) -> dict:
     segment step's ``(BLOCK_E, NP, CP)`` product at about 32 (``NP`` the padded rows of the
     widest degree).  Rotate-in with a linear radial layer (``linear_*``) makes the weights with a
     ``tl.dot`` a row, forward and again in the backward (16 edges, channels padded to 16 at
-    least; three TF32 products, ``kernels.rotate_in``): on the sm_90 compile at 32 hidden
-    features spill-free at lmax 1-6 with C up to 64 (the backward at lmax 3: 168 registers at
-    C 32, 241 at C 64 with 8 warps); at C 128 the backward spills 24 bytes.
+    least; three TF32 products, ``kernels.rotate_in``).  At C <= 32 two warps a program: at the
+    bench model's frame (C 32, lmax 3, 409,688 edges, H200) forward + backward ran 4.88 ms a
+    block against 5.19 with four warps (the backward kernel is latency-bound at 19% occupancy
+    either way; BENCHMARKS.md, "CUDA graphs and rotate-in's launch"); its backward then spills
+    8-32 bytes on the sm_90 compile at lmax 1-6.  Wider C keep ``wide // 8`` warps (at least
+    4): spill-free at C 64 (241 registers at lmax 3), 24 bytes at C 128.
     """
     cp = next_power_of_2(layout.focus_dim)
     np_ = next_power_of_2(2 * layout.lmax + 1)
@@ -156,7 +159,7 @@ def conv_config(layout: StackLayout) -> dict:
     return {"edge_block": max(4, min(64, 512 // cp)),
             "segment_block": max(2, min(32, 4096 // (np_ * cp))),
             "CP": cp, "NP": np_, "num_warps": 4,
-            "linear_block": 16, "linear_warps": max(4, wide // 8)}
+            "linear_block": 16, "linear_warps": 2 if wide <= 32 else max(4, wide // 8)}
 
 
 # Weight gradients (``kernels.wgrad``).  The chunk of edges each program sums and the edges per
