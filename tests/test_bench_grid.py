@@ -6,6 +6,7 @@ import csv
 import json
 
 import pytest
+import torch
 
 from mixstack.bench import grid
 from mixstack.cli import main
@@ -91,3 +92,30 @@ def test_the_cli_runs_a_grid_slice_and_refuses_foreign_options(tmp_path, capsys)
     assert "outside the supported grid: Cf 40" in capsys.readouterr().err
     assert main(["bench", "--focus-dim", "16,32", "--edges", "10"]) == 2
     assert "lists are for `bench grid`" in capsys.readouterr().err
+
+
+def _rule_record(cf, lmax, f, l2, l3, l3_rule):
+    rec = _record(cf, lmax, f, l2, l3, False)
+    rec["shape"]["variants"].append({"variant": "L3-rule", "failed": None, "dispatch": {"fwd:compensated": 1}})
+    rec["timings"].append({"variant": "L3-rule", "pass": "both", "median_ms": l3_rule})
+    from mixstack.bench import env
+    rec.update(env=env.collect(torch.device("cpu")), compile={"graphs": 0, "first_call_s": None})
+    return rec
+
+
+def test_where_level3_ran_level2_the_forced_rule_config_gives_the_verdict():
+    recs = [_rule_record(80, 3, 1, 10.0, 10.0, 6.0), _rule_record(16, 1, 1, 4.0, 4.0, 5.0)]
+    verdicts = grid.level3_verdicts(recs)
+    win = verdicts["focus_dim=80;lmax=3;n_focus=1;apply_alpha=1"]
+    assert win["speedup"] == 10.0 / 6.0 and win["measured_by"] == "L3-rule"
+    assert verdicts["focus_dim=16;lmax=1;n_focus=1;apply_alpha=1"]["speedup"] == 0.8   # measured, loses
+    text = grid.markdown(recs)
+    assert "faster than level 2 at 1 keys; level 3 ran them by itself at 0 of them (0%)" in text
+    assert "1.67 (rule)" in text
+
+
+def test_the_forced_variant_runs_only_where_level3_would_run_level2():
+    cfg = grid.GridConfig(device="cpu")
+    unsure, engaged = cfg.shape(80, 3, 1), cfg.shape(128, 3, 1)            # 16-wide K tiles; the rule's region
+    assert grid.level3_unsure(unsure, "cpu") and not grid.level3_unsure(engaged, "cpu")
+    assert "3r" in cfg.bench_config(unsure).variants and "3r" not in cfg.bench_config(engaged).variants

@@ -70,7 +70,7 @@ SCHEMA = "mixstack-grid/1"
 GRID_FOCUS_DIMS = (16, 32, 48, 64, 80, 96, 112, 128)
 GRID_LMAX = (1, 2, 3, 4, 5, 6)
 GRID_FOCUS = (1, 2, 4)
-DEFAULT_VARIANTS = ("0c", "0", "1", "2", "3")
+DEFAULT_VARIANTS = ("0c", "0", "1", "2", "3", "3r")
 EDGE_ROW_FLOATS = 2 ** 18 * 640        # E * F * ROW per key: the tuner's timing set
 MAX_EDGES = 2 ** 22
 LEVEL_VARIANTS = ("L1", "L2", "L3")
@@ -116,8 +116,22 @@ class GridConfig:
         return BenchShape(key_name(cf, lmax, focus), edges, focus, cf, lmax)
 
     def bench_config(self, shape: BenchShape) -> runner.BenchConfig:
-        return runner.BenchConfig((shape,), self.variants, self.passes, self.rounds, self.warmup, self.device,
+        """The runner's config for one key: ``"3r"`` (level 3 forced to the rule config) only
+        where level 3 would not run compensated kernels by itself (``level3_unsure``)."""
+        variants = self.variants
+        if "3r" in variants and not level3_unsure(shape, self.device):
+            variants = tuple(v for v in variants if v != "3r")
+        return runner.BenchConfig((shape,), variants, self.passes, self.rounds, self.warmup, self.device,
                                   self.check_edges, seed=self.seed)
+
+
+def level3_unsure(shape: BenchShape, device=None) -> bool:
+    """Whether level 3 at ``shape``'s key would run level 2: no ``stack_compensated`` entry and
+    a policy that names no config (a key the grid measures with ``"3r"`` too)."""
+    from ..tuning import policy, registry, validity
+    name = validity.device_name(env.resolve_device(device))
+    key = shape.tuning_key()
+    return registry.find(level3.FAMILY, key, device_name=name) is None and policy.decide(key, name).config is None
 
 
 def key_name(cf: int, lmax: int, focus: int) -> str:
@@ -190,7 +204,7 @@ def key_path(out: str | os.PathLike, cf: int, lmax: int, focus: int) -> Path:
     return Path(out) / "keys" / f"{key_name(cf, lmax, focus)}.json"
 
 
-TRITON_VARIANTS = ("1", "2", "2f", "3")
+TRITON_VARIANTS = ("1", "2", "2f", "3", "3r")
 
 
 def key_launches(cfg: GridConfig, cf: int, lmax: int, focus: int, device) -> list:
@@ -210,15 +224,24 @@ def key_launches(cfg: GridConfig, cf: int, lmax: int, focus: int, device) -> lis
     wrt = [u0, alpha] if shape.apply_alpha else [u0]
     out: list = []
     for key in keys:
-        scope, fwd = runner._scope(key, shape), runner.forward_fn(key, shape, inp)
-        pinned = None
-        if runner.LEVEL_OF[key] == 3:
+        fwd = runner.forward_fn(key, shape, inp)
+        scope, pinned = contextlib.nullcontext, None
+        if key == "3r":                                     # its validation, then the forced config
+            from ..tuning import registry
+            from ..tuning.policy import rule_config
+            forced = rule_config(shape.tuning_key())
+            for n in level3.validation_edges(device):
+                out += prewarm.record(level3.validate, shape.tuning_key(), forced, device, (n,))
+            pinned = registry.registration(level3.FAMILY, shape.tuning_key(), forced)
+        elif runner.LEVEL_OF[key] == 3:
             from ..tuning import registry, validity
             decision = level3.pending(shape.tuning_key(), validity.device_name(device))
             if decision is not None:
                 for n in level3.validation_edges(device):    # each: a recorded check fails at the first
                     out += prewarm.record(level3.validate, shape.tuning_key(), decision.config, device, (n,))
                 pinned = registry.registration(level3.FAMILY, shape.tuning_key(), decision.config)
+        if key not in ("3", "3r"):
+            scope = runner._scope(key, shape, device)
 
         def run(scope=scope, fwd=fwd):
             with scope():
@@ -392,12 +415,24 @@ def _variant(rec: dict, name: str) -> dict | None:
     return next((v for v in rec["shape"]["variants"] if v["variant"] == name), None)
 
 
-def compensated_ran(rec: dict) -> bool | None:
-    """Whether level 3 ran compensated kernels at this key (``None``: L3 not measured)."""
-    v = _variant(rec, "L3")
+def compensated_ran(rec: dict, variant: str = "L3") -> bool | None:
+    """Whether ``variant`` (level 3 as it dispatches, or ``"L3-rule"``) ran compensated kernels
+    at this key (``None``: not measured)."""
+    v = _variant(rec, variant)
     if v is None or v["failed"]:
         return None
     return any(p.endswith(":compensated") for p in v["dispatch"])
+
+
+def compensated_ms(rec: dict, pass_: str | None = None) -> tuple[float | None, str | None]:
+    """Level 3's time on compensated kernels at this key and the variant that measured it:
+    ``L3`` where it ran them by itself, else ``L3-rule`` (forced) where that ran; ``(None,
+    None)`` where neither did."""
+    med = _medians(rec, _pass(rec, pass_))
+    for variant in ("L3", "L3-rule"):
+        if compensated_ran(rec, variant) and med.get(variant):
+            return med[variant], variant
+    return None, None
 
 
 def _pass(rec: dict, pass_: str | None) -> str:
@@ -411,8 +446,11 @@ def summary(rec: dict, pass_: str | None = None) -> dict:
     backward where measured)."""
     med = _medians(rec, _pass(rec, pass_))
     base, eager = med.get("L0-compile"), med.get("L0-eager")
+    comp, comp_variant = compensated_ms(rec, pass_)
     row = {"key": key_name(rec["key"]["focus_dim"], rec["key"]["lmax"], rec["key"]["focus"]), **rec["key"],
-           "compiled_ms": base, "eager_ms": eager, "level3_compensated": compensated_ran(rec)}
+           "compiled_ms": base, "eager_ms": eager, "level3_compensated": compensated_ran(rec),
+           "compensated_ms": comp, "compensated_variant": comp_variant,
+           "compensated_vs_l2": med["L2"] / comp if comp and med.get("L2") else None}
     for lv in LEVEL_VARIANTS:
         t = med.get(lv)
         row[f"{lv}_ms"] = t
@@ -456,17 +494,19 @@ def long_rows(records: list[dict]) -> list[dict]:
 
 def level3_verdicts(records: list[dict], pass_: str | None = None) -> dict:
     """What ``tuning.policy`` reads (``<device>.level3.json``): per measured key, level 2's time
-    over level 3's where level 3 ran compensated kernels, and the config it ran."""
+    over level 3's on compensated kernels (``L3``, or ``L3-rule`` where level 3 ran level 2 by
+    itself), the config that ran (the rule's) and the variant that measured it."""
     from ..tuning.keys import shape_key
     from ..tuning.policy import rule_config
     out = {}
     for rec in records:
         med = _medians(rec, _pass(rec, pass_))
-        if compensated_ran(rec) and med.get("L2") and med.get("L3"):
+        comp, variant = compensated_ms(rec, pass_)
+        if comp and med.get("L2"):
             k = rec["key"]
             key = shape_key(focus_dim=k["focus_dim"], lmax=k["lmax"], n_focus=k["focus"], apply_alpha=True)
-            out[str(key)] = {"speedup": med["L2"] / med["L3"], "config": rule_config(key),
-                             "l2_ms": med["L2"], "l3_ms": med["L3"]}
+            out[str(key)] = {"speedup": med["L2"] / comp, "config": rule_config(key),
+                             "l2_ms": med["L2"], "l3_ms": comp, "measured_by": variant}
     return out
 
 
@@ -479,7 +519,8 @@ def markdown(records: list[dict]) -> str:
     bad = {lv: [r["key"] for r in rows if r[f"{lv}_vs_compiled"] and r[f"{lv}_vs_compiled"] < 1 - SLOWER_THAN_COMPILED]
            for lv in LEVEL_VARIANTS}
     eager = {lv: [r["key"] for r in rows if r[f"{lv}_vs_eager"] and r[f"{lv}_vs_eager"] < 1] for lv in LEVEL_VARIANTS}
-    faster = [r for r in rows if r["L2_ms"] and r["L3_ms"] and r["L3_ms"] < r["L2_ms"]]
+    from ..tuning.policy import VERDICT_MARGIN
+    faster = [r for r in rows if r["compensated_vs_l2"] and r["compensated_vs_l2"] >= 1 + VERDICT_MARGIN]
     lines.append(f"{n} keys measured (forward + backward, medians). Speed-up = compiled reference's time / "
                  "the level's.\n")
     for lv in LEVEL_VARIANTS:
@@ -488,8 +529,10 @@ def markdown(records: list[dict]) -> str:
                      f"{len(eager[lv])} ({', '.join(eager[lv]) or 'none'})")
     if faster:
         ran = sum(1 for r in faster if r["level3_compensated"])
-        lines.append(f"- level 3 faster than level 2 at {len(faster)} keys; compensated kernels ran at {ran} "
-                     f"of them ({100 * ran / len(faster):.0f}%)")
+        lines.append(f"- level 3 on compensated kernels at least {100 * VERDICT_MARGIN:.0f}% faster than level 2 "
+                     f"at {len(faster)} keys; level 3 ran them by itself at {ran} of them "
+                     f"({100 * ran / len(faster):.0f}%); at the others (measured as L3-rule) it runs them once "
+                     "this run's level3.json ships beside the device's table")
     compile_s = [r["compile"]["first_call_s"] for r in records if r["compile"]["graphs"]]
     if compile_s:
         lines.append(f"- torch.compile of the reference: {sum(r['compile']['graphs'] for r in records)} graphs "
@@ -497,7 +540,10 @@ def markdown(records: list[dict]) -> str:
     lines.append("")
     table = [{"key": r["key"], "edges": r["edges"], "0c ms": _f(r["compiled_ms"]), "eager ms": _f(r["eager_ms"]),
               **{f"{lv} x": _f(r[f"{lv}_vs_compiled"]) for lv in LEVEL_VARIANTS},
-              "L3 compensated": {True: "yes", False: "no", None: "—"}[r["level3_compensated"]]} for r in rows]
+              "L3 compensated": {True: "yes", False: "no", None: "—"}[r["level3_compensated"]],
+              "compensated / L2": (f"{_f(r['compensated_vs_l2'])}" + (" (rule)" if r["compensated_variant"] == "L3-rule"
+                                                                     else "")) if r["compensated_vs_l2"] else "—"}
+             for r in rows]
     lines.append(report.markdown_table(table))
     return "\n".join(lines)
 

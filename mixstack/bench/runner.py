@@ -48,8 +48,12 @@ from .timing import Clock, Task, clock_for, time_interleaved
 log = logging.getLogger(__name__)
 
 SCHEMA = "mixstack-bench/1"
-VARIANTS = {"0": "L0-eager", "0c": "L0-compile", "1": "L1", "2": "L2", "2f": "L2-fused", "3": "L3"}
-LEVEL_OF = {"0": 0, "0c": 0, "1": 1, "2": 2, "2f": 2, "3": 3}
+VARIANTS = {"0": "L0-eager", "0c": "L0-compile", "1": "L1", "2": "L2", "2f": "L2-fused", "3": "L3", "3r": "L3-rule"}
+LEVEL_OF = {"0": 0, "0c": 0, "1": 1, "2": 2, "2f": 2, "3": 3, "3r": 3}
+# "3r": level 3's compensated kernels with the policy's rule config (``tuning.policy``) forced
+# for the shape's key while the variant runs, once that config has passed level 3's float64
+# validation there (else the variant fails, saying so): level 3 measured where the policy is
+# not sure (the grid bench runs it there), so that a measured verdict can engage it.
 # "2f": level 2 with the fused backward forced (registered for the shape's key while
 # the variant runs, whatever the tables say), so that relay and fused can be timed
 # side by side.  The config: the best fused candidate of both H200 sweeps of the S1
@@ -107,12 +111,12 @@ def default_config(device=None, *, quick: bool = False) -> BenchConfig:
     device = env.resolve_device(device)
     if device.type == "cuda":
         shapes = (STANDARD["S1"],) if quick else tuple(STANDARD.values())
-        return BenchConfig(shapes, tuple(VARIANTS), rounds=5 if quick else 20,
+        return BenchConfig(shapes, tuple(k for k in VARIANTS if k != "3r"), rounds=5 if quick else 20,
                            warmup=1 if quick else 3, device=str(device))
     shapes = (SMALL["C1"],) if quick else tuple(SMALL.values())
     notes = ["L0-compile is left out on the CPU by default (its compile time exceeds the "
              "benchmark's); ask for it with --levels 0,0c"]
-    triton_keys = tuple(k for k in VARIANTS if LEVEL_OF[k] > 0)
+    triton_keys = tuple(k for k in VARIANTS if LEVEL_OF[k] > 0 and k != "3r")
     if skip_reason(triton_keys[0], device) is None:    # the interpreter: far too slow by default
         notes.append("L1-L3 are left out on the CPU by default (the Triton interpreter is "
                      "slow); ask for them with --levels 0,1")
@@ -185,9 +189,33 @@ def _rel_err(x: torch.Tensor, x64: torch.Tensor) -> float:
     return num / den if den > 0 else num
 
 
-def _scope(key: str, shape: BenchShape) -> Callable[[], contextlib.AbstractContextManager]:
+_VALIDATED: dict[tuple[str, str], dict] = {}
+
+
+def forced_level3_config(shape: BenchShape, device) -> dict:
+    """The rule config of ``shape``'s key for ``"3r"``, validated against float64 on ``device``
+    (once per process); ``ValueError`` naming the key where the validation fails."""
+    from .. import level3
+    from ..tuning.policy import rule_config
+    key = shape.tuning_key()
+    cfg = rule_config(key)
+    cache = (str(key), str(torch.device(device)))
+    if cache not in _VALIDATED:
+        _VALIDATED[cache] = level3.validate(key, cfg, device)
+    verdict = _VALIDATED[cache]
+    if not verdict["ok"]:
+        raise ValueError(f"{shape.name}: level 3 with the rule config {cfg} failed its float64 validation "
+                         f"({verdict['why']})")
+    return cfg
+
+
+def _scope(key: str, shape: BenchShape, device=None) -> Callable[[], contextlib.AbstractContextManager]:
     """What each run of variant ``key`` (forward and backward) runs inside: for ``"2f"``
-    the fused backward's registration (the backward looks its config up when it runs)."""
+    the fused backward's registration (the backward looks its config up when it runs); for
+    ``"3r"`` the validated rule config's ``stack_compensated`` registration."""
+    if key == "3r":
+        cfg = forced_level3_config(shape, device if device is not None else "cuda")
+        return lambda: tuning.registration("stack_compensated", shape.tuning_key(), dict(cfg))
     if key != "2f":
         return contextlib.nullcontext
     if not fused_supported(shape.layout):
@@ -260,7 +288,7 @@ def _path_notes(records: dict[str, dict]) -> None:
             rec["note"] = "torch.compile of mixstack.reference (outside mixstack's dispatch)"
         elif LEVEL_OF[key] >= 1 and any(p.startswith("fwd:reference") for p in paths):
             rec["note"] = "fell back to the reference: no Triton kernel ran"
-        elif key == "3" and not any("compensated" in p for p in paths):
+        elif key in ("3", "3r") and not any("compensated" in p for p in paths):
             rec["note"] = "no compensated path ran: same as L2 until compensated kernels exist"
         elif key == "2f" and "bwd:fused" not in paths:
             rec["note"] = "the fused backward did not run"
@@ -359,7 +387,7 @@ def _run_shape(config, shape, keys, device, clock, step, roof, timings, make_for
     for key in keys:
         step(f"{shape.name}: warming up {VARIANTS[key]}")
         try:
-            scope = _scope(key, shape)
+            scope = _scope(key, shape, device)
             fwd = make_forward(key, shape, inp)
             records[key] = _probe(key, fwd, scope, shape, inp, u0, alpha, wrt, ref, n, device)
             fwds[key] = (fwd, scope)

@@ -100,7 +100,9 @@ class GraphedFrames:
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # captured on the warm-up's stream: each stream that runs a cuBLAS product gets its own
+        # workspace (tens of MiB), and one stream of our own is enough
+        with torch.cuda.graph(graph, pool=self._pool, stream=side):
             outputs = self.fn(*static)
         outputs = tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
         if not all(torch.is_tensor(t) for t in outputs):

@@ -91,3 +91,19 @@ def test_the_grid_warm_up_lists_every_compile_of_a_keys_measurement(tmp_path):
     rec = grid.load_records(tmp_path)[0]
     assert grid.compensated_ran(rec)                          # level 3 validated the policy's config and ran it
     assert identities(made) <= listed
+
+
+@pytest.mark.slow
+def test_the_forced_level3_variant_runs_compensated_kernels_where_the_policy_is_unsure(tmp_path):
+    """``"3r"`` at a key the policy leaves on level 2 (Cf 16: 16-wide K tiles): level 3 runs the
+    rule's config once it validates, the warm-up lists its compiles, and its time gives the verdict."""
+    cfg = grid.GridConfig(focus_dims=(16,), lmaxes=(1,), focus=(1,), variants=("2", "3", "3r"), edges=37,
+                          rounds=1, warmup=0, check_edges=16, device="cpu")
+    assert grid.level3_unsure(cfg.shape(16, 1, 1), "cpu")
+    listed = identities(t.args[0] for t in prewarm.launch_tasks(grid.key_launches(cfg, 16, 1, 1, "cpu")))
+    with launches_made() as made:
+        grid.run_grid(cfg, tmp_path)
+    rec = grid.load_records(tmp_path)[0]
+    assert grid.compensated_ran(rec) is False and grid.compensated_ran(rec, "L3-rule")
+    assert identities(made) <= listed
+    assert grid.level3_verdicts([rec])["focus_dim=16;lmax=1;n_focus=1;apply_alpha=1"]["measured_by"] == "L3-rule"
