@@ -257,7 +257,7 @@ def warm_compiled_reference(cfg: GridConfig, cf: int, lmax: int, focus: tuple[in
     ``CompiledReference``, each key's inputs at its real edge count, one forward and
     backward, under ``runner.exact_fp32``."""
     dev = torch.device(device)
-    if dev.type == "cuda":
+    if dev.type == "cuda" and dev.index is not None:      # "cuda" alone: the current device already
         torch.cuda.set_device(dev)
     compiled = CompiledReference(cfg.compile_backend)
     with runner.exact_fp32():
