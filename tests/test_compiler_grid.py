@@ -88,3 +88,41 @@ def test_the_snapshot_is_honest(snapshot, cases):
             assert (got.registers, got.spill_bytes) == (want["registers"], want["spill_bytes"]), case.label()
             seen += 1
     assert seen >= 8
+
+
+# Every kernel's launches, not only the gate's (``scripts/compiler_grid.py --all``, ~7 minutes
+# here with Triton's cache warm, about an hour cold on two cores).
+ALL_SNAPSHOT = os.path.join(ROOT, "tests", "data", "compiler_grid_sm90_all.json")
+REGENERATE_ALL = ("regenerate it: PYTHONPATH=. python scripts/compiler_grid.py --all "
+                  "--out tests/data/compiler_grid_sm90_all.json")
+# The two launches over the bound: the level-3 identity-layer GEMM at Cf 64, lmax 1 with a 128-wide
+# N tile (136 bytes at 4 stages, 160 at 3). The policy's rule takes M64 N64 w4 s3 there (spill-free),
+# and the quick sweep's one candidate is the rule's; only a full sweep could pick them.
+KNOWN_OVER_THE_BOUND = {(64, 1, True, 128, 4), (64, 1, True, 128, 3)}
+
+
+@pytest.fixture(scope="module")
+def all_snapshot():
+    with open(ALL_SNAPSHOT, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+@pytest.mark.slow
+def test_the_every_kernel_snapshot_is_of_the_current_kernels_and_launches(all_snapshot, cases):
+    assert all_snapshot["kernel_hash"] == validity.kernel_source_hash(), f"a kernel changed since: {REGENERATE_ALL}"
+    assert all_snapshot["launch_hash"] == cr.launch_set_hash(cases, None), \
+        f"a launch config or launcher changed since: {REGENERATE_ALL}"
+    assert all_snapshot["kernels"] == "all" and len(all_snapshot["reports"]) > 1500
+
+
+def test_no_launch_of_any_kernel_breaks_the_bound_but_two_the_policy_never_runs(all_snapshot):
+    from mixstack.tuning import shape_key
+    from mixstack.tuning.policy import rule_config
+    bad = {i for i, r in all_snapshot["reports"].items() if cr.collapse_reason(r)}
+    where = {(c["focus_dim"], c["lmax"], c["compensated"], dict(c["config"] or {}).get("BLOCK_N"),
+              dict(c["config"] or {}).get("num_stages")) for c in all_snapshot["cases"] if bad & set(c["launches"])}
+    assert where == KNOWN_OVER_THE_BOUND, where
+    rule = rule_config(shape_key(focus_dim=64, lmax=1, n_focus=1, apply_alpha=True))
+    assert rule["BLOCK_N"] == 64
+    assert not any(r["registers"] <= cr.FALLBACK_REGISTERS and r["spill_bytes"] > 64
+                   for r in all_snapshot["reports"].values())                  # no register fallback anywhere
