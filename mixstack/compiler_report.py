@@ -466,10 +466,12 @@ def compile_grid(cases, *, arch: int = 90, workers: int | None = None, known: di
                                             if any(k in c["launches"] for c in case_rows)}}
 
 
-def launch_set_hash(cases, kernels=None) -> str:
+def launch_set_hash(cases, kernels=None, *, launches=None) -> str:
     """A hash of the launch identities ``cases`` make (of ``kernels`` only, if given): it changes
     when a launch config or launcher changes what is compiled, as the kernel-source hash does
-    when a kernel does."""
+    when a kernel does.  ``launches``: every case's ``case_launches``, recorded once already."""
     import hashlib
-    idents = sorted({launch_identity(x) for case in cases for x in case_launches(case, kernels=kernels)})
+    if launches is None:
+        launches = [case_launches(case) for case in cases]
+    idents = sorted({launch_identity(x) for made in launches for x in made if kernels is None or x.name in kernels})
     return hashlib.sha256("\n".join(idents).encode()).hexdigest()
