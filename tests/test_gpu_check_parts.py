@@ -82,6 +82,7 @@ def test_the_frame_parts_pass_options_the_model_bench_takes(tmp_path):
         str(tmp_path / "out" / "breakdown-before"), str(tmp_path / "out" / "breakdown-after")}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
 def test_the_baseline_part_selects_the_strict_compiled_baseline_test(tmp_path):
     """``baseline`` runs the compiled level-0 frame's GPU test (its ``-k`` selects exactly the

@@ -156,6 +156,7 @@ def _modules(fam, kernels_dir=None):
     return set(validity.kernel_modules(families.family(fam).kernels, kernels_dir))
 
 
+@pytest.mark.slow
 def test_a_familys_kernel_hash_covers_its_kernels_and_what_they_import(tmp_path):
     kernels = tmp_path / "kernels"
     shutil.copytree(validity.KERNELS_DIR, kernels, ignore=shutil.ignore_patterns("__pycache__"))
