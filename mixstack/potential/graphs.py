@@ -23,6 +23,10 @@ fixed between neighbour-list rebuilds only if the edge count is: ``verlet.Verlet
 kept edges to a multiple of ``edge_quantum`` with pairs beyond the cutoff, which the envelope
 zeroes exactly.
 
+A graph reads the module's parameters and buffers where they were at the capture: updates in
+place (``load_state_dict``, an optimizer step) are seen by the next replay; a module moved to
+another device or dtype, or rebuilt, needs a new ``GraphedFrames``.
+
 CPU inputs run ``fn`` eagerly.  A capture that fails (an op that cannot be captured) warns once
 and runs ``fn`` eagerly from then on; ``fallback_reason`` says why.
 """
