@@ -99,14 +99,20 @@ def validate(key, cfg: dict, device, edges=None) -> dict:
     return {"ok": why is None, "why": why, "edges": list(edges)}
 
 
-def pending(key, device: str) -> policy.Decision | None:
-    """The policy's decision that the next level-3 call on ``key`` would validate (``device``: a
-    device name), or ``None`` where it validates nothing (an entry exists, or no config)."""
+def unswept_decision(key, device: str) -> policy.Decision | None:
+    """The policy's decision for ``key`` on ``device`` (a device name) where the key has no
+    ``stack_compensated`` entry; ``None`` where it has one (the entry decides)."""
     key = as_key(key)
     if registry.find(FAMILY, key, device_name=device) is not None:
         return None
-    decision = policy.decide(key, device)
-    return decision if decision.config is not None else None
+    return policy.decide(key, device)
+
+
+def pending(key, device: str) -> policy.Decision | None:
+    """The policy's decision that the next level-3 call on ``key`` would validate (``device``: a
+    device name), or ``None`` where it validates nothing (an entry exists, or no config)."""
+    decision = unswept_decision(key, device)
+    return decision if decision is not None and decision.config is not None else None
 
 
 def prepare(u0, *, focus_dim: int, lmax: int, apply_alpha: bool) -> None:

@@ -81,7 +81,7 @@ def test_cuda_graphs_default_off_on_the_cpu_and_refused_where_they_cannot_run(tm
     model = SO2Potential(**KW)
     calc = MixstackCalculator(model)
     assert calc.graphs is None and not calc.neighbors.pad            # a CPU module: eager, unpadded
-    with pytest.raises(ValueError, match="cuda_graphs=True needs a live module on a CUDA device"):
+    with pytest.raises(ValueError, match="cuda_graphs=True needs a live module on a CUDA device, not a module on cpu"):
         MixstackCalculator(model, cuda_graphs=True)
 
 

@@ -128,10 +128,9 @@ class GridConfig:
 def level3_unsure(shape: BenchShape, device=None) -> bool:
     """Whether level 3 at ``shape``'s key would run level 2: no ``stack_compensated`` entry and
     a policy that names no config (a key the grid measures with ``"3r"`` too)."""
-    from ..tuning import policy, registry, validity
-    name = validity.device_name(env.resolve_device(device))
-    key = shape.tuning_key()
-    return registry.find(level3.FAMILY, key, device_name=name) is None and policy.decide(key, name).config is None
+    from ..tuning import validity
+    decision = level3.unswept_decision(shape.tuning_key(), validity.device_name(env.resolve_device(device)))
+    return decision is not None and decision.config is None
 
 
 def key_name(cf: int, lmax: int, focus: int) -> str:
@@ -223,25 +222,22 @@ def key_launches(cfg: GridConfig, cf: int, lmax: int, focus: int, device) -> lis
     u0, alpha = inp.u0.requires_grad_(), inp.alpha.requires_grad_()
     wrt = [u0, alpha] if shape.apply_alpha else [u0]
     out: list = []
+    from ..tuning import registry, validity
+    from ..tuning.policy import rule_config
     for key in keys:
         fwd = runner.forward_fn(key, shape, inp)
-        scope, pinned = contextlib.nullcontext, None
-        if key == "3r":                                     # its validation, then the forced config
-            from ..tuning import registry
-            from ..tuning.policy import rule_config
-            forced = rule_config(shape.tuning_key())
-            for n in level3.validation_edges(device):
-                out += prewarm.record(level3.validate, shape.tuning_key(), forced, device, (n,))
-            pinned = registry.registration(level3.FAMILY, shape.tuning_key(), forced)
-        elif runner.LEVEL_OF[key] == 3:
-            from ..tuning import registry, validity
+        scope, pinned, validated = contextlib.nullcontext, None, None
+        if key == "3r":                                     # the rule's config, forced once validated
+            validated = rule_config(shape.tuning_key())
+        elif key == "3":                                    # the policy's, where it engages
             decision = level3.pending(shape.tuning_key(), validity.device_name(device))
-            if decision is not None:
-                for n in level3.validation_edges(device):    # each: a recorded check fails at the first
-                    out += prewarm.record(level3.validate, shape.tuning_key(), decision.config, device, (n,))
-                pinned = registry.registration(level3.FAMILY, shape.tuning_key(), decision.config)
-        if key not in ("3", "3r"):
+            validated = decision.config if decision is not None else None
+        else:
             scope = runner._scope(key, shape, device)
+        if validated is not None:
+            for n in level3.validation_edges(device):        # each: a recorded check fails at the first
+                out += prewarm.record(level3.validate, shape.tuning_key(), validated, device, (n,))
+            pinned = registry.registration(level3.FAMILY, shape.tuning_key(), validated)
 
         def run(scope=scope, fwd=fwd):
             with scope():

@@ -54,6 +54,7 @@ LEVEL_OF = {"0": 0, "0c": 0, "1": 1, "2": 2, "2f": 2, "3": 3, "3r": 3}
 # for the shape's key while the variant runs, once that config has passed level 3's float64
 # validation there (else the variant fails, saying so): level 3 measured where the policy is
 # not sure (the grid bench runs it there), so that a measured verdict can engage it.
+DEFAULT_VARIANTS = tuple(k for k in VARIANTS if k != "3r")     # "3r" is the grid's, where level 3 runs level 2
 # "2f": level 2 with the fused backward forced (registered for the shape's key while
 # the variant runs, whatever the tables say), so that relay and fused can be timed
 # side by side.  The config: the best fused candidate of both H200 sweeps of the S1
@@ -111,12 +112,12 @@ def default_config(device=None, *, quick: bool = False) -> BenchConfig:
     device = env.resolve_device(device)
     if device.type == "cuda":
         shapes = (STANDARD["S1"],) if quick else tuple(STANDARD.values())
-        return BenchConfig(shapes, tuple(k for k in VARIANTS if k != "3r"), rounds=5 if quick else 20,
+        return BenchConfig(shapes, DEFAULT_VARIANTS, rounds=5 if quick else 20,
                            warmup=1 if quick else 3, device=str(device))
     shapes = (SMALL["C1"],) if quick else tuple(SMALL.values())
     notes = ["L0-compile is left out on the CPU by default (its compile time exceeds the "
              "benchmark's); ask for it with --levels 0,0c"]
-    triton_keys = tuple(k for k in VARIANTS if LEVEL_OF[k] > 0 and k != "3r")
+    triton_keys = tuple(k for k in DEFAULT_VARIANTS if LEVEL_OF[k] > 0)
     if skip_reason(triton_keys[0], device) is None:    # the interpreter: far too slow by default
         notes.append("L1-L3 are left out on the CPU by default (the Triton interpreter is "
                      "slow); ask for them with --levels 0,1")
@@ -209,12 +210,12 @@ def forced_level3_config(shape: BenchShape, device) -> dict:
     return cfg
 
 
-def _scope(key: str, shape: BenchShape, device=None) -> Callable[[], contextlib.AbstractContextManager]:
+def _scope(key: str, shape: BenchShape, device) -> Callable[[], contextlib.AbstractContextManager]:
     """What each run of variant ``key`` (forward and backward) runs inside: for ``"2f"``
     the fused backward's registration (the backward looks its config up when it runs); for
     ``"3r"`` the validated rule config's ``stack_compensated`` registration."""
     if key == "3r":
-        cfg = forced_level3_config(shape, device if device is not None else "cuda")
+        cfg = forced_level3_config(shape, device)
         return lambda: tuning.registration("stack_compensated", shape.tuning_key(), dict(cfg))
     if key != "2f":
         return contextlib.nullcontext

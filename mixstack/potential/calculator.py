@@ -80,8 +80,8 @@ class MixstackCalculator(Calculator):
         if cuda_graphs is None:
             cuda_graphs = live_cuda and not compile
         elif cuda_graphs and not live_cuda:
-            raise ValueError(f"cuda_graphs=True needs a live module on a CUDA device, not a "
-                             f"{'frozen program' if self.device.type == 'cuda' else 'module on ' + str(self.device)}")
+            what = f"a module on {self.device}" if isinstance(model_or_path, torch.nn.Module) else "a frozen program"
+            raise ValueError(f"cuda_graphs=True needs a live module on a CUDA device, not {what}")
         elif cuda_graphs and compile:
             raise ValueError("cuda_graphs=True and compile=True do not combine; pick one")
         self.graphs = GraphedFrames(self.potential) if cuda_graphs else None

@@ -115,11 +115,9 @@ class VerletList:
                 kept = inside | (torch.cumsum(~inside, 0) <= need)
         keep = torch.nonzero(kept).squeeze(1)
         edge_index, shifts = pairs[:, keep], shifts[keep]
+        slots = centre_slots(edge_index[1], n, multiple=SLOT_QUANTUM if self.pad else 1, at_least=self._padded[1])
         if self.pad:
-            slots = centre_slots(edge_index[1], n, multiple=SLOT_QUANTUM, at_least=self._padded[1])
             self._padded = (keep.numel(), slots.shape[1])
-        else:
-            slots = centre_slots(edge_index[1], n)
         fl = dict(device=dev, dtype=self.dtype)
         return SystemInputs(torch.as_tensor(pos, **fl), torch.as_tensor(cel, **fl), torch.as_tensor(num, device=dev),
                             edge_index, shifts.to(self.dtype), slots)
