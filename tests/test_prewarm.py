@@ -91,6 +91,34 @@ def test_a_launch_spec_keeps_what_selects_the_binary_and_dedupes_by_it():
     assert prewarm.launch_tasks([same_class], seen) == []                      # an earlier batch's
 
 
+def test_a_warmed_launch_on_a_device_builds_its_launcher_and_one_on_the_cpu_only_compiles(monkeypatch):
+    """The measuring process must find the host launcher built too (Triton 3.6 builds it
+    with the host's compiler at the first run, not at ``warmup``)."""
+    import sys
+    import types
+
+    calls = []
+
+    class Compiled:
+        def _init_handles(self):
+            calls.append("init")
+
+    class Kernel:
+        def warmup(self, *args, grid, **kwargs):
+            calls.append(("warmup", args, grid, kwargs))
+            return Compiled()
+
+    module = types.ModuleType("fake_kernels")
+    module.k = Kernel()
+    monkeypatch.setitem(sys.modules, "fake_kernels", module)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("device", d)))
+    prewarm.warm_launch(prewarm.LaunchSpec("fake_kernels:k", (3,), (("BLOCK", 16),), device=0))
+    assert calls == [("device", 0), ("warmup", (3,), (1,), {"BLOCK": 16}), "init"]
+    calls.clear()
+    prewarm.warm_launch(prewarm.LaunchSpec("fake_kernels:k", (3,), (("BLOCK", 16),)))
+    assert calls == [("warmup", (3,), (1,), {"BLOCK": 16})]
+
+
 # ---------------------------------------------------------------- mixstack tune
 
 KEY = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)

@@ -307,10 +307,21 @@ def launch_tasks(launches: Iterable, seen: set | None = None) -> list[Task]:
 
 
 def warm_launch(s: LaunchSpec) -> None:
-    """Compile ``s`` into Triton's caches without launching it (``JITFunction.warmup``)."""
+    """Compile ``s`` into Triton's caches without launching it (``JITFunction.warmup``),
+    then build its host launcher.
+
+    ``warmup`` compiles the kernel but leaves the launcher for the first run: Triton 3.6
+    builds it as a C module with the host's compiler (on disk keyed on its source, which
+    depends only on the kernel's signature), about half a second a signature, and the
+    measuring process would pay that at every first call.  ``_init_handles`` builds it
+    (and loads the binary on the worker's device); Triton versions with a generic launcher
+    make that cheap, and a kernel object without the hook is left as ``warmup`` gave it."""
     module, name = s.kernel.split(":")
     kernel = getattr(importlib.import_module(module), name)
     if s.device is not None:
         torch.cuda.set_device(s.device)
     args = [_pointer(a) if isinstance(a, TensorArg) else a for a in s.args]
-    kernel.warmup(*args, grid=(1,), **dict(s.kwargs))
+    compiled = kernel.warmup(*args, grid=(1,), **dict(s.kwargs))
+    init_handles = getattr(compiled, "_init_handles", None)
+    if s.device is not None and callable(init_handles):
+        init_handles()
