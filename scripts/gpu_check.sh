@@ -21,7 +21,8 @@
 #   "grid": `mixstack bench grid` into $OUT/grid, bounded by the time left (GRID_SECONDS caps
 #   it); GRID_ARGS picks the subset (e.g. "--focus-dim 80,96,112,128 --lmax 1"); GRID_FROM=DIR
 #   (a folder in the repo holding a previous slice's grid/keys/*.json) resumes: those keys are
-#   copied in and skipped.  GRID_WARM_WORKERS (default auto: half the cores, at most 8) compile each batch
+#   copied in and skipped; GRID_REDO="Cf80-l1 Cf112-l3 ..." measures those (Cf, lmax) groups again.
+#   GRID_WARM_WORKERS (default auto: half the cores, at most 8) compile each batch
 #   of (Cf, lmax) groups in worker processes before it is measured (0: off).
 #   TUNE_WARM_WORKERS (default auto) does the same for "tune" and "retune": each key's kernels are
 #   compiled in workers before its sweep times anything; their logs end with the seconds per key.
@@ -120,6 +121,7 @@ part_retune() {
 part_grid() {
   mkdir -p "$OUT/grid/keys"
   if [ -n "${GRID_FROM:-}" ]; then cp "$GRID_FROM"/*.json "$OUT/grid/keys"/ 2>/dev/null; fi
+  for k in ${GRID_REDO:-}; do rm -f "$OUT/grid/keys/$k"-F*.json; done
   local limit=$(( $(left) - 30 )) t0=$(date +%s)     # room for the outputs and the packing
   if [ -n "${GRID_SECONDS:-}" ] && [ "$GRID_SECONDS" -lt "$limit" ]; then limit=$GRID_SECONDS; fi
   timeout "$(left)" python3 -m mixstack bench grid ${GRID_ARGS:-} --resume --seconds "$limit" \

@@ -39,6 +39,9 @@ def test_the_grid_part_runs_and_resumes_from_a_previous_slice(tmp_path):
     second = _run(tmp_path / "b", GRID_ARGS=args.format("1,2"), GRID_FROM=str(keys))
     assert second.returncode == 0, second.stdout + second.stderr
     assert "measured 1, skipped 1" in (tmp_path / "b" / "summary.txt").read_text()
+    redo = _run(tmp_path / "c", GRID_ARGS=args.format("1,2"), GRID_FROM=str(keys), GRID_REDO="Cf16-l1")
+    assert redo.returncode == 0, redo.stdout + redo.stderr
+    assert "measured 2, skipped 0" in (tmp_path / "c" / "summary.txt").read_text()
 
 
 def _recorded_commands(tmp_path, parts: str, **env) -> list[tuple[str, list[str]]]:

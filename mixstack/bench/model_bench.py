@@ -17,7 +17,9 @@ operators inside the graph; ``L0-eager``, ``L1``, ``L2``, ``L3`` (on request,
 kernels are compiled already; the rest of the model is eager); ``L1-graph``, ``L2-graph`` and
 ``L3-graph`` (``--levels 2g,3g``, CUDA only) replay the eager frame of that level from a CUDA
 graph (``potential.graphs.GraphedFrames``), as ``MixstackCalculator`` runs it by default on a GPU:
-their peak memory is the capture's (what the graph's pool keeps).  Each compiled variant
+their peak memory is the capture's (what the graph's pool keeps), after an untimed eager
+first call on the capture stream, as every variant's peak follows an untimed first call (one-time
+costs such as cuBLAS's workspace per stream stay outside every variant's peak).  Each compiled variant
 compiles its own copy of the energy function (its own code object, hence its
 own compile cache), so variants interleaved in the timing loop never hit
 each other's graphs — the level is read while tracing and is not a guard.  For each cell the record
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import itertools
 import logging
 import math
@@ -56,7 +59,7 @@ import torch
 
 from ..dispatch.levels import use_level
 from ..dispatch.log import dispatch_log
-from ..potential.graphs import GraphedFrames
+from ..potential.graphs import GraphedFrames, capture_stream
 from . import breakdown as breakdown_mod
 from . import env, runner
 from .breakdown import own_copy
@@ -197,6 +200,18 @@ def frame_fn(key: str, model) -> Callable:
         def replayed(inp):
             with use_level(level):
                 return graphed(*inp)
+
+        def first_call(inp):
+            """What an eager variant's untimed first call does, on the stream the graph is
+            warmed up and captured on (its cuBLAS workspace is made here, as the default
+            stream's is by the eager variants' first calls)."""
+            stream = capture_stream(inp[0].device)
+            stream.wait_stream(torch.cuda.current_stream(inp[0].device))
+            with torch.cuda.stream(stream):
+                out = frame(*inp)
+            torch.cuda.current_stream(inp[0].device).wait_stream(stream)
+            return out
+        replayed.first_call = first_call
         return replayed
     return lambda inp: frame(*inp)
 
@@ -243,8 +258,10 @@ def _run_cell(cfg, model, name, target, keys, device, clock, step, model64=None)
         try:
             fn = frame_fn(key, model)
             if key.endswith("g"):
-                # the capture (two eager warm-ups, then the recorded frame): its peak is what the
-                # graph's memory pool keeps; a replay runs no host code, so it logs no paths
+                # after a first call like every variant's, the capture (two eager warm-ups, then
+                # the recorded frame): its peak is what the graph's memory pool keeps; a replay
+                # runs no host code, so it logs no paths
+                fn.first_call(inp)
                 with dispatch_log() as paths:
                     _, peak = _peak_above(device, lambda f=fn: f(inp))
                 rec["dispatch_note"] = "paths of the capture: two warm-up frames and the recorded one"
@@ -280,9 +297,8 @@ def _run_cell(cfg, model, name, target, keys, device, clock, step, model64=None)
         timing = {v: s.to_dict() for v, s in samples.items()}
     for rec in variants:
         rec["timing"] = timing.get(rec["variant"])
-    for rec, key in zip(variants, keys):
-        if key not in frames:
-            continue
+    measured = [(rec, key) for rec, key in zip(variants, keys) if key in frames]
+    for rec, key in measured:
         if cfg.breakdown and key.endswith("g"):
             rec["breakdown"] = {"failed": "not measured: a graph replay shows no stages (see the eager level)"}
         elif cfg.breakdown:
@@ -290,6 +306,11 @@ def _run_cell(cfg, model, name, target, keys, device, clock, step, model64=None)
             rec["breakdown"] = _guarded(f"the breakdown of {VARIANTS[key]} on {label}", breakdown_mod.measure,
                                         model, inp, key, LEVEL_OF[key], device, clock,
                                         rounds=cfg.breakdown_rounds, stage_order=_stage_order())
+    # each MD run starts from the memory of one frame: the timed variants' graphs (a frame's
+    # memory each) and the previous run's calculator are released first
+    frames.clear()
+    _release_memory(device)
+    for rec, key in measured:
         if cfg.md_steps and target in cfg.md_atoms:
             from .md import run_md
             step(f"{label}: MD with {VARIANTS[key]}")
@@ -297,9 +318,18 @@ def _run_cell(cfg, model, name, target, keys, device, clock, step, model64=None)
                                  compiled=key.endswith("c"), cuda_graphs=key.endswith("g"),
                                  steps=cfg.md_steps, seed=cfg.seed,
                                  skin=cfg.md_skin, device=device)
+            _release_memory(device)
     return {"cell": name, "label": label, "atoms": n, "edges": int(inp.edge_index.shape[1]),
             "neighbour_list": neighbour_list_times(atoms, model.cutoff, device, skin=cfg.md_skin),
             "baseline": VARIANTS[base] if base else None, "band": _band(band), "variants": variants}
+
+
+def _release_memory(device) -> None:
+    """Free what released frames and calculators held (collected first: an ASE calculator and
+    its atoms can form a cycle), so that the next measurement starts from the same memory."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _stage_order():
@@ -370,8 +400,7 @@ def run_model_bench(cfg: ModelBenchConfig, *, on_step: Callable[[str], None] | N
     with on_device, exact_fp32():
         for name, target in itertools.product(cfg.cells, cfg.atoms):
             record["cells"].append(_run_cell(cfg, model, name, target, keys, device, clock, step, model64))
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            _release_memory(device)
             if on_cell is not None:
                 on_cell(record)
     return record

@@ -11,10 +11,13 @@ signature (every input's shape, dtype and device, and the dispatch level): on fi
 runs ``fn`` ``warmup`` times eagerly on a side stream (so that Triton compiles, tuning-table
 lookups and level 3's first-use validation happen outside the capture), then captures one call;
 later calls copy the inputs into the graph's static tensors, replay, and return clones of its
-outputs.  At most ``max_graphs`` graphs are kept, the least recently used released first.  The
-graphs share one memory pool, so several cost about the memory of one frame: that is safe
-because a graph's outputs are read (cloned) right after its replay, before any other replay
-can reuse their memory, and the static inputs live outside the pool.
+outputs.  A graph keeps the memory of one frame (its own pool).  At most ``max_graphs`` graphs
+are kept (default one): a new signature releases the least recently used graph *before* it is
+captured, so a molecular-dynamics run whose edge capacity grows holds one frame's memory, not
+one per capacity it went through.  (Graphs of different sizes gain nothing from sharing a
+pool: the larger frame's tensors do not fit in the smaller one's freed blocks, so a shared pool
+grows by a frame at every growth of the capacity.)  A released pool is returned to the device
+by the caching allocator when it needs the memory.
 
 What ``fn`` must satisfy (the potential's frame does: the neighbour list is an input): no host
 synchronisation and no host-to-device copy inside the frame, and results that depend on the
@@ -56,7 +59,7 @@ class GraphedFrames:
 
     ``captures`` counts the graphs captured, ``replays`` the calls served by a graph."""
 
-    def __init__(self, fn: Callable, *, warmup: int = 2, max_graphs: int = 2):
+    def __init__(self, fn: Callable, *, warmup: int = 2, max_graphs: int = 1):
         if warmup < 1:
             raise ValueError(f"warmup must be >= 1 (the capture must not compile kernels), got {warmup}")
         if max_graphs < 1:
@@ -65,7 +68,6 @@ class GraphedFrames:
         self.fallback_reason: str | None = None
         self.captures = self.replays = 0
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
-        self._pool = None
 
     def __call__(self, *inputs: torch.Tensor):
         if self.fallback_reason is not None or not _all_cuda(inputs):
@@ -73,6 +75,8 @@ class GraphedFrames:
         key = (get_level(),) + tuple((tuple(t.shape), t.dtype, t.device) for t in inputs)
         entry = self._graphs.get(key)
         if entry is None:
+            while len(self._graphs) >= self.max_graphs:     # release before the new capture allocates
+                self._graphs.popitem(last=False)
             try:
                 entry = self._capture(inputs)
             except Exception as exc:                # an op that cannot be captured: run eagerly
@@ -82,8 +86,6 @@ class GraphedFrames:
                 self._graphs.clear()
                 return self.fn(*inputs)
             self._graphs[key] = entry
-            while len(self._graphs) > self.max_graphs:
-                self._graphs.popitem(last=False)
         else:
             self._graphs.move_to_end(key)
         for static, value in zip(entry.inputs, inputs):
@@ -95,18 +97,16 @@ class GraphedFrames:
     def _capture(self, inputs) -> _Graph:
         device = inputs[0].device
         static = tuple(t.detach().clone() for t in inputs)
-        side = torch.cuda.Stream(device)
+        side = capture_stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(self.warmup):
                 self.fn(*static)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
         # captured on the warm-up's stream: each stream that runs a cuBLAS product gets its own
         # workspace (tens of MiB), and one stream of our own is enough
-        with torch.cuda.graph(graph, pool=self._pool, stream=side):
+        with torch.cuda.graph(graph, stream=side):
             outputs = self.fn(*static)
         outputs = tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
         if not all(torch.is_tensor(t) for t in outputs):
@@ -114,6 +114,19 @@ class GraphedFrames:
         self.captures += 1
         log.info("captured a frame graph for %s", [tuple(t.shape) for t in inputs])
         return _Graph(graph, static, tuple(t.detach() for t in outputs))
+
+
+_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one side stream per device that every ``GraphedFrames`` warms up and captures on:
+    cuBLAS keeps a workspace per stream it runs on (tens of MiB), so a new stream per capture
+    would keep one more workspace at every recapture."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _streams:
+        _streams[index] = torch.cuda.Stream(index)
+    return _streams[index]
 
 
 def _all_cuda(inputs) -> bool:

@@ -97,6 +97,31 @@ def test_a_frame_replayed_from_a_cuda_graph_gives_the_eager_frames_bits(level):
     assert graphed.captures == 1 and graphed.replays == 3 and graphed.fallback_reason is None
 
 
+def test_graphs_of_a_growing_input_hold_one_frames_memory_not_one_per_size():
+    """An MD run's edge capacity grows now and then: each growth is a new capture, and the
+    graph it replaces must give its memory back (a pool shared by all sizes grew by a frame at
+    every growth: the larger tensors do not fit the smaller ones' freed blocks)."""
+    from mixstack.potential.graphs import GraphedFrames
+    w = torch.randn(64, 4096, device="cuda")
+
+    def frame(x):
+        return ((x @ w).relu() @ w.t()).sum(-1)              # an (n, 4096) surface inside
+
+    graphed = GraphedFrames(frame)
+    sizes = (20_000, 20_500, 21_000, 21_500, 22_000)
+    reserved = []
+    for n in sizes:
+        x = torch.randn(n, 64, device="cuda")
+        (got,) = graphed(x)
+        torch.testing.assert_close(got, frame(x))
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        reserved.append(torch.cuda.memory_reserved())
+    assert graphed.captures == len(sizes) and graphed.fallback_reason is None
+    surface = sizes[-1] * 4096 * 4
+    assert max(reserved) - reserved[0] < surface, [r / 2 ** 20 for r in reserved]
+
+
 def test_the_calculator_with_cuda_graphs_follows_the_eager_calculator_through_md():
     """NVE through ``MixstackCalculator``: graphs with padded edges against eager, unpadded frames;
     the edge capacity holds the graph count down to a few over 12 steps."""
