@@ -22,7 +22,8 @@
 #   it); GRID_ARGS picks the subset (e.g. "--focus-dim 80,96,112,128 --lmax 1"); GRID_FROM=DIR
 #   (a folder in the repo holding a previous slice's grid/keys/*.json) resumes: those keys are
 #   copied in and skipped; GRID_REDO="Cf80-l1 Cf112-l3 ..." measures those (Cf, lmax) groups again.
-#   GRID_WARM_WORKERS (default auto: half the cores, at most 8) compile each batch
+#   GRID_PROFILE=1 runs the measuring process under cProfile ($OUT/grid.prof: where a key's
+#   seconds go outside its timed calls).  GRID_WARM_WORKERS (default auto: half the cores, at most 8) compile each batch
 #   of (Cf, lmax) groups in worker processes before it is measured (0: off).
 #   TUNE_WARM_WORKERS (default auto) does the same for "tune" and "retune": each key's kernels are
 #   compiled in workers before its sweep times anything; their logs end with the seconds per key.
@@ -124,7 +125,9 @@ part_grid() {
   for k in ${GRID_REDO:-}; do rm -f "$OUT/grid/keys/$k"-F*.json; done
   local limit=$(( $(left) - 30 )) t0=$(date +%s)     # room for the outputs and the packing
   if [ -n "${GRID_SECONDS:-}" ] && [ "$GRID_SECONDS" -lt "$limit" ]; then limit=$GRID_SECONDS; fi
-  timeout "$(left)" python3 -m mixstack bench grid ${GRID_ARGS:-} --resume --seconds "$limit" \
+  local prof=()
+  if [ -n "${GRID_PROFILE:-}" ]; then prof=(-m cProfile -o "$OUT/grid.prof"); fi
+  timeout "$(left)" python3 "${prof[@]}" -m mixstack bench grid ${GRID_ARGS:-} --resume --seconds "$limit" \
     --warm-workers "${GRID_WARM_WORKERS:-auto}" --out "$OUT/grid" \
     2>&1 | tee "$OUT/grid.log" | tail -n 40
   r=${PIPESTATUS[0]}; rc=$(( rc || r ))

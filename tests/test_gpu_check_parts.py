@@ -126,3 +126,21 @@ def test_the_tune_and_grid_parts_pass_their_warm_up_workers(tmp_path):
     assert grid_config(bench).warm_workers == prewarm.auto_workers()
     tune, retune, bench = commands(TUNE_WARM_WORKERS="3", GRID_WARM_WORKERS="0")
     assert (tune.warm_workers, retune.warm_workers, grid_config(bench).warm_workers) == ("3", "3", 0)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_the_grid_part_profiles_its_measuring_process_on_request(tmp_path):
+    from mixstack.cli import build_parser
+
+    def grid_call(name, **env):
+        (tmp_path / name).mkdir()
+        calls = [argv for _, argv in _recorded_commands(tmp_path / name, "grid", **env) if "grid" in argv]
+        assert len(calls) == 1, calls
+        return calls[0]
+
+    plain, profiled = grid_call("a"), grid_call("b", GRID_PROFILE="1")
+    assert plain[:4] == ["-m", "mixstack", "bench", "grid"]
+    assert profiled[:3] == ["-m", "cProfile", "-o"] and profiled[3].endswith("grid.prof")
+    assert [a.replace(str(tmp_path / "b"), "") for a in profiled[4:]] == \
+        [a.replace(str(tmp_path / "a"), "") for a in plain]
+    assert build_parser().parse_args(profiled[6:]).command == "bench"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 
 import numpy as np
 import pytest
@@ -72,11 +73,17 @@ def test_triage_skips_what_cannot_fit_and_keeps_the_rest():
     assert scaling.triage(plan, 2, memory_limit=None) == (plan, {})
 
 
-def test_level3_points_are_skipped_where_level3_would_run_level2(monkeypatch):
-    from mixstack.tuning import registry, validity
+def test_level3_points_are_skipped_where_level3_would_run_level2(monkeypatch, request):
+    from mixstack.tuning import policy, registry, validity
+    request.addfinalizer(policy.forget_verdicts)
     monkeypatch.setattr(validity, "device_name", lambda device=None: "NVIDIA H200")
     table = {}                                                   # no table entry: the policy decides
     monkeypatch.setattr(registry, "find", lambda family, key, device_name=None: table.get(key.short()))
+    policy.forget_verdicts()
+    # Cf 16 lmax 2 F 2: the shipped H200 grid measured the compensated kernels 1.01x level 2 there
+    assert "grid measured" in scaling.level3_runs_level2("small", "cuda")
+    monkeypatch.setattr(policy, "verdicts_path", lambda device: os.devnull + ".none")   # no verdicts: the rule
+    policy.forget_verdicts()
     assert scaling.level3_runs_level2("scaling", "cuda") is None                  # a row of 224 floats
     assert "row of 128" in scaling.level3_runs_level2("scaling-lite", "cuda")
     assert "16-wide" in scaling.level3_runs_level2("small", "cuda")

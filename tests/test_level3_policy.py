@@ -171,3 +171,37 @@ def test_seconds_stops_cleanly_between_families_and_keys(tuning_env):
     again = tune(keys, quick=True, make_probe=make_probe, device_name=DEVICE, clock=lambda fn: (fn(), 1.0)[1],
                  rounds=1, warmup=0)
     assert [r.status for r in again] == ["covered", "covered", "tuned", "tuned"]
+
+
+GRID = os.path.join(os.path.dirname(SHIPPED), os.pardir, "2026-12-02-h200-grid")
+BUILTIN_VERDICTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mixstack", "tables",
+                                "NVIDIA_H200.level3.json")
+
+
+def test_the_shipped_h200_verdicts_are_the_committed_grids_and_engage_level3_where_it_measured_faster(monkeypatch):
+    """The built-in verdicts come from the committed H200 grid; with them, level 3 runs
+    compensated kernels at every measured key where they beat level 2 by the margin, and nowhere
+    they did not; and no level of that grid was more than 5% slower than the compiled reference
+    or slower than eager level 0."""
+    from mixstack.bench import grid
+    records = grid.load_records(GRID)
+    assert len(records) >= 24
+    measured = grid.level3_verdicts(records)
+    with open(BUILTIN_VERDICTS, encoding="utf-8") as fh:
+        shipped = json.load(fh)
+    assert shipped["device"] == "NVIDIA H200"
+    assert {k: round(v["speedup"], 6) for k, v in shipped["verdicts"].items()} == \
+        {k: round(v["speedup"], 6) for k, v in measured.items()}
+    monkeypatch.setattr(policy, "verdicts_path", lambda device: BUILTIN_VERDICTS)
+    policy.forget_verdicts()
+    faster = [k for k, v in measured.items() if v["speedup"] >= 1 + policy.VERDICT_MARGIN]
+    assert faster, "the grid measured no compensated win: nothing to check"
+    for k, v in measured.items():
+        cf, lmax, f = (int(part.split("=")[1]) for part in k.split(";")[:3])
+        decision = policy.decide(key(cf, lmax, f), "NVIDIA H200")
+        assert (decision.config is not None) == (k in faster), (k, v["speedup"], decision)
+    for rec in records:
+        s = grid.summary(rec)
+        for level in grid.LEVEL_VARIANTS:
+            assert s[f"{level}_vs_compiled"] >= 1 - grid.SLOWER_THAN_COMPILED, (s["key"], level)
+            assert s[f"{level}_vs_eager"] >= 1.0, (s["key"], level)
