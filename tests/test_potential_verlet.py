@@ -170,3 +170,29 @@ def test_the_edge_capacity_holds_while_the_count_wanders_and_moves_when_it_must(
     assert [edge_capacity(n, cap) for n in (19_500, 20_480, 19_000 + 457)] == [cap] * 3
     assert edge_capacity(cap + 1, cap) > cap                          # outgrown: grows
     assert edge_capacity(cap - 2 * 512, cap) < cap                     # two steps below: shrinks
+
+
+def test_pads_are_spread_over_the_centres_and_a_rebuild_keeps_the_padded_shapes():
+    """Pads evenly spaced over the list: no centre gets many more than ``pads / atoms`` of them,
+    so ``slots`` is the natural width plus its spare, and the pairs a rebuild brings beyond the
+    cutoff do not widen it (pads in list order crowded onto the first centres and widened
+    ``slots`` at rebuilds: a recapture of the frame's graph each time)."""
+    from mixstack.potential.verlet import SLOT_QUANTUM
+    atoms = _cu((4, 4, 4))
+    vl = VerletList(CUTOFF, SKIN, dtype=torch.float64, pad=True)
+    rng = np.random.default_rng(5)
+    pos, shapes = atoms.positions.copy(), []
+    for step in range(6):
+        got = vl(pos, atoms.cell.array, atoms.pbc, atoms.numbers)
+        fresh = system_inputs(pos, atoms.cell.array, atoms.pbc, atoms.numbers, CUTOFF, dtype=torch.float64)
+        n = len(atoms)
+        pads = torch.bincount(got.edge_index[1], minlength=n) - torch.bincount(fresh.edge_index[1], minlength=n)
+        need = got.edge_index.shape[1] - fresh.edge_index.shape[1]
+        assert need > 0 and int(pads.min()) >= 0 and int(pads.max()) <= 2 * -(-need // n) + 1, (need, pads.max())
+        natural = int(torch.bincount(fresh.edge_index[1]).max())
+        assert got.slots.shape[1] <= -(-(natural + int(pads.max()) + SLOT_QUANTUM) // SLOT_QUANTUM) * SLOT_QUANTUM
+        shapes.append((got.edge_index.shape[1], got.slots.shape[1]))
+        pos = pos + rng.normal(scale=0.02, size=pos.shape)
+        if step == 2:
+            pos[0] += 0.6                                   # past half the skin: the next call rebuilds
+    assert vl.rebuilds == 2 and len(set(shapes)) == 1, shapes

@@ -106,13 +106,14 @@ def neighbor_arrays(positions, cell, pbc, cutoff: float):
     return np.stack((j, i)), S, centre_slots(torch.from_numpy(i), n).numpy()
 
 
-def centre_slots(centres: torch.Tensor, n: int, *, multiple: int = 1, at_least: int = 1) -> torch.Tensor:
+def centre_slots(centres: torch.Tensor, n: int, *, multiple: int = 1, at_least: int = 1,
+                 headroom: int = 0) -> torch.Tensor:
     """``slots (n, K)`` of edges sorted by centre: row ``i`` lists the edges whose centre is
-    ``i``, in order, padded with ``E = len(centres)``; ``K`` is the largest count rounded up to
-    a multiple of ``multiple``, and at least ``at_least``.  On the centres' device (the LAMMPS
-    path builds them on the GPU)."""
+    ``i``, in order, padded with ``E = len(centres)``; ``K`` is the largest count plus
+    ``headroom``, rounded up to a multiple of ``multiple``, and at least ``at_least``.  On the
+    centres' device (the LAMMPS path builds them on the GPU)."""
     counts = torch.bincount(centres, minlength=n)
-    k = max(int(counts.max()) if n else 0, 1)
+    k = max(int(counts.max()) if n else 0, 1) + headroom
     k = max(-(-k // multiple) * multiple, at_least)
     start = torch.cumsum(counts, 0) - counts
     lane = torch.arange(k, device=centres.device)

@@ -13,8 +13,11 @@ the same results as with a fresh list, without the skin's extra pairs (at a 1 Å
 
 ``pad=True`` keeps the input shapes still from step to step, for a frame replayed from a CUDA
 graph (``graphs.GraphedFrames``): the kept edges are padded to ``edge_capacity`` edges with pairs
-of the list that lie beyond the cutoff (the first ones in list order, so edges stay sorted by
-centre) and ``slots`` to a multiple of ``SLOT_QUANTUM`` columns.  The potential's envelope is
+of the list that lie beyond the cutoff, in list order (so edges stay sorted by centre) and evenly
+spaced over it (so every centre gets about ``pads / atoms`` of them: the widest centre, which
+sets the width of ``slots``, is barely wider than without pads, whatever pairs a rebuild brings),
+and ``slots`` to a multiple of ``SLOT_QUANTUM`` columns with ``SLOT_QUANTUM`` spare (a centre
+gaining a few neighbours does not widen it).  The potential's envelope is
 exactly zero beyond the cutoff, so those pairs change no energy, force or stress.  The capacity
 grows when the edge count outgrows it and shrinks only when the count falls two steps (~3-6%)
 below it, and ``slots`` only widens, so shapes hold through neighbour-list rebuilds too.  Where
@@ -108,14 +111,18 @@ class VerletList:
             check_edge_lengths(length[keep].cpu().numpy(), pairs[1, keep].cpu().numpy(),
                                pairs[0, keep].cpu().numpy(), shifts[keep].cpu().numpy())
         if self.pad:
-            # the first (capacity - inside) pairs beyond the cutoff join the kept ones
+            # (capacity - inside) pairs beyond the cutoff join the kept ones, evenly spaced over
+            # the list (sorted by centre), so each centre gets about as many pads as any other
             n_inside = int(inside.sum())
             need = edge_capacity(n_inside, self._padded[0]) - n_inside
-            if 0 < need <= inside.numel() - n_inside:
-                kept = inside | (torch.cumsum(~inside, 0) <= need)
+            beyond = torch.nonzero(~inside).squeeze(1)
+            if 0 < need <= beyond.numel():
+                kept = inside.clone()
+                kept[beyond[torch.arange(need, device=dev) * beyond.numel() // need]] = True
         keep = torch.nonzero(kept).squeeze(1)
         edge_index, shifts = pairs[:, keep], shifts[keep]
-        slots = centre_slots(edge_index[1], n, multiple=SLOT_QUANTUM if self.pad else 1, at_least=self._padded[1])
+        slots = centre_slots(edge_index[1], n, multiple=SLOT_QUANTUM if self.pad else 1, at_least=self._padded[1],
+                             headroom=SLOT_QUANTUM if self.pad else 0)
         if self.pad:
             self._padded = (keep.numel(), slots.shape[1])
         fl = dict(device=dev, dtype=self.dtype)
