@@ -34,6 +34,7 @@ def test_a_tiny_grid_compiles_the_reference_once_per_f_class_and_resumes(tmp_pat
         names = {t["variant"] for t in r["timings"]}
         assert names == {"L0-compile", "L0-eager"} and r["env"]["torch"] and r["roof"]
         assert all(v["rel_error"]["out"] < 1e-5 for v in r["shape"]["variants"])
+        assert r["shape"]["reference64_s"] >= 0 and all(v["setup_s"] >= 0 for v in r["shape"]["variants"])
     again = grid.run_grid(grid.GridConfig(**TINY, resume=True), tmp_path)
     assert again["skipped"] == done["measured"] and again["measured"] == []
 
@@ -43,7 +44,7 @@ def test_a_tiny_grid_compiles_the_reference_once_per_f_class_and_resumes(tmp_pat
     rows = list(csv.DictReader(paths["csv"].open()))
     assert {"date", "gpu", "torch", "triton", "git", "case", "focus_dim", "metric", "value"} <= set(rows[0])
     assert {r["metric"] for r in rows} >= {"time_median_both", "speedup_vs_compiled_both", "rel_error_out",
-                                         "first_call"}
+                                         "first_call", "setup"}
     assert "Cf16-l1-F4" in paths["markdown"].read_text() and paths["plot"].stat().st_size > 10_000
     assert json.loads(paths["level3"].read_text())["verdicts"] == {}     # no L3 measured
 
@@ -119,3 +120,13 @@ def test_the_forced_variant_runs_only_where_level3_would_run_level2():
     unsure, engaged = cfg.shape(80, 3, 1), cfg.shape(128, 3, 1)            # 16-wide K tiles; the rule's region
     assert grid.level3_unsure(unsure, "cpu") and not grid.level3_unsure(engaged, "cpu")
     assert "3r" in cfg.bench_config(unsure).variants and "3r" not in cfg.bench_config(engaged).variants
+
+
+def test_a_keys_record_says_where_its_seconds_went_before_the_timed_runs():
+    rec = {"shape": {"reference64_s": 0.1, "variants": [
+        {"variant": "L1", "setup_s": 0.01, "first_call_s": 3.2},
+        {"variant": "L2", "setup_s": 0.01, "first_call_s": 0.01},
+        {"variant": "L3-rule", "setup_s": 8.5, "first_call_s": 0.4},
+        {"variant": "L0-compile", "setup_s": None, "first_call_s": None}]}}
+    assert grid.first_uses(rec) == "; setup + first call: L1 3.2 s, L3-rule 8.9 s"
+    assert grid.first_uses({"shape": {"variants": []}}) == ""

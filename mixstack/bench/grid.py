@@ -199,6 +199,18 @@ def run_key(cfg: GridConfig, cf: int, lmax: int, focus: int, compiled: CompiledR
                        "variants": [runner.VARIANTS[v] for v in cfg.variants], "check_edges": cfg.check_edges}}
 
 
+def first_uses(rec: dict, at_least: float = 0.5) -> str:
+    """Where a key's seconds went before its timed runs: each variant's setup (a forced level 3
+    validates its config there) plus first call, where at least ``at_least`` seconds."""
+    parts = [f"{v['variant']} {(v.get('setup_s') or 0) + (v['first_call_s'] or 0):.1f} s"
+             for v in rec["shape"]["variants"]
+             if (v.get("setup_s") or 0) + (v["first_call_s"] or 0) >= at_least]
+    ref = rec["shape"].get("reference64_s")
+    if ref is not None and ref >= at_least:
+        parts.insert(0, f"float64 reference {ref:.1f} s")
+    return "; setup + first call: " + ", ".join(parts) if parts else ""
+
+
 def key_path(out: str | os.PathLike, cf: int, lmax: int, focus: int) -> Path:
     return Path(out) / "keys" / f"{key_name(cf, lmax, focus)}.json"
 
@@ -379,7 +391,8 @@ def run_grid(cfg: GridConfig, out: str | os.PathLike, *, on_key=None, on_step=No
                     done["measured"].append(name)
                     comp = rec["compile"]
                     first = "" if comp["first_call_s"] is None else f"; 0c first call {comp['first_call_s']:.1f} s"
-                    say("done", name, f"{durations[-1]:.1f} s ({comp['graphs']} graphs compiled{first})")
+                    say("done", name, f"{durations[-1]:.1f} s ({comp['graphs']} graphs compiled{first}"
+                                      f"{first_uses(rec)})")
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
     if done["stopped"]:
@@ -482,6 +495,8 @@ def long_rows(records: list[dict]) -> list[dict]:
             if v["first_call_s"] is not None:
                 rows.append({**head, "variant": v["variant"], "metric": "first_call", "value": v["first_call_s"],
                              "unit": "s"})
+            if v.get("setup_s") is not None:
+                rows.append({**head, "variant": v["variant"], "metric": "setup", "value": v["setup_s"], "unit": "s"})
         engaged = compensated_ran(rec)
         if engaged is not None:
             rows.append({**head, "variant": "L3", "metric": "compensated_ran", "value": int(engaged), "unit": "1"})

@@ -383,18 +383,24 @@ def _run_shape(config, shape, keys, device, clock, step, roof, timings, make_for
     wrt = [u0, alpha] if shape.apply_alpha else [u0]
     n = min(config.check_edges, shape.edges)
     step(f"{shape.name}: float64 reference on {n} edges")
+    t0 = time.perf_counter()
     ref = _reference64(shape, inp, n)
+    reference_s = time.perf_counter() - t0
     records, fwds = {}, {}
     for key in keys:
         step(f"{shape.name}: warming up {VARIANTS[key]}")
+        t0 = time.perf_counter()
         try:
+            # setup: the variant's scope and forward (level 3 forced onto a config validates it here)
             scope = _scope(key, shape, device)
             fwd = make_forward(key, shape, inp)
-            records[key] = _probe(key, fwd, scope, shape, inp, u0, alpha, wrt, ref, n, device)
+            setup_s = time.perf_counter() - t0
+            records[key] = {**_probe(key, fwd, scope, shape, inp, u0, alpha, wrt, ref, n, device), "setup_s": setup_s}
             fwds[key] = (fwd, scope)
         except Exception as exc:                      # recorded and shown; the rest still runs
             records[key] = {"variant": VARIANTS[key], "level": LEVEL_OF[key], "dispatch": {},
-                            "peak_mib": None, "first_call_s": None, "rel_error": {}, "note": None,
+                            "peak_mib": None, "first_call_s": None, "setup_s": time.perf_counter() - t0,
+                            "rel_error": {}, "note": None,
                             "failed": _failure(exc, f"{VARIANTS[key]} on {shape.name}", device)}
     _path_notes(records)
     failed_passes = {}
@@ -410,7 +416,7 @@ def _run_shape(config, shape, keys, device, clock, step, roof, timings, make_for
             failed_passes[pass_] = _failure(exc, f"timing {pass_} on {shape.name}", device)
             continue
         timings.extend(_timing_row(shape, name, pass_, s, roof) for name, s in samples.items())
-    return {**shape.to_dict(), "check_edges": n, "variants": list(records.values()),
+    return {**shape.to_dict(), "check_edges": n, "reference64_s": reference_s, "variants": list(records.values()),
             "failed_passes": failed_passes}
 
 
