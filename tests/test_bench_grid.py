@@ -35,6 +35,7 @@ def test_a_tiny_grid_compiles_the_reference_once_per_f_class_and_resumes(tmp_pat
         assert names == {"L0-compile", "L0-eager"} and r["env"]["torch"] and r["roof"]
         assert all(v["rel_error"]["out"] < 1e-5 for v in r["shape"]["variants"])
         assert r["shape"]["reference64_s"] >= 0 and all(v["setup_s"] >= 0 for v in r["shape"]["variants"])
+        assert set(r["triton_compiles"]) == {"compiled", "compiled_seconds", "loaded"}
     again = grid.run_grid(grid.GridConfig(**TINY, resume=True), tmp_path)
     assert again["skipped"] == done["measured"] and again["measured"] == []
 
@@ -129,4 +130,7 @@ def test_a_keys_record_says_where_its_seconds_went_before_the_timed_runs():
         {"variant": "L3-rule", "setup_s": 8.5, "first_call_s": 0.4},
         {"variant": "L0-compile", "setup_s": None, "first_call_s": None}]}}
     assert grid.first_uses(rec) == "; setup + first call: L1 3.2 s, L3-rule 8.9 s"
+    rec["triton_compiles"] = {"compiled": [{"kernel": "gate_kernel", "seconds": 0.4}], "compiled_seconds": 0.4,
+                              "loaded": 12}
+    assert grid.first_uses(rec).endswith("; Triton compiled 1 kernels here (0.4 s), loaded 12")
     assert grid.first_uses({"shape": {"variants": []}}) == ""

@@ -61,6 +61,7 @@ import torch
 
 from .. import level3, reference
 from . import env, prewarm, report, runner
+from .compile_log import compile_log
 from .shapes import BenchShape, make_inputs
 from .timing import clock_for
 
@@ -189,11 +190,13 @@ def run_key(cfg: GridConfig, cf: int, lmax: int, focus: int, compiled: CompiledR
     graphs = _graphs()
     timings: list[dict] = []
     step = on_step or (lambda _d: None)
-    rec = runner._run_shape(bench, shape, keys, device, clock, step, roof, timings, make_forward=make_forward)
+    with compile_log() as compiles:
+        rec = runner._run_shape(bench, shape, keys, device, clock, step, roof, timings, make_forward=make_forward)
     first = {v["variant"]: v["first_call_s"] for v in rec["variants"]}
     return {"schema": SCHEMA, "key": {"focus_dim": cf, "lmax": lmax, "focus": focus, "edges": shape.edges},
             "env": env.collect(device), "roof": roof, "shape": rec, "timings": timings, "skipped": skipped,
             "compile": {"graphs": _graphs() - graphs, "first_call_s": first.get(runner.VARIANTS["0c"])},
+            "triton_compiles": compiles.to_dict(),
             "seconds": time.perf_counter() - t0,
             "config": {"rounds": cfg.rounds, "warmup": cfg.warmup, "passes": list(cfg.passes),
                        "variants": [runner.VARIANTS[v] for v in cfg.variants], "check_edges": cfg.check_edges}}
@@ -201,14 +204,20 @@ def run_key(cfg: GridConfig, cf: int, lmax: int, focus: int, compiled: CompiledR
 
 def first_uses(rec: dict, at_least: float = 0.5) -> str:
     """Where a key's seconds went before its timed runs: each variant's setup (a forced level 3
-    validates its config there) plus first call, where at least ``at_least`` seconds."""
+    validates its config there) plus first call, where at least ``at_least`` seconds, and the
+    kernels Triton compiled in this process (the warm-up missed them) rather than loaded."""
     parts = [f"{v['variant']} {(v.get('setup_s') or 0) + (v['first_call_s'] or 0):.1f} s"
              for v in rec["shape"]["variants"]
              if (v.get("setup_s") or 0) + (v["first_call_s"] or 0) >= at_least]
     ref = rec["shape"].get("reference64_s")
     if ref is not None and ref >= at_least:
         parts.insert(0, f"float64 reference {ref:.1f} s")
-    return "; setup + first call: " + ", ".join(parts) if parts else ""
+    out = "; setup + first call: " + ", ".join(parts) if parts else ""
+    compiles = rec.get("triton_compiles") or {}
+    if compiles.get("compiled"):
+        out += (f"; Triton compiled {len(compiles['compiled'])} kernels here ({compiles['compiled_seconds']:.1f} s), "
+                f"loaded {compiles['loaded']}")
+    return out
 
 
 def key_path(out: str | os.PathLike, cf: int, lmax: int, focus: int) -> Path:
