@@ -204,3 +204,41 @@ def test_grid_seconds_bound_the_warm_up_too(tmp_path, monkeypatch):
     done = grid.run_grid(cfg, tmp_path / "b")
     assert batches == [[((16, 1), [1, 2])], [((32, 1), [1, 2])]]         # one group per worker per batch
     assert len(done["measured"]) == 4
+
+
+def _disk_key(kernel, args, kwargs) -> str:
+    """The key Triton files a compile of ``kernel(*args, **kwargs)`` under on disk (as
+    ``JITFunction.run`` computes it for the sm_90 target), without a GPU."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.cache import get_cache_key
+    from triton.runtime.jit import create_function_from_signature
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    kw = {"debug": False, **kwargs}
+    bound, specialization, _ = binder(*args, **kw)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kw, bound, specialization, None)
+    return get_cache_key(ASTSource(kernel, signature, constexprs, attrs), backend, options, {})
+
+
+@pytest.mark.parametrize("focus, compensated", [(1, False), (2, True)])
+def test_a_warmed_launch_is_filed_under_the_measured_launchs_cache_key(focus, compensated):
+    """The worker compiles from ``LaunchSpec`` values (mock pointers of the recorded dtype and
+    alignment): Triton must file that compile under the key the measured launch looks up, or the
+    measuring process compiles it again."""
+    from mixstack import compiler_report
+    layout = tuning.shape_key(focus_dim=16, lmax=2, n_focus=focus, apply_alpha=True).layout
+    launches = compiler_report.distinct(compiler_report.stack_launches(layout, focus, compensated=compensated))
+    assert len(launches) > 5
+    for launch in launches:
+        s = prewarm.spec(launch)
+        mocks = [prewarm._pointer(a) if isinstance(a, prewarm.TensorArg) else a for a in s.args]
+        assert _disk_key(launch.kernel, mocks, dict(s.kwargs)) == \
+            _disk_key(launch.kernel, launch.args, dict(launch.kwargs)), launch.name
+    # negative control: a first pointer off its 16-byte alignment is another binary
+    first = launches[0]
+    s = prewarm.spec(first)
+    assert isinstance(s.args[0], prewarm.TensorArg)
+    off = [prewarm._pointer(prewarm.TensorArg(s.args[0].dtype, 4))] + \
+        [prewarm._pointer(a) if isinstance(a, prewarm.TensorArg) else a for a in s.args[1:]]
+    assert _disk_key(first.kernel, off, dict(s.kwargs)) != _disk_key(first.kernel, first.args, dict(first.kwargs))
