@@ -124,3 +124,15 @@ def test_bench_model_breakdown_and_md_reach_the_results_files(tmp_path):
 def test_the_operator_bench_refuses_the_model_only_options(capsys):
     assert main(["bench", "--breakdown", "--device", "cpu"]) == 2
     assert "--breakdown: options of `mixstack bench model`" in capsys.readouterr().err
+
+
+def test_the_md_table_says_how_many_frames_a_graphed_run_captured():
+    common = dict(steps=100, dt_fs=1.0, warmup_steps=5, temperature_K=300.0, skin=1.0, steps_per_s=20.0,
+                  ns_per_day=1.7, us_per_atom_step=11.0, drift_mev_atom_ps=1e-4, max_excursion_mev_atom=1e-4,
+                  neighbour_rebuilds=2)
+    record = {"cells": [{"label": "cu-bcc-4394", "variants": [
+        {"variant": "L3-graph", "md": {**common, "graph_captures": 3}},
+        {"variant": "L3", "md": {**common, "graph_captures": None}}]}]}
+    graphed, eager = model_bench.md_rows(record)
+    assert graphed["graph captures"] == "3" and eager["graph captures"] == "—"
+    assert "graph captures" in model_bench.markdown_table([graphed, eager])

@@ -471,7 +471,7 @@ def long_rows(record: dict) -> list[dict]:
 
 MD_COLUMNS = (("steps_per_s", "1/s"), ("ns_per_day", "ns/day"), ("us_per_atom_step", "µs"),
               ("drift_mev_atom_ps", "meV/atom/ps"), ("max_excursion_mev_atom", "meV/atom"),
-              ("neighbour_rebuilds", "1"), ("steps", "1"), ("wall_s", "s"))
+              ("neighbour_rebuilds", "1"), ("graph_captures", "1"), ("steps", "1"), ("wall_s", "s"))
 
 
 def md_rows(record: dict) -> list[dict]:
@@ -485,13 +485,14 @@ def md_rows(record: dict) -> list[dict]:
             if "failed" in md:
                 rows.append({"cell": cell["label"], "variant": v["variant"], "steps/s": "—", "ns/day (1 fs)": "—",
                              "µs/atom/step": "—", "drift meV/atom/ps": "—", "max |ΔE| meV/atom": "—",
-                             "rebuilds": "—", "note": md["failed"]})
+                             "rebuilds": "—", "graph captures": "—", "note": md["failed"]})
                 continue
             rows.append({"cell": cell["label"], "variant": v["variant"], "steps/s": f"{md['steps_per_s']:.3g}",
                          "ns/day (1 fs)": f"{md['ns_per_day']:.3g}", "µs/atom/step": f"{md['us_per_atom_step']:.3g}",
                          "drift meV/atom/ps": f"{md['drift_mev_atom_ps']:.2g}",
                          "max |ΔE| meV/atom": f"{md['max_excursion_mev_atom']:.2g}",
                          "rebuilds": str(md["neighbour_rebuilds"]),
+                         "graph captures": "—" if md.get("graph_captures") is None else str(md["graph_captures"]),
                          "note": f"{md['steps']} steps of {md['dt_fs']:g} fs after {md['warmup_steps']}, "
                                  f"{md['temperature_K']:g} K start, skin {md['skin']:g} Å"})
     return rows
@@ -535,7 +536,8 @@ def markdown(record: dict) -> str:
     if mdr:
         parts.append("\n## Molecular dynamics (NVE, ASE velocity Verlet, MixstackCalculator)\n\nWall time of "
                      "whole steps (neighbour list upkeep, copies, the frame, the integrator); drift: the "
-                     "least-squares slope of the total energy per atom over the timed steps.\n")
+                     "least-squares slope of the total energy per atom over the timed steps; graph captures: "
+                     "the frames a graphed run captured, its warm-up steps included.\n")
         parts.append(markdown_table(mdr))
     parts.append(not_run_section(record))
     return "\n".join(parts)
