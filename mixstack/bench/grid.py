@@ -206,9 +206,8 @@ def first_uses(rec: dict, at_least: float = 0.5) -> str:
     """Where a key's seconds went before its timed runs: each variant's setup (a forced level 3
     validates its config there) plus first call, where at least ``at_least`` seconds, and the
     kernels Triton compiled in this process (the warm-up missed them) rather than loaded."""
-    parts = [f"{v['variant']} {(v.get('setup_s') or 0) + (v['first_call_s'] or 0):.1f} s"
-             for v in rec["shape"]["variants"]
-             if (v.get("setup_s") or 0) + (v["first_call_s"] or 0) >= at_least]
+    spent = [(v["variant"], (v.get("setup_s") or 0) + (v["first_call_s"] or 0)) for v in rec["shape"]["variants"]]
+    parts = [f"{name} {seconds:.1f} s" for name, seconds in spent if seconds >= at_least]
     ref = rec["shape"].get("reference64_s")
     if ref is not None and ref >= at_least:
         parts.insert(0, f"float64 reference {ref:.1f} s")
@@ -240,8 +239,7 @@ def key_launches(cfg: GridConfig, cf: int, lmax: int, focus: int, device) -> lis
         return []
     device = torch.device(device)
     inp = make_inputs(shape, device, seed=cfg.seed)
-    u0, alpha = inp.u0.requires_grad_(), inp.alpha.requires_grad_()
-    wrt = [u0, alpha] if shape.apply_alpha else [u0]
+    u0, alpha, wrt = runner.differentiable(shape, inp)
     out: list = []
     from ..tuning import registry, validity
     from ..tuning.policy import rule_config
@@ -281,8 +279,7 @@ def warm_compiled_reference(cfg: GridConfig, cf: int, lmax: int, focus: tuple[in
         for f in focus:
             shape = cfg.shape(cf, lmax, f)
             inp = make_inputs(shape, dev, seed=cfg.seed)
-            u0, alpha = inp.u0.requires_grad_(), inp.alpha.requires_grad_()
-            wrt = [u0, alpha] if shape.apply_alpha else [u0]
+            u0, alpha, wrt = runner.differentiable(shape, inp)
             torch.autograd.grad(compiled.forward(shape, inp)(u0, alpha), wrt, inp.grad_out)
             del inp, u0, alpha, wrt
             if dev.type == "cuda":

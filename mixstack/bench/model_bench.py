@@ -59,7 +59,7 @@ import torch
 
 from ..dispatch.levels import use_level
 from ..dispatch.log import dispatch_log
-from ..potential.graphs import GraphedFrames, capture_stream
+from ..potential.graphs import GraphedFrames, run_on_capture_stream
 from . import breakdown as breakdown_mod
 from . import env, runner
 from .breakdown import own_copy
@@ -201,17 +201,10 @@ def frame_fn(key: str, model) -> Callable:
             with use_level(level):
                 return graphed(*inp)
 
-        def first_call(inp):
-            """What an eager variant's untimed first call does, on the stream the graph is
-            warmed up and captured on (its cuBLAS workspace is made here, as the default
-            stream's is by the eager variants' first calls)."""
-            stream = capture_stream(inp[0].device)
-            stream.wait_stream(torch.cuda.current_stream(inp[0].device))
-            with torch.cuda.stream(stream):
-                out = frame(*inp)
-            torch.cuda.current_stream(inp[0].device).wait_stream(stream)
-            return out
-        replayed.first_call = first_call
+        # what an eager variant's untimed first call does, on the stream the graph is warmed up
+        # and captured on (its cuBLAS workspace is made here, as the default stream's is by the
+        # eager variants' first calls)
+        replayed.first_call = lambda inp: run_on_capture_stream(frame, *inp)
         return replayed
     return lambda inp: frame(*inp)
 

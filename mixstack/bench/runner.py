@@ -241,6 +241,14 @@ def forward_fn(key: str, shape: BenchShape, inp: StackInputs) -> Callable:
     return fwd
 
 
+def differentiable(shape: BenchShape, inp: StackInputs):
+    """``(u0, alpha, wrt)``: ``inp``'s activations and alpha made to require grad (in place),
+    and what a forward + backward takes the gradient of (``alpha`` only where the shape
+    applies it)."""
+    u0, alpha = inp.u0.requires_grad_(), inp.alpha.requires_grad_()
+    return u0, alpha, [u0, alpha] if shape.apply_alpha else [u0]
+
+
 def _reference64(shape: BenchShape, inp: StackInputs, n: int) -> dict:
     """Result, ``grad_u0`` and ``grad_alpha`` in float64 on the first ``n`` edges."""
     u0 = inp.u0[:, :n].detach().double().requires_grad_()
@@ -379,8 +387,7 @@ def _run_shape(config, shape, keys, device, clock, step, roof, timings, make_for
     make_forward = make_forward or forward_fn
     log.info("bench %s on %s", shape.describe(), device)
     inp = make_inputs(shape, device, seed=config.seed)
-    u0, alpha = inp.u0.requires_grad_(), inp.alpha.requires_grad_()
-    wrt = [u0, alpha] if shape.apply_alpha else [u0]
+    u0, alpha, wrt = differentiable(shape, inp)
     n = min(config.check_edges, shape.edges)
     step(f"{shape.name}: float64 reference on {n} edges")
     t0 = time.perf_counter()

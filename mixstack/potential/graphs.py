@@ -97,16 +97,12 @@ class GraphedFrames:
     def _capture(self, inputs) -> _Graph:
         device = inputs[0].device
         static = tuple(t.detach().clone() for t in inputs)
-        side = capture_stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(self.warmup):
-                self.fn(*static)
-        torch.cuda.current_stream(device).wait_stream(side)
+        for _ in range(self.warmup):
+            run_on_capture_stream(self.fn, *static)
         graph = torch.cuda.CUDAGraph()
         # captured on the warm-up's stream: each stream that runs a cuBLAS product gets its own
         # workspace (tens of MiB), and one stream of our own is enough
-        with torch.cuda.graph(graph, stream=side):
+        with torch.cuda.graph(graph, stream=capture_stream(device)):
             outputs = self.fn(*static)
         outputs = tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
         if not all(torch.is_tensor(t) for t in outputs):
@@ -127,6 +123,20 @@ def capture_stream(device: torch.device) -> torch.cuda.Stream:
     if index not in _streams:
         _streams[index] = torch.cuda.Stream(index)
     return _streams[index]
+
+
+def run_on_capture_stream(fn: Callable, *inputs: torch.Tensor):
+    """``fn(*inputs)`` eagerly on the capture stream of the inputs' device, ordered after the
+    current stream's work and before its next: a capture's warm-up, or a caller's first call
+    made where the capture will run (so that the stream's one-time state, e.g. its cuBLAS
+    workspace, exists before)."""
+    device = inputs[0].device
+    side = capture_stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        out = fn(*inputs)
+    torch.cuda.current_stream(device).wait_stream(side)
+    return out
 
 
 def _all_cuda(inputs) -> bool:
