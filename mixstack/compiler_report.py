@@ -247,9 +247,9 @@ _RES = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 _OP = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", re.MULTILINE)
 
 
-def compile_report(launch: Launch, arch: int = 90, sass: bool = True) -> Report:
+def compile_report(launch: Launch, arch: int = 90, sass: bool = True, opcodes=COUNTED) -> Report:
     """Compile ``launch`` for ``sm_<arch>`` and read its resources and instruction mix
-    (``sass=False``: resources only, without disassembling)."""
+    (``sass=False``: resources only, without disassembling; ``opcodes``: the SASS opcodes counted)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -271,8 +271,10 @@ def compile_report(launch: Launch, arch: int = 90, sass: bool = True) -> Report:
     regs, stack, shared, local = map(int, m.groups())
     ops = collections.Counter(op for op in _OP.findall(sass))
     config = {k: v for k, v in launch.kwargs.items() if k.startswith("BLOCK") or k in _OPTIONS}
+    # The compiled warp count: warp specialisation adds its partitions' warps to num_warps.
+    warps = getattr(compiled.metadata, "num_warps", None) or launch.kwargs.get("num_warps", 4)
     return Report(launch.name, config, regs, stack + local, max(shared, compiled.metadata.shared),
-                  launch.kwargs.get("num_warps", 4), {k: ops.get(k, 0) for k in COUNTED})
+                  warps, {k: ops.get(k, 0) for k in opcodes})
 
 
 def distinct(launches: list[Launch]) -> list[Launch]:

@@ -142,7 +142,7 @@ def test_tuning_runs_only_on_cuda_at_level_two_and_up(monkeypatch, caplog):
         assert export.tune_for_freeze(keys, torch.device("cuda"), 2).startswith("tuned")
         assert export.tune_for_freeze(keys, torch.device("cuda"), 3).startswith("tuned")
     exact = ["stack_fwd", "stack_bwd_relay", "stack_bwd_fused"]
-    assert calls == [(keys, exact), (keys, exact + ["stack_compensated"])]   # level 3 validates level 3
+    assert calls == [(keys, exact), (keys, exact + ["stack_compensated", "stack_compensated_tma"])]   # level 3 validates level 3
     assert "tuning skipped: the module is on cpu" in caplog.text
 
 

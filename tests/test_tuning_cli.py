@@ -47,12 +47,13 @@ def test_tune_sweeps_each_family_in_order_and_skips_covered_keys(tuning_env):
     made = []
     res = _tune([KEY, KEY64], make_probe=_probes(made=made))
     assert [(r.family, r.key, r.status) for r in res] == [
-        (f, k, "tuned") for k in (KEY, KEY64)
-        for f in ("stack_fwd", "stack_bwd_relay", "stack_bwd_fused", "stack_compensated")]
-    assert made == [(r.family, r.key) for r in res]
+        (f, k, "tuned" if f != "stack_compensated_tma" else "no-baseline") for k in (KEY, KEY64)
+        for f in ("stack_fwd", "stack_bwd_relay", "stack_bwd_fused", "stack_compensated", "stack_compensated_tma")]
+    # level 3 lost (equal fake times): the TMA family, measured against level 3, has no baseline
+    assert made == [(r.family, r.key) for r in res if r.status == "tuned"]
     made.clear()
     again = tuner.tune_missing([KEY, KEY64], make_probe=_probes(made=made), rounds=2, warmup=0)
-    assert {r.status for r in again} == {"covered"}
+    assert {r.status for r in again} == {"covered", "no-baseline"}
     made.clear()
     tuner.tune_missing([KEY], make_probe=_probes(made=made), device_name=DEVICE)
     assert made == []                                       # skipped before any input is made
@@ -159,3 +160,15 @@ def test_cli_tune_runs_the_quick_sweep_by_default_over_a_tables_keys(capsys, fak
                         ("stack_bwd_relay", KEY64), ("stack_compensated", KEY64)]
     assert main(["tune", "--keys-of", str(tmp_path / "none.json")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_the_tma_family_is_swept_only_where_level_3_has_a_config(tuning_env):
+    made = []
+    tuning.register("stack_compensated", KEY, {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3})
+    try:
+        res = _tune([KEY, KEY64], families=["stack_compensated_tma"], make_probe=_probes(made=made),
+                    device_name=DEVICE)
+    finally:
+        tuning.clear_registrations()
+    assert [(r.key, r.status) for r in res] == [(KEY, "tuned"), (KEY64, "no-baseline")]
+    assert made == [("stack_compensated_tma", KEY)]

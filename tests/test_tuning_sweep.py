@@ -294,3 +294,35 @@ def test_progress_reports_key_candidate_and_steps_to_the_end():
     assert [e.done for e in events] == sorted(e.done for e in events)
     assert events[-1].phase == "done" and events[-1].done == events[-1].total
     assert all(e.done <= e.total for e in events)
+
+
+# ----------------------------------------------------- the TMA-fed level-3 family
+
+TMA = "stack_compensated_tma"
+TMA_CANDS = [label(c) for c in tuning.candidates(TMA, KEY)]
+
+
+def test_the_tma_family_runs_its_baseline_at_level_3_and_judges_against_float64(tuning_env):
+    probe = FakeProbe(TMA, outputs={TMA_CANDS[0]: _off_by(1e-6), TMA_CANDS[1]: _off_by(5e-6)})
+    res = _sweep(probe, {"baseline": [1.0], TMA_CANDS[0]: [0.5]}, family=TMA)
+    assert res.config == tuning.candidates(TMA, KEY)[0] and TMA_CANDS[1] in res.rejected
+    assert set(dict(zip(probe.runs, probe.levels)).values()) == {3}     # the baseline is level 3 too
+
+
+def test_a_tma_candidate_that_does_not_build_is_skipped_but_elsewhere_it_surfaces(tuning_env):
+    """Triton's Hopper warp specialisation can fail to build a tile (a pass pipeline error):
+    the TMA family skips that candidate; the same error in another family is a failure."""
+    from triton.compiler.errors import CompilationError
+    broken = RuntimeError("PassManager::run failed")
+    res = _sweep(FakeProbe(TMA, errors={TMA_CANDS[0]: broken,
+                                        TMA_CANDS[1]: CompilationError("src", None, "unsupported")}), family=TMA)
+    assert set(res.skipped) == {TMA_CANDS[0], TMA_CANDS[1]} and "does not build" in res.skipped[TMA_CANDS[0]]
+    with pytest.raises(TuneError, match="PassManager"):
+        _sweep(FakeProbe(COMP, errors={COMP_CANDS[0]: broken}), family=COMP)
+    assert tuning.lookup(COMP, KEY, device_name=DEVICE) is tuning.MISSING
+
+
+def test_the_tma_family_has_four_warp_tiles_only_and_stays_out_of_the_quick_sweep():
+    cands = tuning.candidates(TMA, KEY)
+    assert cands and all(c["num_warps"] == 4 for c in cands)     # what Triton's Hopper pass needs
+    assert tuning.candidates(TMA, KEY, quick=True) == [] and TMA in families.SWEEP_ORDER

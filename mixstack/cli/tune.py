@@ -97,7 +97,7 @@ def tune_rows(results) -> list[dict]:
     rows = []
     for r in results:
         base, win = r.baseline_ms, r.winner_ms
-        if r.status in ("failed", "not-run", "no-candidates", "out-of-time"):
+        if r.status in ("failed", "not-run", "no-candidates", "no-baseline", "out-of-time"):
             entry = ""
         else:
             entry = label(r.config) if r.config is not None else f"None ({family(r.family).baseline_name})"

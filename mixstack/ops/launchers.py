@@ -24,6 +24,7 @@ from ..kernels.compensated import split_weights_kernel
 from ..kernels.fused import fused_backward_kernel
 from ..kernels.gate import gate_backward_kernel, gate_kernel
 from ..kernels.gemm import block_gemm_kernel
+from ..kernels.gemm_tma import fold_tile_amax_kernel, tma_block_gemm_kernel
 from ..kernels.reduce import alpha_grad_kernel
 from ..layout import StackLayout
 from .configs import (
@@ -80,7 +81,20 @@ def block_gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, 
     with ``amax_in`` ``(F, E, 2)`` the rows' per-block maxima of ``a`` as its writer
     recorded them (``None``: the kernel finds them), and ``amax_out`` (zeroed) where
     ``out`` is the next compensated GEMM's operand.
-    An edge-major ``a`` (``a_edge_major``) is read through its E and F strides."""
+    An edge-major ``a`` (``a_edge_major``) is read through its E and F strides.  A level-3
+    config with ``TMA_FIELD`` set runs ``gemm_tma.tma_block_gemm_kernel`` instead, one launch
+    per block, where ``tma_fits(a)``."""
+    cfg = gemm_cfg or default_gemm_config(layout)
+    use_tma = bool(split is not None and cfg.get(TMA_FIELD) and tma_fits(a, a_edge_major))
+    if use_tma and len(blocks) == 2:
+        # One launch per block: Triton 3.6's Hopper pass specialises the K loop's warps only
+        # where the block (and with it the trip count) is a compile-time constant.
+        for block in blocks:
+            block_gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, blocks=(block,), res=res, out=out,
+                       z=z, y=y, sg=sg, alpha=alpha, a_edge_major=a_edge_major, alpha_on_a=alpha_on_a, gate=gate,
+                       alpha_on_out=alpha_on_out, out_edge_major=out_edge_major, split=split, amax_in=amax_in,
+                       amax_out=amax_out)
+        return
     # Pointers the constexpr flags leave unused get a weight tensor, never an
     # activation surface, so no surface reaches a compiler as several aliased
     # arguments for nothing.  (On the H200 the compiled level-2 model frame,
@@ -89,16 +103,22 @@ def block_gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, 
     # levels' frames peak alike, 11589 vs 11584 MiB at cu-bcc-4394.)
     w0, w0lo, w1, w1lo, wup = _weight_args(w0, w1, split)
     unused = w0
-    cfg = gemm_cfg or default_gemm_config(layout)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], gemm_block_k(layout, cfg)
     widths = {0: layout.m0, 1: layout.m1}
     n_tiles = sum(triton.cdiv(widths[b], bn) for b in blocks)
     grid = ((n_edges + bm - 1) // bm * n_tiles, n_focus)
-    wrap_triton(block_gemm_kernel)[grid](
+    kernel, tile_amax = block_gemm_kernel, None
+    if use_tma:
+        kernel = tma_block_gemm_kernel
+        ensure_allocator()
+        if amax_out is not None:       # the TMA kernel stores each N tile's row maxima; folded below
+            tile_amax = amax_out.new_empty((n_focus, n_edges, n_tiles))
+    wrap_triton(kernel)[grid](
         a, w0, w1, unused if res is None else res, unused if out is None else out,
         unused if z is None else z, unused if y is None else y, unused if sg is None else sg,
         unused if alpha is None else alpha,
-        w0lo, w1lo, wup, unused if amax_in is None else amax_in, unused if amax_out is None else amax_out,
+        w0lo, w1lo, wup, unused if amax_in is None else amax_in,
+        unused if amax_out is None else (amax_out if tile_amax is None else tile_amax),
         layer, n_edges, n_focus, a.stride(0) if a_edge_major else 0, a.stride(1) if a_edge_major else 0,
         LMAX=layout.lmax, CF=layout.focus_dim,
         FIRST_BLOCK=blocks[0], BOTH_BLOCKS=len(blocks) == 2,
@@ -110,6 +130,34 @@ def block_gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, 
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
+    if tile_amax is not None:
+        rows = n_focus * n_edges
+        wrap_triton(fold_tile_amax_kernel)[(triton.cdiv(rows, FOLD_BLOCK),)](
+            tile_amax, amax_out, rows, NT=n_tiles, SLOT=blocks[0], BLOCK=FOLD_BLOCK)
+
+
+FOLD_BLOCK = 256
+TMA_FIELD = "TMA"      # a level-3 GEMM config with this set runs ``gemm_tma`` (docs/contract.md §4)
+
+
+def tma_fits(a, a_edge_major: bool) -> bool:
+    """Whether a TMA descriptor can read ``a``'s rows: a 16-byte aligned start and row stride
+    (the whole surfaces the stack allocates always are; a caller's offset view may not be)."""
+    row_stride = a.stride(0) if a_edge_major else a.shape[-1]
+    return a.storage_offset() % 4 == 0 and row_stride % 4 == 0 and (not a_edge_major or a.stride(1) % 4 == 0)
+
+
+def _scratch(size: int, alignment: int, stream):
+    """Global scratch for the TMA kernel's device-side descriptors, from torch's allocator."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_allocator() -> None:
+    """Give Triton an allocator for kernels' global scratch where none is set (its default
+    raises at launch); one the caller set is kept."""
+    from triton.runtime import _allocation
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
 
 
 def _gate_weights(gw, gate_split):

@@ -213,7 +213,8 @@ def _compensated(t: Tensor, n_focus: int, layout: StackLayout, apply_alpha: bool
     """Level 3's config for this call: the ``stack_compensated`` entry (swept, or recorded by
     the level-3 policy at first use, ``mixstack.level3``), or ``None``: level 2 runs, and the
     log says ``level3:level2`` (an entry of ``None``, a failed validation, or no entry where
-    the policy was not sure).  ``level3:policy``: the config came from the policy."""
+    the policy was not sure).  ``level3:policy``: the config came from the policy;
+    ``level3:tma``: a ``stack_compensated_tma`` entry runs the TMA-fed GEMMs with its config."""
     key = tuning.shape_key(focus_dim=layout.focus_dim, lmax=layout.lmax, n_focus=int(n_focus),
                            apply_alpha=apply_alpha)
     hit = tuning.find("stack_compensated", key, device_name=tuning.device_name(t.device))
@@ -223,6 +224,10 @@ def _compensated(t: Tensor, n_focus: int, layout: StackLayout, apply_alpha: bool
         return None
     if hit[1].get("source") == "policy":
         record("level3:policy")
+    tma = tuning.find("stack_compensated_tma", key, device_name=tuning.device_name(t.device))
+    if tma is not None and tma[1]["config"] is not None:      # measured faster: the TMA-fed kernel
+        record("level3:tma")
+        return dict(tma[1]["config"], **{launchers.TMA_FIELD: True})
     return dict(cfg)
 
 

@@ -36,7 +36,15 @@ from .sweep import DEFAULT_ROUNDS, DEFAULT_WARMUP, TuneError, TuneProgress, Tune
 log = logging.getLogger(__name__)
 
 # A family measured against another one's tuned result: not swept when that one failed.
-_DEPENDS_ON = {"stack_bwd_fused": "stack_bwd_relay", "stack_compensated": "stack_bwd_fused"}
+_DEPENDS_ON = {"stack_bwd_fused": "stack_bwd_relay", "stack_compensated": "stack_bwd_fused",
+               "stack_compensated_tma": "stack_compensated"}
+
+
+def _without_baseline(name: str, key: ShapeKey, device_name) -> bool:
+    """Whether ``name``'s baseline cannot run for ``key``: it runs another family's config
+    (``Family.needs_config_of``) and that family's entry is not a config."""
+    needs = _families.family(name).needs_config_of
+    return needs is not None and not isinstance(registry.lookup(needs, key, device_name=device_name), dict)
 
 
 def default_keys() -> list[ShapeKey]:
@@ -123,7 +131,7 @@ def _swept(name: str, key: ShapeKey, *, force: bool, device_name, quick: bool) -
     """Whether ``tune`` will sweep ``name`` for ``key`` (not covered, with candidates)."""
     if not force and device_name and registry.covered(name, key, device_name=device_name):
         return False
-    return bool(_families.candidates(name, key, quick=quick))
+    return bool(_families.candidates(name, key, quick=quick)) and not _without_baseline(name, key, device_name)
 
 
 def _warm_key(pool, key, names, seen, *, force, quick, device, device_name, make_probe, progress) -> prewarm.Summary:
@@ -172,6 +180,9 @@ def _sweep_key(key, names, results, *, deadline, now, force, device, device_name
             continue
         if not _families.candidates(name, key, quick=quick):
             results.append(TuneResult(name, key, "no-candidates"))
+            continue
+        if _without_baseline(name, key, device_name):
+            results.append(TuneResult(name, key, "no-baseline"))
             continue
         try:
             try:

@@ -2,9 +2,9 @@
 
 ``tune_key`` measures one family for one shape key, by the six rules of docs/contract.md §5:
 
-1. It sets the level itself around every run (``mixstack.use_level``: 2 for
-   the baseline, the family's ``candidate_level`` for candidates, 3 for the
-   compensated family), and checks each run's dispatch log: a candidate or
+1. It sets the level itself around every run (``mixstack.use_level``: the
+   family's ``baseline_level`` for the baseline, 2 but for the TMA family's 3, and
+   its ``candidate_level`` for candidates, 3 for the compensated families), and checks each run's dispatch log: a candidate or
    baseline run that did not take the path it claims raises
    ``NotEngagedError`` (never a timing).
 2. A candidate is accepted only if its outputs are bitwise equal (same bits,
@@ -56,7 +56,6 @@ DEFAULT_ROUNDS = 20
 DEFAULT_WARMUP = 2
 QUICK_ROUNDS = 5             # the quick sweep's (mixstack tune's default)
 QUICK_WARMUP = 1
-TUNE_LEVEL = 2
 _RESOURCE_MARKERS = ("out of resource", "out of shared memory", "out of registers")
 
 
@@ -87,7 +86,9 @@ class TuneResult:
     ``status``: "tuned" (measured and recorded), "covered" (an entry existed;
     skipped), "no-candidates" (nothing to try; nothing recorded), "failed" or
     "not-run" (only from ``tune(..., stop_on_error=False)``; nothing recorded),
-    "out-of-time" (``tune(..., seconds=...)`` stopped before it; nothing recorded).
+    "out-of-time" (``tune(..., seconds=...)`` stopped before it; nothing recorded),
+    "no-baseline" (the family's baseline needs another family's config, which the key lacks;
+    nothing recorded).
     """
 
     family: str
@@ -125,6 +126,20 @@ def resource_reason(exc: BaseException) -> str | None:
     return None
 
 
+def build_reason(exc: BaseException) -> str | None:
+    """The reason when ``exc`` (or an exception it was raised from) says Triton could not
+    build a kernel: its compile error, or a pass pipeline that failed (the Hopper warp
+    specialisation's faults end so)."""
+    from triton.compiler.errors import CompilationError
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, CompilationError) or "passmanager::run failed" in str(exc).lower():
+            return f"does not build: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}"
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
     if t.is_floating_point() or t.is_complex():
@@ -153,7 +168,7 @@ def _acceptance(fam, probe, base, out) -> str | None:
 
 
 def _level(fam, cfg) -> int:
-    return TUNE_LEVEL if cfg is None else fam.candidate_level
+    return fam.baseline_level if cfg is None else fam.candidate_level
 
 
 def _check_paths(fam: families.Family, key: ShapeKey, cfg, counts) -> None:
@@ -253,7 +268,7 @@ def tune_key(family: str, key, *, probe, clock: Callable | None = None, rounds: 
             except TuneError:
                 raise
             except Exception as exc:
-                reason = resource_reason(exc)
+                reason = resource_reason(exc) or (build_reason(exc) if fam.builds_may_fail else None)
                 if reason is None:
                     raise TuneError(f"tuning {family} {key}: candidate {lab} failed: "
                                     f"{type(exc).__name__}: {exc}") from exc

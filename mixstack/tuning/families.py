@@ -6,6 +6,7 @@
 | ``stack_bwd_relay`` | the same, for the relay backward's GEMMs | the level-1 config |
 | ``stack_bwd_fused`` | ``BLOCK_M, BLOCK_N, num_warps, num_stages`` of the fused backward | the relay |
 | ``stack_compensated`` | ``BLOCK_M, BLOCK_N, num_warps, num_stages`` of the level-3 split-fp16 GEMMs (forward and relay backward) | the exact fp32 stack (level 2) |
+| ``stack_compensated_tma`` | the same, for level 3's GEMMs on TMA loads with a warp-specialised K loop (``kernels.gemm_tma``) | level 3 on pointer loads (the ``stack_compensated`` entry) |
 | ``stack_wgrad`` | ``BLOCK_M, BLOCK_N, num_warps, num_stages`` of the weight reductions (``kernels.wgrad``) | the level-1 config |
 | ``stack_wgrad_compensated`` | the same, for the level-3 split-fp16 weight reductions | the exact reductions (level 2) |
 
@@ -60,6 +61,11 @@ _COMPENSATED = (
     (64, 128, 4, 1), (64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 1), (64, 64, 4, 3), (64, 64, 4, 4),
     (128, 64, 8, 1), (128, 64, 8, 3), (128, 128, 8, 1), (128, 128, 8, 2), (32, 64, 4, 1), (32, 64, 4, 3),
 )
+# Level 3 on TMA loads with a warp-specialised K loop (``kernels.gemm_tma``): the level-3 tiles
+# with four warps, which Triton's Hopper warp specialisation needs.  Not yet measured on a GPU,
+# so left out of the quick sweep; a tile the installed Triton cannot build is skipped.
+_COMPENSATED_TMA = ((64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 2), (64, 128, 4, 3),
+                    (64, 128, 4, 4), (128, 64, 4, 3))
 CONTRACT = 2e-6            # relative error of the result and of every gradient against float64
 # The weight reductions: output tiles of a (K = edges) x (K = edges) product, K in steps of
 # WGRAD_BLOCK_K edges (fixed).  The forward GEMM's tiles, filtered by the same register and
@@ -150,15 +156,25 @@ def _quick_compensated_candidates(key: ShapeKey) -> list[dict]:
     return [{f: cfg[f] for f in GEMM_FIELDS}]
 
 
-def _compensated_candidates(key: ShapeKey) -> list[dict]:
+def _split_tiles(key: ShapeKey, tiles) -> list[dict]:
+    """The level-3 GEMM ``tiles`` whose operand tiles in flight fit ``SMEM_BUDGET`` and whose N
+    tile is not much wider than the widest block."""
     bk = block_k(key)
     widest = max(key.layout.m0, key.layout.m1)
     out = []
-    for bm, bn, w, s in _COMPENSATED:
+    for bm, bn, w, s in tiles:
         smem = s * (bm * bk * 4 + 2 * bk * bn * 2)      # fp32 A tile, fp16 W head and tail
         if smem <= SMEM_BUDGET and bn <= max(64, next_power_of_2(widest)):
             out.append(dict(zip(GEMM_FIELDS, (bm, bn, w, s))))
     return out
+
+
+def _compensated_candidates(key: ShapeKey) -> list[dict]:
+    return _split_tiles(key, _COMPENSATED)
+
+
+def _compensated_tma_candidates(key: ShapeKey) -> list[dict]:
+    return _split_tiles(key, _COMPENSATED_TMA)
 
 
 def _wgrad_sensible(bm: int, bn: int, warps: int, stages: int, key: ShapeKey, fp16: bool) -> bool:
@@ -213,7 +229,11 @@ class Family:
     the relay must not let a fused entry take its place).  ``candidate_level``:
     the level candidates run at (the baseline runs at level 2).  ``accept``:
     ``"bitwise"`` (equal bits to the baseline) or ``"float64"`` (the accuracy
-    contract against a float64 reference).  ``timed``: ``"fwd"``, ``"bwd"``,
+    contract against a float64 reference).  ``baseline_level``: the level the baseline runs
+    at.  ``builds_may_fail``: a candidate that the installed Triton cannot compile is skipped
+    like a resource refusal (kernels outside what every Triton and GPU builds; docs/contract.md
+    §4).  ``needs_config_of``: a family whose baseline runs that family's config, so a key is
+    swept only where that family's entry is a config.  ``timed``: ``"fwd"``, ``"bwd"``,
     ``"both"`` (forward and backward together) or ``"wgrad"`` (the backward with the weight
     gradients; its runs check those gradients too).  ``kernels``: the kernel modules
     (``mixstack/kernels/<name>.py``) that candidate and baseline runs launch; the
@@ -231,6 +251,9 @@ class Family:
     disable: tuple[str, ...] = ()
     baseline_name: str = "baseline"
     candidate_level: int = 2
+    baseline_level: int = 2
+    builds_may_fail: bool = False
+    needs_config_of: str | None = None
     accept: str = "bitwise"
     kernels: tuple[str, ...] = ("gemm", "gate", "reduce")
     make_quick: Callable[[ShapeKey], list[dict]] | None = None
@@ -255,6 +278,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            baseline_paths=("fwd:triton",), baseline_forbidden=("fwd:compensated", "bwd:compensated"),
            baseline_name="level 2", candidate_level=3, accept="float64",
            kernels=("gemm", "gate", "reduce", "compensated"), make_quick=_quick_compensated_candidates),
+    Family("stack_compensated_tma", GEMM_FIELDS, "both", _compensated_tma_candidates,
+           candidate_paths=("fwd:compensated", "bwd:compensated", "level3:tma"),
+           candidate_forbidden=("fwd:triton", "bwd:relay", "bwd:fused"),
+           baseline_paths=("fwd:compensated", "bwd:compensated"), baseline_forbidden=("level3:tma",),
+           baseline_name="level 3 (pointer loads)", candidate_level=3, baseline_level=3, accept="float64",
+           kernels=("gemm_tma", "gemm", "gate", "reduce", "compensated"), builds_may_fail=True,
+           needs_config_of="stack_compensated"),
     Family("stack_wgrad", GEMM_FIELDS, "wgrad", _wgrad_candidates,
            candidate_paths=("wgrad:triton", "cfg:stack_wgrad"), candidate_forbidden=("wgrad:compensated",),
            baseline_paths=("wgrad:triton",), baseline_forbidden=("cfg:stack_wgrad", "wgrad:compensated"),
@@ -272,7 +302,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
 # relay as tuned, so the relay's GEMMs are tuned first.  The training families (weight
 # reductions) are swept only on request (``mixstack tune --family stack_wgrad``): inference
 # and freezing never run them.
-SWEEP_ORDER = ("stack_fwd", "stack_bwd_relay", "stack_bwd_fused", "stack_compensated")
+SWEEP_ORDER = ("stack_fwd", "stack_bwd_relay", "stack_bwd_fused", "stack_compensated", "stack_compensated_tma")
 TRAINING_FAMILIES = ("stack_wgrad", "stack_wgrad_compensated")
 
 

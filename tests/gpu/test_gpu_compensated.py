@@ -60,3 +60,31 @@ def test_gpu_compensated_at_extreme_input_scales_is_no_worse_than_fp32(scale):
                [helpers.rel_err(fp32[f"grad_{n}"], g) for n, g in grads64.items()])
     errs = _check(case, cfg, scale)
     assert max(errs.values()) <= max(CONTRACT, 4 * base), (errs, base)
+
+
+@pytest.mark.parametrize("case", CASES, ids=helpers.case_id)
+def test_gpu_the_tma_gemms_meet_the_contract_and_match_the_pointer_kernel(case):
+    """Every TMA candidate that this Triton builds: within the float64 contract, and the pointer
+    kernel's bits at the same tile (same K order and split; the schedule may differ only in
+    how tiles arrive).  A candidate that does not build is skipped, as the sweep does."""
+    from mixstack.tuner.sweep import build_reason, resource_reason
+    inputs = list(helpers.make_inputs(case, device=DEV))
+    grad_out = helpers.make_grad_out(case, device=DEV)
+    built = 0
+    for cfg in tuning.candidates("stack_compensated_tma", _key(case)):
+        with tuning.registration("stack_compensated", _key(case), cfg):
+            pointer = helpers.run_stack(case, 3, inputs, grad_out)
+            try:
+                with tuning.registration("stack_compensated_tma", _key(case), cfg):
+                    tma = helpers.run_stack(case, 3, inputs, grad_out)
+            except Exception as exc:          # noqa: BLE001 - a build refusal is a skip, anything else fails
+                if build_reason(exc) or resource_reason(exc):
+                    continue
+                raise
+        built += 1
+        assert tma["log"].get("level3:tma") == 2
+        for name in pointer:
+            if name != "log":
+                assert torch.equal(pointer[name], tma[name]), (tuning.families.label(cfg), name)
+    if not built:
+        pytest.skip("no TMA candidate builds with this Triton on this GPU")

@@ -1,0 +1,97 @@
+"""Level 3's TMA-fed block GEMM (``kernels.gemm_tma``) through the interpreter: the same bits
+as the pointer kernel it replaces, through the whole stack (forward and backward, every
+GEMM use) and for one GEMM's row maxima, on partial tiles; engaged only by a
+``stack_compensated_tma`` entry, with the dispatch log saying so.
+
+The interpreter runs the descriptors' loads (zero-filled outside their shape, as the pointer
+kernel's masks load) but not the warp specialisation, which changes only the schedule on a
+GPU; the GPU tests hold the compiled kernel to these bits."""
+
+import helpers
+import pytest
+import torch
+from helpers import Case
+
+from mixstack import tuning
+from mixstack.layout import StackLayout
+from mixstack.ops import launchers
+
+TILE = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+
+CASES = [
+    Case(F=2, E=37, Cf=16, lmax=1, n_layers=3),                   # every E tile count partial
+    Case(F=1, E=70, Cf=16, lmax=2, n_layers=3),                   # block 0 (48 columns): a partial N tile
+    Case(F=1, E=33, Cf=32, lmax=1, n_layers=2, apply_alpha=False),
+]
+
+
+def _key(case: Case):
+    return tuning.shape_key(focus_dim=case.Cf, lmax=case.lmax, n_focus=case.F, apply_alpha=case.apply_alpha)
+
+
+def _launched(monkeypatch) -> list[str]:
+    """The names of the kernels the launchers launch from now on (they still run)."""
+    names, real = [], launchers.wrap_triton
+
+    def recording(kernel):
+        names.append(kernel.fn.__name__)
+        return real(kernel)
+    monkeypatch.setattr(launchers, "wrap_triton", recording)
+    return names
+
+
+@pytest.mark.parametrize("case", CASES, ids=helpers.case_id)
+def test_the_tma_gemms_give_the_pointer_kernels_bits_through_the_stack(case, monkeypatch):
+    inputs, grad_out = helpers.make_inputs(case, 0), helpers.make_grad_out(case, 1)
+    with tuning.registration("stack_compensated", _key(case), TILE):
+        pointer = helpers.run_stack(case, 3, inputs, grad_out)
+        launched = _launched(monkeypatch)
+        with tuning.registration("stack_compensated_tma", _key(case), TILE):
+            tma = helpers.run_stack(case, 3, inputs, grad_out)
+    assert pointer["log"] == {"fwd:compensated": 1, "bwd:compensated": 1}
+    assert tma["log"] == {"fwd:compensated": 1, "bwd:compensated": 1, "level3:tma": 2}
+    assert "tma_block_gemm_kernel" in launched and "block_gemm_kernel" not in launched
+    assert "fold_tile_amax_kernel" in launched             # the forward's gated GEMMs record row maxima
+    for name in pointer:
+        if name != "log":
+            assert torch.equal(pointer[name], tma[name]), name
+
+
+@pytest.mark.parametrize("blocks", [(0,), (1,), (0, 1)])
+def test_the_folded_row_maxima_are_the_atomic_ones(blocks):
+    """One GEMM with ``amax_out``: the TMA kernel's per-tile maxima, folded, equal the pointer
+    kernel's atomic maxima, on top of maxima already there (the gate records block 0's)."""
+    layout = StackLayout(2, 16)
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(2, 41, layout.row, generator=g)
+    w0 = torch.randn(1, 2, layout.m0, layout.m0, generator=g)
+    w1 = torch.randn(1, 2, layout.m1, layout.m1, generator=g)
+    split = launchers.split_weights(w0, w1)
+    start = torch.rand(2, 41, 2, generator=g) * 4.0          # some rows' maxima already larger
+    got = {}
+    for tma in (False, True):
+        out, amax = torch.zeros_like(a), start.clone()
+        cfg = dict(TILE, **({launchers.TMA_FIELD: True} if tma else {}))
+        launchers.block_gemm(a, w0, w1, 0, 41, 2, layout, cfg, blocks=blocks, out=out, split=split, amax_out=amax)
+        got[tma] = (out, amax)
+    assert torch.equal(got[False][0], got[True][0]) and torch.equal(got[False][1], got[True][1])
+    assert not torch.equal(got[True][1], start)                # the fold wrote something
+
+
+def test_an_operand_a_descriptor_cannot_read_falls_back_to_pointer_loads(monkeypatch):
+    """A caller's view that starts off a 16-byte boundary: the pointer kernel runs, same bits."""
+    layout = StackLayout(1, 16)
+    g = torch.Generator().manual_seed(7)
+    base = torch.randn(1 * 9 * layout.row + 1, generator=g)
+    a = base[1:].view(1, 9, layout.row)                        # starts 4 bytes in
+    assert not launchers.tma_fits(a, False) and launchers.tma_fits(a.clone(), False)
+    w0 = torch.randn(1, 1, layout.m0, layout.m0, generator=g)
+    w1 = torch.randn(1, 1, layout.m1, layout.m1, generator=g)
+    split = launchers.split_weights(w0, w1)
+    launched = _launched(monkeypatch)
+    outs = []
+    for cfg in (TILE, dict(TILE, **{launchers.TMA_FIELD: True})):
+        out = torch.empty_like(a)
+        launchers.block_gemm(a, w0, w1, 0, 9, 1, layout, cfg, blocks=(0, 1), out=out, split=split)
+        outs.append(out)
+    assert "tma_block_gemm_kernel" not in launched and torch.equal(outs[0], outs[1])
