@@ -6,7 +6,7 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,train,lammps,scaling (default:
+#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,train,lammps,scaling,tma (default:
 #   tests,stack,model) picks what runs, in that order;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it);
@@ -68,6 +68,11 @@
 #   SCALING_STRONG=diamond:20000 cu-bcc:20000:scaling-lite and SCALING_WEAK=diamond:5000.  SCALING_STEPS (10; dry
 #   run 5), SCALING_WARMUP (3; dry run 2).  NVLink multicast stays off (NCCL_NVLS_ENABLE=0,
 #   TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1).  Results under $OUT/scaling.
+#   "tma": level 3's TMA-fed GEMMs (kernels.gemm_tma): the GPU tests that hold them to the pointer
+#   kernel, `mixstack bench` at level 3 (TMA_BENCH, default S1-S4 --levels 0c,3 --pass both) on the
+#   pointer kernel, the quick sweep of stack_compensated_tma at TMA_TUNE (default S1-S4; level 3's
+#   own config is swept first where a key has none), the same bench again on the new entries, and
+#   `ncu` on one TMA launch at S1 (NCU_TMA=0 skips it); under $OUT/tma, ~6 min.
 #   BUDGET (seconds, default 540) bounds the whole script: each part gets what
 #   is left, so the packing at the end always runs.  Everything under $OUT is
 #   packed into $OUT/gpu_check.tgz (a device call returns at most 8 files);
@@ -283,12 +288,31 @@ part_scaling() {
   r=${PIPESTATUS[0]}; rc=$(( rc || r ))
   summary+=("scaling rc=$r ($mode): $(ls "$dir"/points/*-r*.json 2>/dev/null | grep -vc '\.rank') points")
 }
+part_tma() {
+  mkdir -p "$OUT/tma"
+  local bench=(${TMA_BENCH:---shape S1 --shape S2 --shape S3 --shape S4 --levels 0c,3 --pass both})
+  timeout "$(left)" python3 -m pytest tests/gpu/test_gpu_compensated.py -m gpu -q -p no:cacheprovider -rs -k tma \
+    2>&1 | tee "$OUT/tma/gpu_tests.log" | tail -n 5
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("tma gpu tests rc=$r: $(tail -n 1 "$OUT/tma/gpu_tests.log")")
+  timeout "$(left)" python3 -m mixstack bench "${bench[@]}" --out "$OUT/tma/before" 2>&1 | tee "$OUT/tma/bench-before.log" | tail -n 12
+  timeout "$(left)" python3 -m mixstack tune ${TMA_TUNE:---shape S1 --shape S2 --shape S3 --shape S4} \
+    --family stack_compensated --family stack_compensated_tma 2>&1 | tee "$OUT/tma/tune.log" | tail -n 20
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("tma tune rc=$r")
+  timeout "$(left)" python3 -m mixstack bench "${bench[@]}" --out "$OUT/tma/after" 2>&1 | tee "$OUT/tma/bench-after.log" | tail -n 12
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("tma bench rc=$r")
+  if [ "${NCU_TMA:-1}" != 0 ] && command -v ncu > /dev/null; then
+    timeout "$(left)" ncu --clock-control none -k regex:tma_block_gemm_kernel -c 2 --section SpeedOfLight \
+      --section Occupancy --section WarpStateStats python3 -m mixstack bench --shape S1 --levels 3 --pass fwd \
+      --repeats 1 --warmup 0 --out "$OUT/tma/ncu-bench" > "$OUT/tma/ncu.txt" 2>&1
+    summary+=("tma ncu rc=$?")
+  fi
+}
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|model|md|breakdown|baseline|probe|convprobe|train|lammps|scaling) "part_$part" ;;
+    tests|tune|retune|grid|model|md|breakdown|baseline|probe|convprobe|train|lammps|scaling|tma) "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, retune, grid, stack, model, md, breakdown, baseline, probe, convprobe, train, lammps, scaling)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, stack, model, md, breakdown, baseline, probe, convprobe, train, lammps, scaling, tma)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

@@ -148,3 +148,23 @@ def test_the_grid_part_profiles_its_measuring_process_on_request(tmp_path):
 
     assert same(profiled[4:], "b") == same(plain, "a")
     assert build_parser().parse_args(profiled[6:]).command == "bench"
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_the_tma_part_benches_level_3_before_and_after_sweeping_the_tma_family(tmp_path):
+    """``tma``: the GPU tests that hold the TMA kernel to its twin, then bench, the sweep of
+    ``stack_compensated_tma`` (level 3's own config first), and bench again; every command parses."""
+    from mixstack.cli import build_parser
+    from mixstack.cli.bench import bench_config
+    from mixstack.cli.tune import tune_keys
+
+    calls = [argv for _, argv in _recorded_commands(tmp_path, "tma", NCU_TMA="0")
+             if argv[:2] in (["-m", "pytest"], ["-m", "mixstack"])]
+    assert [a[:2] for a in calls] == [["-m", "pytest"], ["-m", "mixstack"], ["-m", "mixstack"], ["-m", "mixstack"]]
+    tests, before, tune, after = calls
+    assert tests[tests.index("-k") + 1] == "tma" and "tests/gpu/test_gpu_compensated.py" in tests
+    benches = [build_parser().parse_args(a[2:]) for a in (before, after)]
+    assert [a.out for a in benches] == [str(tmp_path / "out" / "tma" / "before"), str(tmp_path / "out" / "tma" / "after")]
+    assert all(bench_config(b).variants == ("0c", "3") and len(bench_config(b).shapes) == 4 for b in benches)
+    tuned = build_parser().parse_args(tune[2:])
+    assert tuned.family == ["stack_compensated", "stack_compensated_tma"] and len(set(tune_keys(tuned))) == 3

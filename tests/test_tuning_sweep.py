@@ -322,7 +322,9 @@ def test_a_tma_candidate_that_does_not_build_is_skipped_but_elsewhere_it_surface
     assert tuning.lookup(COMP, KEY, device_name=DEVICE) is tuning.MISSING
 
 
-def test_the_tma_family_has_four_warp_tiles_only_and_stays_out_of_the_quick_sweep():
+def test_the_tma_family_has_four_warp_tiles_only_and_stays_out_of_the_default_quick_sweep():
     cands = tuning.candidates(TMA, KEY)
     assert cands and all(c["num_warps"] == 4 for c in cands)     # what Triton's Hopper pass needs
-    assert tuning.candidates(TMA, KEY, quick=True) == [] and TMA in families.SWEEP_ORDER
+    quick = tuning.candidates(TMA, KEY, quick=True)
+    assert quick == [{"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}] and quick[0] in cands
+    assert TMA in families.SWEEP_ORDER and TMA not in families.QUICK_FAMILIES

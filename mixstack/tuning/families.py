@@ -62,8 +62,11 @@ _COMPENSATED = (
     (128, 64, 8, 1), (128, 64, 8, 3), (128, 128, 8, 1), (128, 128, 8, 2), (32, 64, 4, 1), (32, 64, 4, 3),
 )
 # Level 3 on TMA loads with a warp-specialised K loop (``kernels.gemm_tma``): the level-3 tiles
-# with four warps, which Triton's Hopper warp specialisation needs.  Not yet measured on a GPU,
-# so left out of the quick sweep; a tile the installed Triton cannot build is skipped.
+# with four warps, which Triton's Hopper warp specialisation needs; a tile the installed Triton
+# cannot build is skipped.  Not yet measured on a GPU, so left out of the default quick sweep;
+# named (``mixstack tune --family stack_compensated_tma``), its quick set is M64 N64 w4 s3, the
+# tile whose every launch built without spills for sm_90 (Triton 3.6; N128 s4 spilled up to 208
+# bytes; results/2026-12-02-sm90-tma-report/).
 _COMPENSATED_TMA = ((64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 2), (64, 128, 4, 3),
                     (64, 128, 4, 4), (128, 64, 4, 3))
 CONTRACT = 2e-6            # relative error of the result and of every gradient against float64
@@ -177,6 +180,10 @@ def _compensated_tma_candidates(key: ShapeKey) -> list[dict]:
     return _split_tiles(key, _COMPENSATED_TMA)
 
 
+def _quick_compensated_tma_candidates(key: ShapeKey) -> list[dict]:
+    return [dict(M64_N64)]
+
+
 def _wgrad_sensible(bm: int, bn: int, warps: int, stages: int, key: ShapeKey, fp16: bool) -> bool:
     threads = 32 * warps
     if not 8 <= bm * bn // threads <= 128:          # accumulator registers per thread (two at level 3)
@@ -284,7 +291,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            baseline_paths=("fwd:compensated", "bwd:compensated"), baseline_forbidden=("level3:tma",),
            baseline_name="level 3 (pointer loads)", candidate_level=3, baseline_level=3, accept="float64",
            kernels=("gemm_tma", "gemm", "gate", "reduce", "compensated"), builds_may_fail=True,
-           needs_config_of="stack_compensated"),
+           needs_config_of="stack_compensated", make_quick=_quick_compensated_tma_candidates),
     Family("stack_wgrad", GEMM_FIELDS, "wgrad", _wgrad_candidates,
            candidate_paths=("wgrad:triton", "cfg:stack_wgrad"), candidate_forbidden=("wgrad:compensated",),
            baseline_paths=("wgrad:triton",), baseline_forbidden=("cfg:stack_wgrad", "wgrad:compensated"),
