@@ -1,7 +1,7 @@
 """The offline sm_90 compiler report of level 3's TMA-fed, warp-specialised block GEMM
-(``kernels.gemm_tma``) beside the pointer kernel it would replace, at the given keys and
-configs: registers, spills, shared memory, and the SASS that says whether the Hopper
-machinery is there (``HGMMA``: warpgroup MMA; ``UTMALDG``: TMA loads; ``USETMAXREG``: the
+(``kernels.gemm_tma``, tiled and persistent) beside the pointer kernel it would replace, at
+S1-S4's keys and the shipped table's two tiles: registers, spills, shared memory, and the
+SASS that says whether the Hopper machinery is there (``HGMMA``: warpgroup MMA; ``UTMALDG``: TMA loads; ``USETMAXREG``: the
 producer and consumer warp groups' register split of warp specialisation; ``SYNCS``:
 mbarrier waits and arrivals).  A launch Triton cannot build is listed with its error.
 
@@ -26,11 +26,15 @@ KEYS = ((32, 3, 2), (64, 3, 1), (32, 6, 1), (64, 1, 2))
 TILES = ((64, 64, 4, 3), (64, 128, 4, 4))
 
 
-def gemm_launches(key, tile, tma: bool):
+KINDS = ("pointer", "tma", "tma persistent")
+
+
+def gemm_launches(key, tile, kind: str):
     cf, lmax, n_focus = key
     cfg = dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), tile))
-    if tma:
+    if kind != "pointer":
         cfg["TMA"] = True
+        cfg["persistent"] = kind == "tma persistent"
     launches = cr.stack_launches(StackLayout(lmax, cf), n_focus, gemm_cfg=cfg, compensated=True)
     return [launch for launch in cr.distinct(launches) if "gemm" in launch.name]
 
@@ -51,9 +55,9 @@ def main(argv=None) -> int:
     print(f"triton {triton.__version__}, sm_90")
     for key in KEYS:
         for tile in TILES:
-            for tma in (False, True):
-                for launch in gemm_launches(key, tile, tma):
-                    row = dict(key=key, tile=tile, kernel=launch.name, flags=flags(launch))
+            for kind in KINDS:
+                for launch in gemm_launches(key, tile, kind):
+                    row = dict(key=key, tile=tile, kind=kind, kernel=launch.name, flags=flags(launch))
                     try:
                         rep = cr.compile_report(launch, opcodes=OPCODES)
                         row.update(registers=rep.registers, spill_bytes=rep.spill_bytes, shared=rep.shared,
@@ -66,7 +70,7 @@ def main(argv=None) -> int:
                         f"{row['warps']} warps x {row['registers']} regs, {row['spill_bytes']} B spilled, "
                         f"{row['shared']} B shared, {row['programs_per_sm']}/SM; HGMMA {sass['HGMMA']} UTMALDG {sass['UTMALDG']} "
                         f"USETMAXREG {sass['USETMAXREG']} SYNCS {sass['SYNCS']} LDGSTS {sass['LDGSTS']}")
-                    print(f"{key} M{tile[0]} N{tile[1]} s{tile[3]} {launch.name:22s} {row['flags']:40s} {what}",
+                    print(f"{key} M{tile[0]} N{tile[1]} s{tile[3]} {kind:14s} {row['flags']:40s} {what}",
                           flush=True)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:

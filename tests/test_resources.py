@@ -188,8 +188,10 @@ TMA_OPCODES = ("HGMMA", "UTMALDG", "USETMAXREG")
 @pytest.mark.slow
 @needs_tools
 @not_interpreted
-def test_every_tma_gemm_launch_builds_with_tma_loads_and_specialised_warps():
-    """Level 3's TMA-fed GEMMs at S1's key, every use the stack makes of them: for sm_90 each
+@pytest.mark.parametrize("persistent", [False, True], ids=["tiled", "persistent"])
+def test_every_tma_gemm_launch_builds_with_tma_loads_and_specialised_warps(persistent):
+    """Level 3's TMA-fed GEMMs at S1's key, tiled and persistent, every use the stack makes of
+    them: for sm_90 each
     compiles with TMA loads (``UTMALDG``), warpgroup MMAs and the warp groups' register split
     of warp specialisation (``USETMAXREG``), without spills.  An atomic in the kernel, or both
     blocks in one launch, made Triton's Hopper pass fail or decline; the pointer kernel is the
@@ -197,10 +199,11 @@ def test_every_tma_gemm_launch_builds_with_tma_loads_and_specialised_warps():
     cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
     lay = StackLayout(3, 32)
     tma = compiler_report.distinct(compiler_report.stack_launches(
-        lay, 2, edges=300003, gemm_cfg=dict(cfg, **{launchers.TMA_FIELD: True}), compensated=True))
+        lay, 2, edges=300003, gemm_cfg=dict(cfg, **{launchers.TMA_FIELD: True, launchers.PERSISTENT_FIELD: persistent}),
+        compensated=True))
     gemms = [x for x in tma if x.name == "tma_block_gemm_kernel"]
     assert "block_gemm_kernel" not in _names(tma) and "fold_tile_amax_kernel" in _names(tma)
-    assert len(gemms) >= 8 and all(not x.kwargs["BOTH_BLOCKS"] for x in gemms)
+    assert len(gemms) >= 8 and all(not x.kwargs["BOTH_BLOCKS"] and x.kwargs["PERSISTENT"] == persistent for x in gemms)
     for launch in gemms:
         rep = compiler_report.compile_report(launch, 90, opcodes=TMA_OPCODES)
         assert all(rep.sass[op] for op in TMA_OPCODES) and rep.spill_bytes == 0, (launch.kwargs, rep)

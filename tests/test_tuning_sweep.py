@@ -326,5 +326,7 @@ def test_the_tma_family_has_four_warp_tiles_only_and_stays_out_of_the_default_qu
     cands = tuning.candidates(TMA, KEY)
     assert cands and all(c["num_warps"] == 4 for c in cands)     # what Triton's Hopper pass needs
     quick = tuning.candidates(TMA, KEY, quick=True)
-    assert quick == [{"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}] and quick[0] in cands
+    tile = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    assert quick == [dict(tile, persistent=False), dict(tile, persistent=True)] and all(q in cands for q in quick)
+    assert [label(q) for q in quick] == ["M64 N64 w4 s3", "M64 N64 w4 s3 persistent"]
     assert TMA in families.SWEEP_ORDER and TMA not in families.QUICK_FAMILIES

@@ -5,24 +5,27 @@ head and tail split of every fp32 operand, three tensor-core products into two f
 accumulators, K in ``degree_order``), the same arguments, flags and epilogues, and the same
 row maxima (with ``AMAX_OUT``, ``amax_out_ptr`` takes each N tile's row maxima, ``(F, E, NT)``,
 folded into the ``(F, E, 2)`` maxima by ``fold_tile_amax_kernel``).  What differs is how the
-operand tiles arrive.  Each program builds device-side
-tensor descriptors (``tl.make_tensor_descriptor``) for its A rows and for its weight block's
-head and tail, and its K loop is tagged ``warp_specialize``: on sm_90 Triton's Hopper pass
-splits it into a producer warp group that issues TMA loads into a ring of ``num_stages``
-shared-memory buffers and consumer warps that split A and issue the warpgroup MMAs, so the
-loads of the next tiles overlap this tile's split and products.  The pointer kernel leaves
-that overlap to the software pipeliner, whose loads share the consumers' registers.
+operand tiles arrive.  Each program builds device-side tensor descriptors
+(``tl.make_tensor_descriptor``) for its A rows and for its weight block's head and tail, and a
+loop of it is tagged ``warp_specialize``.  On sm_90 Triton's Hopper pass then splits the
+program into a producer partition that issues TMA loads into a ring of ``num_stages``
+shared-memory buffers and consumer partitions that split A and issue the warpgroup MMAs, so the
+next tiles' loads overlap this tile's split and products.  The pointer kernel leaves that
+overlap to the software pipeliner, whose loads share the consumers' registers.  Tiled, one
+program computes one output tile and its K loop is the specialised one; ``PERSISTENT``, a
+program per SM strides over its focus stream's tiles and the tile loop is specialised, so one
+tile's epilogue can overlap the next tile's products.
 
 Descriptors zero-fill what lies outside their shape, which is what the pointer kernel's
 masks load: rows past ``E`` of this focus stream, and weight columns past the block.  So the
 products, and with them the results, are those of the pointer kernel for the same tile and
 K order (the interpreter tests hold the two bit for bit).
 
-What the pass needs (Triton 3.6, checked offline for sm_90 and on the H200): four warps, a
-loop without an ``else`` block, descriptors made in the kernel, and an allocator for their
-global scratch (``triton.set_allocator``; ``ops.launchers`` sets one where none is).  A
-Triton or GPU where the kernel does not build refuses the candidate; the pointer kernel
-runs (docs/contract.md §4).
+What the pass needs (Triton 3.6 and 3.7, checked offline for sm_90): four warps, a loop
+without an ``else`` block, descriptors made in the kernel, no atomic anywhere in it, a block
+fixed at compile time, and an allocator for the descriptors' global scratch
+(``triton.set_allocator``; ``ops.launchers`` sets one where none is).  A Triton or GPU where
+the kernel does not build refuses the candidate; the pointer kernel runs (docs/contract.md §4).
 """
 
 import triton
@@ -36,10 +39,11 @@ from .degree_order import degree_order_k
 def tma_compensated_dot(a_desc, row0, col0, whi_desc, wlo_desc, w_up, n0, kdim, second, alpha, amax,
                         LMAX: tl.constexpr, CF: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALPHA_ON_A: tl.constexpr,
-                        AMAX_GIVEN: tl.constexpr):
+                        AMAX_GIVEN: tl.constexpr, SPECIALISE: tl.constexpr):
     """``A[row0 :, col0 : col0 + kdim] @ W[:, n0 :]`` for one block from TMA tiles:
     ``compensated.compensated_dot``'s products, with ``a_desc`` over this focus stream's
-    ``(E, ROW)`` rows and ``whi_desc`` / ``wlo_desc`` over the block's fp16 head and tail."""
+    ``(E, ROW)`` rows and ``whi_desc`` / ``wlo_desc`` over the block's fp16 head and tail;
+    ``SPECIALISE``: this K loop is the one whose warps are specialised."""
     n_k = kdim // BLOCK_K
     if not AMAX_GIVEN:
         amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -51,7 +55,7 @@ def tma_compensated_dot(a_desc, row0, col0, whi_desc, wlo_desc, w_up, n0, kdim, 
     down, up = pow2_scales(amax)
     head = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     tail = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for t in tl.range(0, n_k, warp_specialize=True):
+    for t in tl.range(0, n_k, warp_specialize=SPECIALISE):
         k = degree_order_k(t, second, LMAX, CF, BLOCK_K)
         a = a_desc.load([row0, col0 + k])
         if ALPHA_ON_A:
@@ -74,27 +78,25 @@ def tma_block_gemm_kernel(
     STORE_Z: tl.constexpr, GATE: tl.constexpr, RESIDUAL: tl.constexpr,
     ALPHA_ON_OUT: tl.constexpr, OUT_EDGE_MAJOR: tl.constexpr, STORE_OUT: tl.constexpr,
     STORE_Y: tl.constexpr, COMPENSATED: tl.constexpr, AMAX_IN: tl.constexpr, AMAX_OUT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PERSISTENT: tl.constexpr,
 ):
     """``gemm.block_gemm_kernel``'s arguments and uses, level 3 only (``COMPENSATED`` must be
     set; the weight pointers are the split heads and tails) and one block per launch
     (``BOTH_BLOCKS`` unset): Triton 3.6's Hopper pass specialises the K loop's warps only
-    where the block, and with it the loop's trip count, is a compile-time constant."""
+    where the block, and with it the loop's trip count, is a compile-time constant.
+    ``PERSISTENT``: each program strides over the ``(E tile, N tile)`` pairs of its focus stream,
+    and the tile loop, not the K loop, is specialised, so that one tile's epilogue can overlap
+    the next tile's loads and products."""
     tl.static_assert(COMPENSATED, "the TMA block GEMM runs the compensated products only")
     tl.static_assert(not BOTH_BLOCKS, "the TMA block GEMM runs one block per launch")
     M0: tl.constexpr = (LMAX + 1) * CF
     M1: tl.constexpr = 2 * LMAX * CF
     ROW: tl.constexpr = M0 + M1
-    G: tl.constexpr = LMAX * CF
     SECOND: tl.constexpr = FIRST_BLOCK == 1
     NT: tl.constexpr = ((M1 if SECOND else M0) + BLOCK_N - 1) // BLOCK_N
-    COL0: tl.constexpr = M0 if SECOND else 0
     KDIM: tl.constexpr = M1 if SECOND else M0
 
-    pid = tl.program_id(0)
     f = tl.program_id(1).to(tl.int64)
-    pid_m = pid // NT
-    pid_n = pid % NT
     w_offset = (layer * F + f) * (KDIM * KDIM)
     if SECOND:
         whi_ptr = w1_ptr + w_offset
@@ -113,6 +115,39 @@ def tma_block_gemm_kernel(
         a_desc = tl.make_tensor_descriptor(a_ptr + f * E * ROW, shape=[E, ROW], strides=[ROW, 1],
                                            block_shape=[BLOCK_M, BLOCK_K])
 
+    if PERSISTENT:
+        n_tiles = tl.cdiv(E, BLOCK_M) * NT
+        for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), warp_specialize=True):
+            _tma_tile(tile, f, a_desc, whi_desc, wlo_desc, res_ptr, out_ptr, z_ptr, y_ptr, sg_ptr, alpha_ptr, wup_ptr,
+                      amax_in_ptr, amax_out_ptr, layer, E, F, a_se, a_sf, LMAX, CF, FIRST_BLOCK, A_EDGE_MAJOR,
+                      ALPHA_ON_A, STORE_Z, GATE, RESIDUAL, ALPHA_ON_OUT, OUT_EDGE_MAJOR, STORE_OUT, STORE_Y, AMAX_IN,
+                      AMAX_OUT, BLOCK_M, BLOCK_N, BLOCK_K, False)
+    else:
+        _tma_tile(tl.program_id(0), f, a_desc, whi_desc, wlo_desc, res_ptr, out_ptr, z_ptr, y_ptr, sg_ptr, alpha_ptr,
+                  wup_ptr, amax_in_ptr, amax_out_ptr, layer, E, F, a_se, a_sf, LMAX, CF, FIRST_BLOCK, A_EDGE_MAJOR,
+                  ALPHA_ON_A, STORE_Z, GATE, RESIDUAL, ALPHA_ON_OUT, OUT_EDGE_MAJOR, STORE_OUT, STORE_Y, AMAX_IN,
+                  AMAX_OUT, BLOCK_M, BLOCK_N, BLOCK_K, True)
+
+
+@triton.jit
+def _tma_tile(tile, f, a_desc, whi_desc, wlo_desc, res_ptr, out_ptr, z_ptr, y_ptr, sg_ptr, alpha_ptr, wup_ptr,
+              amax_in_ptr, amax_out_ptr, layer, E, F, a_se, a_sf,
+              LMAX: tl.constexpr, CF: tl.constexpr, FIRST_BLOCK: tl.constexpr, A_EDGE_MAJOR: tl.constexpr,
+              ALPHA_ON_A: tl.constexpr, STORE_Z: tl.constexpr, GATE: tl.constexpr, RESIDUAL: tl.constexpr,
+              ALPHA_ON_OUT: tl.constexpr, OUT_EDGE_MAJOR: tl.constexpr, STORE_OUT: tl.constexpr,
+              STORE_Y: tl.constexpr, AMAX_IN: tl.constexpr, AMAX_OUT: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPECIALISE_K: tl.constexpr):
+    """One ``(E tile, N tile)`` of ``tma_block_gemm_kernel``: the products and the epilogue."""
+    M0: tl.constexpr = (LMAX + 1) * CF
+    M1: tl.constexpr = 2 * LMAX * CF
+    ROW: tl.constexpr = M0 + M1
+    G: tl.constexpr = LMAX * CF
+    SECOND: tl.constexpr = FIRST_BLOCK == 1
+    NT: tl.constexpr = ((M1 if SECOND else M0) + BLOCK_N - 1) // BLOCK_N
+    COL0: tl.constexpr = M0 if SECOND else 0
+    KDIM: tl.constexpr = M1 if SECOND else M0
+    pid_m = tile // NT
+    pid_n = tile % NT
     row0 = pid_m * BLOCK_M
     e = row0.to(tl.int64) + tl.arange(0, BLOCK_M).to(tl.int64)
     e_mask = e < E
@@ -133,7 +168,7 @@ def tma_block_gemm_kernel(
     else:
         amax = alpha     # unused: the kernel's pre-pass finds it
     acc = tma_compensated_dot(a_desc, row0, COL0, whi_desc, wlo_desc, w_up, n0, KDIM, SECOND, alpha, amax,
-                              LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, ALPHA_ON_A, AMAX_IN)
+                              LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, ALPHA_ON_A, AMAX_IN, SPECIALISE_K)
 
     col = COL0 + n
     mask = e_mask[:, None] & n_mask[None, :]

@@ -107,10 +107,13 @@ def block_gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, 
     widths = {0: layout.m0, 1: layout.m1}
     n_tiles = sum(triton.cdiv(widths[b], bn) for b in blocks)
     grid = ((n_edges + bm - 1) // bm * n_tiles, n_focus)
-    kernel, tile_amax = block_gemm_kernel, None
+    kernel, tile_amax, extra = block_gemm_kernel, None, {}
     if use_tma:
         kernel = tma_block_gemm_kernel
         ensure_allocator()
+        extra = {"PERSISTENT": bool(cfg.get(PERSISTENT_FIELD))}
+        if extra["PERSISTENT"]:           # one program per SM, shared among the focus streams
+            grid = (max(1, min(grid[0], persistent_programs(a, grid[0] * n_focus, 1) // n_focus)), n_focus)
         if amax_out is not None:       # the TMA kernel stores each N tile's row maxima; folded below
             tile_amax = amax_out.new_empty((n_focus, n_edges, n_tiles))
     wrap_triton(kernel)[grid](
@@ -128,7 +131,7 @@ def block_gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, 
         STORE_Y=y is not None, COMPENSATED=split is not None,
         AMAX_IN=amax_in is not None, AMAX_OUT=amax_out is not None,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **extra,
     )
     if tile_amax is not None:
         rows = n_focus * n_edges
@@ -138,6 +141,7 @@ def block_gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, 
 
 FOLD_BLOCK = 256
 TMA_FIELD = "TMA"      # a level-3 GEMM config with this set runs ``gemm_tma`` (docs/contract.md §4)
+PERSISTENT_FIELD = "persistent"     # ... and with this set too, its persistent form
 
 
 def tma_fits(a, a_edge_major: bool) -> bool:
@@ -315,7 +319,7 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
         gz = torch.empty_like(h)
     elif n_gated:
         bm = fused_cfg["BLOCK_M"]
-        programs = _fused_programs(h, (n_edges + bm - 1) // bm * n_focus)
+        programs = persistent_programs(h, (n_edges + bm - 1) // bm * n_focus, FUSED_PROGRAMS_PER_SM)
         scratch = h.new_empty((programs, bm, max(layout.m0, layout.m1)))
     for k in range(n_gated - 1, -1, -1):
         if fused_cfg is not None:
@@ -364,10 +368,12 @@ def relay_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, s
                split=split, amax_in=amax)
 
 
-def _fused_programs(t, n_tiles: int) -> int:
+def persistent_programs(t, n_tiles: int, per_sm: int) -> int:
+    """Programs of a persistent launch over ``n_tiles`` tiles: ``per_sm`` on each SM of ``t``'s
+    GPU, a few under the interpreter (so that the tile loop is exercised)."""
     if t.device.type == "cuda":
         sms = torch.cuda.get_device_properties(t.device).multi_processor_count
-        return max(1, min(n_tiles, sms * FUSED_PROGRAMS_PER_SM))
+        return max(1, min(n_tiles, sms * per_sm))
     return max(1, min(n_tiles, INTERPRETER_PROGRAMS))
 
 

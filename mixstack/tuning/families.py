@@ -6,7 +6,7 @@
 | ``stack_bwd_relay`` | the same, for the relay backward's GEMMs | the level-1 config |
 | ``stack_bwd_fused`` | ``BLOCK_M, BLOCK_N, num_warps, num_stages`` of the fused backward | the relay |
 | ``stack_compensated`` | ``BLOCK_M, BLOCK_N, num_warps, num_stages`` of the level-3 split-fp16 GEMMs (forward and relay backward) | the exact fp32 stack (level 2) |
-| ``stack_compensated_tma`` | the same, for level 3's GEMMs on TMA loads with a warp-specialised K loop (``kernels.gemm_tma``) | level 3 on pointer loads (the ``stack_compensated`` entry) |
+| ``stack_compensated_tma`` | the same and ``persistent``, for level 3's GEMMs on TMA loads with specialised warps (``kernels.gemm_tma``) | level 3 on pointer loads (the ``stack_compensated`` entry) |
 | ``stack_wgrad`` | ``BLOCK_M, BLOCK_N, num_warps, num_stages`` of the weight reductions (``kernels.wgrad``) | the level-1 config |
 | ``stack_wgrad_compensated`` | the same, for the level-3 split-fp16 weight reductions | the exact reductions (level 2) |
 
@@ -30,6 +30,8 @@ from ..ops.configs import block_k as layout_block_k
 from .keys import ShapeKey
 
 GEMM_FIELDS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+TMA_FIELDS = GEMM_FIELDS + ("persistent",)       # the TMA kernel's tiled or persistent form
+FLAG_FIELDS = ("persistent",)                     # fields that hold a bool, not a positive int
 FUSED_FIELDS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 
 # Hand-picked (BLOCK_M, BLOCK_N, num_warps, num_stages) around the H200 winners
@@ -66,7 +68,7 @@ _COMPENSATED = (
 # cannot build is skipped.  Not yet measured on a GPU, so left out of the default quick sweep;
 # named (``mixstack tune --family stack_compensated_tma``), its quick set is M64 N64 w4 s3, the
 # tile whose every launch built without spills for sm_90 (Triton 3.6; N128 s4 spilled up to 208
-# bytes; results/2026-12-02-sm90-tma-report/).
+# bytes; results/2026-12-02-sm90-tma-report/), tiled and persistent.
 _COMPENSATED_TMA = ((64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 2), (64, 128, 4, 3),
                     (64, 128, 4, 4), (128, 64, 4, 3))
 CONTRACT = 2e-6            # relative error of the result and of every gradient against float64
@@ -177,11 +179,11 @@ def _compensated_candidates(key: ShapeKey) -> list[dict]:
 
 
 def _compensated_tma_candidates(key: ShapeKey) -> list[dict]:
-    return _split_tiles(key, _COMPENSATED_TMA)
+    return [dict(cfg, persistent=p) for cfg in _split_tiles(key, _COMPENSATED_TMA) for p in (False, True)]
 
 
 def _quick_compensated_tma_candidates(key: ShapeKey) -> list[dict]:
-    return [dict(M64_N64)]
+    return [dict(M64_N64, persistent=p) for p in (False, True)]
 
 
 def _wgrad_sensible(bm: int, bn: int, warps: int, stages: int, key: ShapeKey, fp16: bool) -> bool:
@@ -285,7 +287,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            baseline_paths=("fwd:triton",), baseline_forbidden=("fwd:compensated", "bwd:compensated"),
            baseline_name="level 2", candidate_level=3, accept="float64",
            kernels=("gemm", "gate", "reduce", "compensated"), make_quick=_quick_compensated_candidates),
-    Family("stack_compensated_tma", GEMM_FIELDS, "both", _compensated_tma_candidates,
+    Family("stack_compensated_tma", TMA_FIELDS, "both", _compensated_tma_candidates,
            candidate_paths=("fwd:compensated", "bwd:compensated", "level3:tma"),
            candidate_forbidden=("fwd:triton", "bwd:relay", "bwd:fused"),
            baseline_paths=("fwd:compensated", "bwd:compensated"), baseline_forbidden=("level3:tma",),
@@ -350,7 +352,8 @@ def contract_difference(reference, got, bound: float = CONTRACT) -> str | None:
 
 
 def check_config(name: str, cfg) -> dict | None:
-    """``cfg`` validated for family ``name``: ``None``, or a dict of exactly its fields (positive ints)."""
+    """``cfg`` validated for family ``name``: ``None``, or a dict of exactly its fields (positive
+    ints; ``FLAG_FIELDS`` bools)."""
     fam = family(name)
     if cfg is None:
         return None
@@ -361,7 +364,10 @@ def check_config(name: str, cfg) -> dict | None:
                          f"got {', '.join(map(str, cfg)) or 'none'}")
     for f in fam.fields:
         v = cfg[f]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        if f in FLAG_FIELDS:
+            if not isinstance(v, bool):
+                raise ValueError(f"{name} config field {f} must be true or false, got {v!r}")
+        elif isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} config field {f} must be a positive int, got {v!r}")
     return {f: cfg[f] for f in fam.fields}
 
@@ -370,7 +376,8 @@ _ABBREV = {"BLOCK_M": "M", "BLOCK_N": "N", "num_warps": "w", "num_stages": "s"}
 
 
 def label(cfg: dict | None) -> str:
-    """A short name of a config for logs and tables: ``M64 N128 w4 s3``."""
+    """A short name of a config for logs and tables: ``M64 N128 w4 s3`` (a flag field: its name
+    where it is set, ``M64 N64 w4 s3 persistent``)."""
     if cfg is None:
         return "baseline"
-    return " ".join(f"{_ABBREV.get(k, k)}{v}" for k, v in cfg.items())
+    return " ".join(k if v is True else f"{_ABBREV.get(k, k)}{v}" for k, v in cfg.items() if v is not False)

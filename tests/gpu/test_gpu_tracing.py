@@ -89,3 +89,29 @@ def test_gpu_opcheck_stack_forward_and_stack_backward():
     grad_out = helpers.make_grad_out(case, device=DEV)
     torch.library.opcheck(torch.ops.mixstack.stack_backward,
                           (grad_out, y, z, alpha.detach(), w0, w1, gw, *case.op_args, 1))
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["tiled", "persistent"])
+def test_gpu_compiled_level3_on_the_tma_kernel_gives_the_eager_bits(persistent):
+    """Level 3 with a ``stack_compensated_tma`` entry under ``torch.compile``: Inductor launches
+    the TMA kernel (its descriptors need Triton's scratch allocator at run time) with the eager
+    call's bits.  Skipped where this Triton does not build the kernel."""
+    from mixstack import tuning
+    from mixstack.tuner.sweep import build_reason
+    key = tuning.shape_key(focus_dim=CASE.Cf, lmax=CASE.lmax, n_focus=CASE.F, apply_alpha=CASE.apply_alpha)
+    tile = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    torch._dynamo.reset()
+    mod = _Stack()
+    with mixstack.use_level(3), tuning.registration("stack_compensated", key, tile), \
+            tuning.registration("stack_compensated_tma", key, dict(tile, persistent=persistent)):
+        try:
+            with mixstack.dispatch_log() as log:
+                want = _fwd_bwd(mod, CASE, 3)
+        except Exception as exc:                # noqa: BLE001 - a build refusal is a skip
+            if build_reason(exc):
+                pytest.skip(f"this Triton does not build the TMA kernel: {build_reason(exc)}")
+            raise
+        assert log.get("level3:tma") == 2
+        got = _fwd_bwd(torch.compile(mod, fullgraph=True), CASE, 3)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)

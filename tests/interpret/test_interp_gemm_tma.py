@@ -1,5 +1,5 @@
-"""Level 3's TMA-fed block GEMM (``kernels.gemm_tma``) through the interpreter: the same bits
-as the pointer kernel it replaces, through the whole stack (forward and backward, every
+"""Level 3's TMA-fed block GEMM (``kernels.gemm_tma``), tiled and persistent, through the
+interpreter: the same bits as the pointer kernel it replaces, through the whole stack (forward and backward, every
 GEMM use) and for one GEMM's row maxima, on partial tiles; engaged only by a
 ``stack_compensated_tma`` entry, with the dispatch log saying so.
 
@@ -40,13 +40,14 @@ def _launched(monkeypatch) -> list[str]:
     return names
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["tiled", "persistent"])
 @pytest.mark.parametrize("case", CASES, ids=helpers.case_id)
-def test_the_tma_gemms_give_the_pointer_kernels_bits_through_the_stack(case, monkeypatch):
+def test_the_tma_gemms_give_the_pointer_kernels_bits_through_the_stack(case, persistent, monkeypatch):
     inputs, grad_out = helpers.make_inputs(case, 0), helpers.make_grad_out(case, 1)
     with tuning.registration("stack_compensated", _key(case), TILE):
         pointer = helpers.run_stack(case, 3, inputs, grad_out)
         launched = _launched(monkeypatch)
-        with tuning.registration("stack_compensated_tma", _key(case), TILE):
+        with tuning.registration("stack_compensated_tma", _key(case), dict(TILE, persistent=persistent)):
             tma = helpers.run_stack(case, 3, inputs, grad_out)
     assert pointer["log"] == {"fwd:compensated": 1, "bwd:compensated": 1}
     assert tma["log"] == {"fwd:compensated": 1, "bwd:compensated": 1, "level3:tma": 2}
@@ -57,8 +58,9 @@ def test_the_tma_gemms_give_the_pointer_kernels_bits_through_the_stack(case, mon
             assert torch.equal(pointer[name], tma[name]), name
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["tiled", "persistent"])
 @pytest.mark.parametrize("blocks", [(0,), (1,), (0, 1)])
-def test_the_folded_row_maxima_are_the_atomic_ones(blocks):
+def test_the_folded_row_maxima_are_the_atomic_ones(blocks, persistent):
     """One GEMM with ``amax_out``: the TMA kernel's per-tile maxima, folded, equal the pointer
     kernel's atomic maxima, on top of maxima already there (the gate records block 0's)."""
     layout = StackLayout(2, 16)
@@ -71,7 +73,7 @@ def test_the_folded_row_maxima_are_the_atomic_ones(blocks):
     got = {}
     for tma in (False, True):
         out, amax = torch.zeros_like(a), start.clone()
-        cfg = dict(TILE, **({launchers.TMA_FIELD: True} if tma else {}))
+        cfg = dict(TILE, **({launchers.TMA_FIELD: True, launchers.PERSISTENT_FIELD: persistent} if tma else {}))
         launchers.block_gemm(a, w0, w1, 0, 41, 2, layout, cfg, blocks=blocks, out=out, split=split, amax_out=amax)
         got[tma] = (out, amax)
     assert torch.equal(got[False][0], got[True][0]) and torch.equal(got[False][1], got[True][1])
