@@ -21,6 +21,13 @@ masks load: rows past ``E`` of this focus stream, and weight columns past the bl
 products, and with them the results, are those of the pointer kernel for the same tile and
 K order (the interpreter tests hold the two bit for bit).
 
+What the pass makes of it at BLOCK_M 64 (its TTGIR): one producer and two consumer partitions
+of four warps, both consumers holding the whole tile, so their products and epilogue run
+twice; at BLOCK_M 128, where it would give each consumer 64 rows, it does not build with a row
+scale loaded or computed in the kernel (``repro/triton_hopper_ws_partition.py``).  Whether the
+overlap pays for that is the tuner's measurement (BENCHMARKS.md, "Level 3 on TMA loads and
+specialised warps").
+
 What the pass needs (Triton 3.6 and 3.7, checked offline for sm_90): four warps, a loop
 without an ``else`` block, descriptors made in the kernel, no atomic anywhere in it, a block
 fixed at compile time, and an allocator for the descriptors' global scratch
