@@ -110,19 +110,24 @@ class TuneResult:
         return None if self.config is None else self.medians_ms.get(families.label(self.config))
 
 
+def _chain(exc: BaseException | None):
+    """``exc`` and the exceptions it was raised from (``__cause__``, else ``__context__``), once each."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
 def resource_reason(exc: BaseException) -> str | None:
     """The reason when ``exc`` (or an exception it was raised from) is a resource refusal."""
     try:
         from triton.runtime.errors import OutOfResources
     except ImportError:                       # pragma: no cover - triton is a dependency
         OutOfResources = ()
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        text = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, OutOfResources) or any(m in str(exc).lower() for m in _RESOURCE_MARKERS):
-            return text
-        exc = exc.__cause__ or exc.__context__
+    for e in _chain(exc):
+        if isinstance(e, OutOfResources) or any(m in str(e).lower() for m in _RESOURCE_MARKERS):
+            return f"{type(e).__name__}: {e}"
     return None
 
 
@@ -131,12 +136,10 @@ def build_reason(exc: BaseException) -> str | None:
     build a kernel: its compile error, or a pass pipeline that failed (the Hopper warp
     specialisation's faults end so)."""
     from triton.compiler.errors import CompilationError
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, CompilationError) or "passmanager::run failed" in str(exc).lower():
-            return f"does not build: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}"
-        exc = exc.__cause__ or exc.__context__
+    for e in _chain(exc):
+        if isinstance(e, CompilationError) or "passmanager::run failed" in str(e).lower():
+            last = (str(e).strip().splitlines() or [""])[-1]
+            return f"does not build: {type(e).__name__}: {last[:200]}"
     return None
 
 
