@@ -8,19 +8,30 @@ packed Wigner rows they read (docs/contract.md §7);
 ``tuning`` (the tables) and ``tune`` (the sweep, docs/contract.md §5);
 ``freeze`` and ``load`` (docs/contract.md §6).  The potential and its ASE
 calculator (``mixstack.potential``, ``mixstack.potential.calculator``) are
-imported on demand, so ``import mixstack`` stays light (no ASE).
+imported on demand, so ``import mixstack`` stays light (no ASE, no tuner, no compiler).
 """
 
 from . import reference, tuning
-from .conv import edge_wigner, rotate_in, rotate_out_sum
-from .conv_layout import LinearRadial
+from .conv.functional import edge_wigner, rotate_in, rotate_out_sum
+from .conv.layout import LinearRadial
+from .core.version import __version__
 from .dispatch.levels import get_level, set_level, use_level
 from .dispatch.log import dispatch_log
-from .export import freeze, load
-from .functional import mixing_stack
-from .nn import MixingStack
-from .tuner import tune
-from .version import __version__
+from .stack.functional import mixing_stack
+from .stack.nn import MixingStack
+
+_LAZY = {"tune": ("tuner", "tune"), "freeze": ("export", "freeze"), "load": ("export", "load")}
+
+
+def __getattr__(name):
+    """``tune``, ``freeze`` and ``load`` on first use: they sit on upper floors (the sweep, the
+    compiler), so ``import mixstack`` loads only the operators."""
+    if name in _LAZY:
+        import importlib
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "LinearRadial", "MixingStack", "dispatch_log", "edge_wigner", "freeze", "get_level", "load", "mixing_stack",

@@ -4,5 +4,5 @@ import sys
 
 from .cli import main
 
-if __name__ == "__main__":          # spawned worker processes (bench.prewarm) import this module too
+if __name__ == "__main__":          # spawned worker processes (measure.prewarm) import this module too
     sys.exit(main())

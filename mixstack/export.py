@@ -44,9 +44,9 @@ from pathlib import Path
 import torch
 
 from . import tuner, tuning
+from .core.version import __version__
 from .dispatch import levels
-from .nn import MixingStack
-from .version import __version__
+from .stack.nn import MixingStack
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +115,10 @@ class _Outputs(torch.nn.Module):
 def _example_inputs(module, example):
     """``example``: an ``ase.Atoms`` or the six input tensors."""
     if hasattr(example, "get_positions"):
-        from .potential.neighbors import atoms_inputs
-        p = next(module.parameters())
-        example = atoms_inputs(example, module.cutoff, device=p.device, dtype=p.dtype)
+        if not hasattr(module, "inputs_of"):
+            raise TypeError(f"example is an ase.Atoms, but {type(module).__name__} has no inputs_of(atoms) "
+                            f"to turn it into input tensors: pass the six tensors ({', '.join(INPUT_NAMES)})")
+        example = module.inputs_of(example)
     example = tuple(example)
     if len(example) != len(INPUT_NAMES) or not all(torch.is_tensor(t) for t in example):
         raise TypeError(f"example must be an ase.Atoms or six tensors ({', '.join(INPUT_NAMES)})")

@@ -3,7 +3,7 @@
 Every (Cf, lmax) of the grid at F 1, exact with the level-1 configs and compensated with
 the level-3 policy's configs, and every GEMM config of the shipped H200 table on its path:
 each distinct launch is compiled for sm_90 with the ptxas this Triton bundles
-(``mixstack.compiler_report``), and its registers and spills are written to
+(``mixstack.measure.compiler_report``), and its registers and spills are written to
 ``tests/data/compiler_grid_sm90.json`` with the kernel-source hash and the launch-set hash
 they hold for.  ``tests/test_compiler_grid.py`` fails when either hash is stale or a row
 breaks the rule (``compiler_report.collapse_reason``), and recompiles a few keys to prove
@@ -22,7 +22,7 @@ import os
 import sys
 import time
 
-from mixstack import compiler_report as cr
+from mixstack.measure import compiler_report as cr
 from mixstack.tuning import validity
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

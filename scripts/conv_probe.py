@@ -20,15 +20,16 @@ from pathlib import Path
 
 import torch
 
-from mixstack import conv
 from mixstack.bench.model_bench import DEFAULT_MODEL, build_cell
-from mixstack.bench.runner import exact_fp32
-from mixstack.bench.timing import Task, clock_for, time_interleaved
-from mixstack.conv_layout import LinearRadial
+from mixstack.bench.stack_bench import exact_fp32
+from mixstack.conv import functional as conv
+from mixstack.conv import launchers as conv_launchers
+from mixstack.conv.layout import LinearRadial
 from mixstack.dispatch.levels import use_level
-from mixstack.ops import configs, conv_launchers
+from mixstack.measure.timing import Task, clock_for, time_interleaved
 from mixstack.potential import SO2Potential
 from mixstack.potential.neighbors import atoms_inputs
+from mixstack.tuning import configs
 
 
 @contextlib.contextmanager

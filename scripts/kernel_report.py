@@ -7,7 +7,7 @@ backward of the stack launches, compiled here for an NVIDIA architecture (no GPU
 
 ``--fused`` / ``--gemm`` / ``--compensated`` / ``--wgrad``: BLOCK_M,BLOCK_N,num_warps,num_stages of
 that path (default: the level-1 relay with its default GEMM config); ``--training`` adds the
-launches of a training step.  See ``mixstack.compiler_report``
+launches of a training step.  See ``mixstack.measure.compiler_report``
 for how the launches are recorded and compiled, and what the numbers mean.
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mixstack import compiler_report as resources
-from mixstack.bench.shapes import STANDARD
+from mixstack.measure import compiler_report as resources
+from mixstack.measure.shapes import STANDARD
 
 
 def _cfg(text):

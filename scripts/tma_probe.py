@@ -19,8 +19,8 @@ import sys
 
 import torch
 
-from mixstack.layout import StackLayout
-from mixstack.ops import launchers as L
+from mixstack.core.layout import StackLayout
+from mixstack.stack import launchers as L
 
 TILE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 FORMS = {

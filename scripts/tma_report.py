@@ -17,8 +17,8 @@ import sys
 
 import triton
 
-from mixstack import compiler_report as cr
-from mixstack.layout import StackLayout
+from mixstack.core.layout import StackLayout
+from mixstack.measure import compiler_report as cr
 
 OPCODES = cr.COUNTED + ("UTMALDG", "USETMAXREG", "SYNCS", "WARPGROUP")
 # The level-3 keys of the benchmark set (S1-S4: Cf, lmax, F) and the shipped table's two tiles.

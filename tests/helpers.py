@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 import mixstack
-from mixstack.layout import StackLayout
+from mixstack.core.layout import StackLayout
 
 # Tolerance of every float32-vs-float64 comparison: relative Frobenius error.
 # For the shapes tested here (K <= ~600 per dot product, a few layers, O(1)
@@ -317,7 +317,7 @@ def edge_vectors(n: int, seed: int = 0, *, dtype=torch.float32, device="cpu") ->
 def edge_wigner_check(vec: torch.Tensor, lmax: int, seed: int = 1):
     """``(w, g, w64, g64)``: ``mixstack.edge_wigner`` at the active level on ``vec`` and the
     gradient of a random weighted sum of it, against the float64 tensor-op formulas (on the CPU)."""
-    from mixstack.wigner import edge_wigner_reference
+    from mixstack.conv.frames import edge_wigner_reference
     gen = torch.Generator().manual_seed(seed)
     weights = torch.randn(vec.shape[0], 3, (lmax + 1) ** 2, generator=gen, dtype=torch.float64)
     v = vec.detach().clone().requires_grad_(True)

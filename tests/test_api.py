@@ -13,7 +13,7 @@ import torch
 from helpers import Case
 
 import mixstack
-from mixstack import config
+from mixstack.core import config
 
 # ---------------------------------------------------------------- levels
 

@@ -11,8 +11,8 @@ import torch
 
 pytest.importorskip("ase")
 from mixstack.bench import breakdown, model_bench  # noqa: E402
-from mixstack.bench.timing import clock_for  # noqa: E402
 from mixstack.cli import main  # noqa: E402
+from mixstack.measure.timing import clock_for  # noqa: E402
 
 TINY_MODEL = dict(lmax=1, focus_dim=16, n_focus=2, n_blocks=1, n_layers=2, cutoff=3.0)
 
@@ -94,7 +94,7 @@ def test_a_frames_breakdown_names_every_stage_and_adds_up():
 def test_md_reports_throughput_and_drift():
     from ase.build import bulk
 
-    from mixstack.bench.md import run_md
+    from mixstack.bench.md_bench import run_md
     from mixstack.potential import SO2Potential
     model = SO2Potential(**TINY_MODEL, energy_scale=10.0)
     atoms = bulk("Cu", "bcc", a=2.87, cubic=True).repeat((2, 2, 2))

@@ -2,8 +2,8 @@
 
 import pytest
 
-from mixstack.bench import counts
-from mixstack.bench.shapes import STANDARD, BenchShape
+from mixstack.measure import counts
+from mixstack.measure.shapes import STANDARD, BenchShape
 
 # E=10 F=2 Cf=16 lmax=1 n_layers=2: m0 = 32, m1 = 32, ROW = 64, G = 16, one gated layer.
 TINY = BenchShape("tiny", edges=10, focus=2, focus_dim=16, lmax=1, layers=2)

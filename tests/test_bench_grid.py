@@ -100,7 +100,7 @@ def _rule_record(cf, lmax, f, l2, l3, l3_rule):
     rec = _record(cf, lmax, f, l2, l3, False)
     rec["shape"]["variants"].append({"variant": "L3-rule", "failed": None, "dispatch": {"fwd:compensated": 1}})
     rec["timings"].append({"variant": "L3-rule", "pass": "both", "median_ms": l3_rule})
-    from mixstack.bench import env
+    from mixstack.measure import env
     rec.update(env=env.collect(torch.device("cpu")), compile={"graphs": 0, "first_call_s": None})
     return rec
 

@@ -7,8 +7,10 @@ import sys
 import pytest
 import torch
 
-from mixstack.bench import counts, report, runner
-from mixstack.bench.shapes import SMALL, BenchShape, make_inputs
+from mixstack.bench import stack_bench
+from mixstack.bench import stack_report as report
+from mixstack.measure import counts
+from mixstack.measure.shapes import SMALL, BenchShape, make_inputs
 
 TINY = BenchShape("tiny", edges=37, focus=2, focus_dim=16, lmax=2, layers=3)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -22,21 +24,21 @@ def _no_interpreter(monkeypatch):
 def _config(**kw):
     base = dict(shapes=(TINY,), variants=("0",), rounds=2, warmup=1, device="cpu", roof_n=128)
     base.update(kw)
-    return runner.BenchConfig(**base)
+    return stack_bench.BenchConfig(**base)
 
 
 @pytest.fixture(scope="module")
 def record():
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("TRITON_INTERPRET", raising=False)
-        return runner.run_bench(_config(variants=("0", "1", "2", "3")), command="mixstack bench test")
+        return stack_bench.run_bench(_config(variants=("0", "1", "2", "3")), command="mixstack bench test")
 
 
 def test_results_folder_holds_json_markdown_and_png(record, tmp_path):
     paths = report.write(record, tmp_path / "out")
     assert set(paths) == {"json", "markdown", "csv", "plot"}
     data = json.loads(paths["json"].read_text())
-    assert data["schema"] == runner.SCHEMA and data["command"] == "mixstack bench test"
+    assert data["schema"] == stack_bench.SCHEMA and data["command"] == "mixstack bench test"
     for key in ("date", "mixstack", "git_revision", "python", "torch", "triton", "cuda", "driver",
                 "device", "float32_matmul_precision", "triton_levels", "active_level"):
         assert key in data["env"], key
@@ -84,21 +86,21 @@ def test_probe_records_paths_errors_and_no_memory_on_cpu(record):
 
 
 def test_accuracy_check_catches_a_wrong_variant(monkeypatch):
-    real = runner.forward_fn
+    real = stack_bench.forward_fn
 
     def perturbed(key, shape, inp):
         fwd = real(key, shape, inp)
         return lambda u0, alpha: fwd(u0, alpha) * (1 + 1e-3)
 
-    monkeypatch.setattr(runner, "forward_fn", perturbed)
-    rec = runner.run_bench(_config(passes=("fwd",), rounds=1, warmup=0))
+    monkeypatch.setattr(stack_bench, "forward_fn", perturbed)
+    rec = stack_bench.run_bench(_config(passes=("fwd",), rounds=1, warmup=0))
     err = rec["shapes"][0]["variants"][0]["rel_error"]
     assert err["out"] == pytest.approx(1e-3, rel=1e-2)
     assert err["grad_u0"] == pytest.approx(1e-3, rel=1e-2)
 
 
 def test_a_failing_variant_is_recorded_and_the_others_still_run(monkeypatch):
-    real = runner.forward_fn
+    real = stack_bench.forward_fn
 
     def broken(key, shape, inp):
         if key == "0c":
@@ -107,8 +109,8 @@ def test_a_failing_variant_is_recorded_and_the_others_still_run(monkeypatch):
             return fail
         return real(key, shape, inp)
 
-    monkeypatch.setattr(runner, "forward_fn", broken)
-    rec = runner.run_bench(_config(variants=("0", "0c"), passes=("bwd",), rounds=1, warmup=0))
+    monkeypatch.setattr(stack_bench, "forward_fn", broken)
+    rec = stack_bench.run_bench(_config(variants=("0", "0c"), passes=("bwd",), rounds=1, warmup=0))
     by_name = {v["variant"]: v for v in rec["shapes"][0]["variants"]}
     assert by_name["L0-compile"]["failed"] == "RuntimeError: compiler said no"
     assert by_name["L0-eager"]["failed"] is None
@@ -119,15 +121,15 @@ def test_a_failing_variant_is_recorded_and_the_others_still_run(monkeypatch):
 def test_progress_steps_add_up_to_the_announced_total():
     cfg = _config(passes=("fwd", "bwd"), rounds=2, warmup=1)
     steps = []
-    runner.run_bench(cfg, on_step=steps.append)
-    assert len(steps) == runner.total_steps(cfg)
+    stack_bench.run_bench(cfg, on_step=steps.append)
+    assert len(steps) == stack_bench.total_steps(cfg)
 
 
 def test_the_run_is_exact_fp32_and_restores_the_matmul_precision():
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")
     try:
-        rec = runner.run_bench(_config(passes=("fwd",), rounds=1, warmup=0))
+        rec = stack_bench.run_bench(_config(passes=("fwd",), rounds=1, warmup=0))
         assert rec["env"]["float32_matmul_precision"] == "highest"
         assert torch.get_float32_matmul_precision() == "high"
     finally:
@@ -142,21 +144,21 @@ def test_plot_without_matplotlib_names_the_pip_fix(record, tmp_path, monkeypatch
 
 
 def test_parse_variants_accepts_keys_and_names():
-    assert runner.parse_variants("0,0c,1,2") == ("0", "0c", "1", "2")
-    assert runner.parse_variants("L0-eager, L0-compile,l3") == ("0", "0c", "3")
-    assert runner.parse_variants("1,1") == ("1",)
+    assert stack_bench.parse_variants("0,0c,1,2") == ("0", "0c", "1", "2")
+    assert stack_bench.parse_variants("L0-eager, L0-compile,l3") == ("0", "0c", "3")
+    assert stack_bench.parse_variants("1,1") == ("1",)
     with pytest.raises(ValueError, match="unknown level"):
-        runner.parse_variants("0,9")
+        stack_bench.parse_variants("0,9")
 
 
 def test_cpu_defaults_are_small_level_zero_and_say_what_they_leave_out():
-    cfg = runner.default_config("cpu")
+    cfg = stack_bench.default_config("cpu")
     assert cfg.shapes == tuple(SMALL.values())
-    keys, skipped = runner.plan(cfg)
+    keys, skipped = stack_bench.plan(cfg)
     assert keys == ["0"]
     assert {s["variant"] for s in skipped} == {"L1", "L2", "L2-fused", "L3"}
     assert any("L0-compile" in n for n in cfg.notes)
-    assert runner.default_config("cpu", quick=True).shapes == (SMALL["C1"],)
+    assert stack_bench.default_config("cpu", quick=True).shapes == (SMALL["C1"],)
 
 
 def test_inputs_are_reproducible_nonzero_and_scaled_like_the_module():
@@ -171,17 +173,17 @@ def test_inputs_are_reproducible_nonzero_and_scaled_like_the_module():
 
 
 def test_a_pass_that_fails_while_timed_is_recorded_and_the_others_still_run(monkeypatch):
-    real = runner.pass_task
+    real = stack_bench.pass_task
 
     def broken(pass_, *args):
         if pass_ == "bwd":
             def fail():
                 raise RuntimeError("out of memory, pretend")
-            return runner.Task(run=fail)
+            return stack_bench.Task(run=fail)
         return real(pass_, *args)
 
-    monkeypatch.setattr(runner, "pass_task", broken)
-    rec = runner.run_bench(_config(passes=("fwd", "bwd"), rounds=1, warmup=0))
+    monkeypatch.setattr(stack_bench, "pass_task", broken)
+    rec = stack_bench.run_bench(_config(passes=("fwd", "bwd"), rounds=1, warmup=0))
     assert rec["shapes"][0]["failed_passes"] == {"bwd": "RuntimeError: out of memory, pretend"}
     assert [t["pass"] for t in rec["timings"]] == ["fwd"]
     assert "bwd: timing failed: RuntimeError: out of memory, pretend" in report.markdown(rec)

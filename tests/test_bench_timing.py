@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from mixstack.bench.timing import Samples, Task, beats, perf_counter_clock, quantile, rotation, time_interleaved
+from mixstack.measure.timing import Samples, Task, beats, perf_counter_clock, quantile, rotation, time_interleaved
 
 
 class ScriptedClock:

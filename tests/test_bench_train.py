@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mixstack.bench import train_bench
-from mixstack.bench.shapes import BenchShape
 from mixstack.cli import main
+from mixstack.measure.shapes import BenchShape
 
 TINY_SHAPE = BenchShape("tiny", 37, 2, 16, 2, 3)
 TINY_MODEL = dict(lmax=1, focus_dim=16, n_focus=2, n_layers=2, n_blocks=1, cutoff=2.6)

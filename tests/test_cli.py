@@ -102,14 +102,14 @@ def test_bench_with_only_skipped_levels_runs_nothing(capsys, tmp_path):
 
 
 def test_bench_exits_nonzero_when_a_variant_fails(capsys, tmp_path, monkeypatch):
-    from mixstack.bench import runner
+    from mixstack.bench import stack_bench
 
     def broken(key, shape, inp):
         def fail(u0, alpha):
             raise RuntimeError("kernel refused")
         return fail
 
-    monkeypatch.setattr(runner, "forward_fn", broken)
+    monkeypatch.setattr(stack_bench, "forward_fn", broken)
     assert main(["bench", *TINY_ARGS, "--levels", "0", "--out", str(tmp_path)]) == 1
     assert "FAILED L0-eager on custom: RuntimeError: kernel refused" in capsys.readouterr().err
     assert (tmp_path / "bench.json").exists()
@@ -154,9 +154,10 @@ def test_bad_input_ends_with_one_line_that_names_it_and_no_traceback(capsys, tmp
 
 
 def test_a_gpu_shape_on_a_cpu_is_announced_as_minutes_long():
-    from mixstack.bench import runner, shapes
+    from mixstack.bench import stack_bench
     from mixstack.cli.bench import cpu_warnings
-    cfg = runner.default_config("cpu")
+    from mixstack.measure import shapes
+    cfg = stack_bench.default_config("cpu")
     assert cpu_warnings(cfg, torch.device("cpu")) == []                       # the CPU sizes
     big = [shapes.shape_by_name("S1")]
     from dataclasses import replace
@@ -166,7 +167,7 @@ def test_a_gpu_shape_on_a_cpu_is_announced_as_minutes_long():
 
 
 def test_rounds_that_disagree_are_reported():
-    from mixstack.bench.report import consistency_warnings
+    from mixstack.bench.stack_report import consistency_warnings
     row = dict(shape="S1", variant="L2", median_ms=10.0, rel_spread=0.01)
     quiet = {"timings": [dict(row, **{"pass": "bwd"}), dict(row, **{"pass": "both"}, median_ms=18.0)]}
     assert consistency_warnings(quiet) == []

@@ -1,10 +1,11 @@
-"""``bench.compile_log``: what Triton compiles and what it loads from its cache inside a block,
+"""``measure.compile_log``: what Triton compiles and what it loads from its cache inside a block,
 seen through Triton's compilation listener on an offline sm_90 compile (no GPU needed)."""
 
 import pytest
 
-from mixstack import compiler_report, tuning
-from mixstack.bench.compile_log import compile_log
+from mixstack import tuning
+from mixstack.measure import compiler_report
+from mixstack.measure.compile_log import compile_log
 
 pytestmark = pytest.mark.skipif(not compiler_report.tools_available(), reason="needs Triton's bundled ptxas")
 

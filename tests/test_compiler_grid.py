@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from mixstack import compiler_report as cr
-from mixstack import config
+from mixstack.core import config
+from mixstack.measure import compiler_report as cr
 from mixstack.tuning import validity
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,7 +12,8 @@ from helpers import ConvCase
 from torch._dynamo.utils import counters
 
 import mixstack
-from mixstack import config, conv_reference
+from mixstack.conv import reference as conv_reference
+from mixstack.core import config
 
 pytestmark = pytest.mark.skipif(
     config.triton_interpret(), reason="tracing tests run without TRITON_INTERPRET (second process)")

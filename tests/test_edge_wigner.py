@@ -12,9 +12,9 @@ import torch
 from torch._dynamo.utils import counters
 
 import mixstack
-from mixstack import config
-from mixstack import wigner as W
-from mixstack.potential.wigner import edge_frames, pack_rows, wigner_rows
+from mixstack.conv import frames as W
+from mixstack.core import config
+from mixstack.potential.frames import edge_frames, pack_rows, wigner_rows
 
 pytestmark = pytest.mark.skipif(
     config.triton_interpret(), reason="tracing tests run without TRITON_INTERPRET (second process)")
@@ -63,7 +63,7 @@ def test_edge_wigner_names_the_argument_it_cannot_take(vec, lmax, error, match):
 
 def test_opcheck_of_both_operators():
     vec = helpers.edge_vectors(7).requires_grad_(True)
-    steps = mixstack.conv.edge_wigner_constants(2)
+    steps = mixstack.conv.functional.edge_wigner_constants(2)
     # not test_aot_dispatch_*, and no opcheck of the backward operator: they run its tensor-op
     # branch (this CPU's, a functorch vjp, since an operator's body runs below autograd) under
     # fake-tensor and schema-check modes, which cannot take functorch's wrappers; its

@@ -107,9 +107,9 @@ def test_the_baseline_part_selects_the_strict_compiled_baseline_test(tmp_path):
 def test_the_tune_and_grid_parts_pass_their_warm_up_workers(tmp_path):
     """``tune``, ``retune`` and ``grid`` give ``--warm-workers`` (auto, or TUNE_WARM_WORKERS /
     GRID_WARM_WORKERS) to commands that parse."""
-    from mixstack.bench import prewarm
     from mixstack.cli import build_parser
     from mixstack.cli.bench import grid_config
+    from mixstack.measure import prewarm
 
     def _fresh(path):
         path.mkdir()

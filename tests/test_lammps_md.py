@@ -14,7 +14,7 @@ require_lammps()
 
 import ase.io  # noqa: E402
 
-from mixstack.lammps import md  # noqa: E402
+from mixstack.lammps import runs as md  # noqa: E402
 from mixstack.potential import SO2Potential  # noqa: E402
 
 KW = dict(lmax=1, focus_dim=8, n_focus=1, n_blocks=2, n_layers=2, radial_hidden=16, cutoff=3.0, energy_scale=10.0)

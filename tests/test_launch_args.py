@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mixstack.layout import StackLayout
-from mixstack.ops import configs, launchers
+from mixstack.core.layout import StackLayout
+from mixstack.stack import launchers
+from mixstack.tuning import configs
 
 # pointer argument -> the constexpr flags under which the kernel dereferences it ("!F": F unset)
 GEMM_USES = {"res_ptr": ("RESIDUAL",), "out_ptr": ("STORE_OUT",), "z_ptr": ("STORE_Z",),

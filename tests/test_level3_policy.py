@@ -1,4 +1,4 @@
-"""Level 3 on untuned keys (``tuning.policy``, ``mixstack.level3``) and the quick sweep: which keys
+"""Level 3 on untuned keys (``tuning.policy``, ``mixstack.stack.level3``) and the quick sweep: which keys
 engage, which config, the first-use verdict kept and voided like a table entry, sweeps that still
 measure such keys, and the quick sweep's pruned candidates and time budget.  No GPU: the
 validation itself runs through the interpreter in tests/interpret/test_interp_level3.py."""
@@ -9,7 +9,8 @@ import os
 import pytest
 from tuning_fakes import DEVICE, FakeProbe, entry_for, write_table
 
-from mixstack import level3, tuning
+from mixstack import tuning
+from mixstack.stack import level3
 from mixstack.tuner import tune
 from mixstack.tuning import families, policy, registry, store
 

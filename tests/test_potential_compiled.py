@@ -12,8 +12,8 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._inductor.decomposition import select_decomp_table
 
-from mixstack import config
-from mixstack.potential import wigner
+from mixstack.core import config
+from mixstack.potential import frames as wigner
 
 pytestmark = pytest.mark.skipif(
     config.triton_interpret(), reason="tracing tests run without TRITON_INTERPRET (second process)")

@@ -108,7 +108,7 @@ def test_traced_program_keeps_the_mixstack_operators_for_forward_and_backward(mo
     goes through ``mixstack::stack_backward`` (the Triton relay / fused kernels on CUDA), not
     through a decomposition.  On the CPU the operators' bodies run their reference branch, so
     the traced program must still equal the live module."""
-    from mixstack import functional
+    from mixstack.stack import functional
     monkeypatch.setattr(functional, "forward_level", lambda u0, layout: 1)   # take the operator path
     model = SO2Potential(**KW, seed=3).eval()
     program = export.trace(model, _diamond())

@@ -228,7 +228,7 @@ def test_import_mixstack_does_not_import_ase():
 
 def test_eval_mode_hands_the_stack_detached_weights_and_training_mode_live_ones(monkeypatch):
     """Weights that require grad would send the stack's backward to the reference formulas (see
-    mixstack.ops.stack); inference must not pay for that, training must keep the weight gradients."""
+    mixstack.stack.ops); inference must not pay for that, training must keep the weight gradients."""
     from mixstack.potential import blocks
     seen = []
 

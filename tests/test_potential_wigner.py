@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mixstack.potential.blocks import EquivariantMixingStack
-from mixstack.potential.wigner import edge_frames, wigner_full, wigner_rows
+from mixstack.potential.frames import edge_frames, wigner_full, wigner_rows
 
 special = pytest.importorskip("scipy.special")
 

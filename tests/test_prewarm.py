@@ -1,4 +1,4 @@
-"""Compile ahead (``mixstack.bench.prewarm``): the worker pool, the launch specs, and the warm-up of
+"""Compile ahead (``mixstack.measure.prewarm``): the worker pool, the launch specs, and the warm-up of
 ``mixstack tune`` and ``mixstack bench grid`` (orchestration on the CPU; the compiles it saves
 happen on a GPU).  The lists of launches the warm-ups compile are checked against the launches
 the sweep and the grid make in tests/interpret/test_interp_prewarm.py."""
@@ -10,7 +10,8 @@ import torch
 from tuning_fakes import DEVICE, FakeProbe
 
 from mixstack import tuning
-from mixstack.bench import grid, prewarm
+from mixstack.bench import grid
+from mixstack.measure import prewarm
 from mixstack.tuner import driver
 
 # ---------------------------------------------------------------- tasks (module level: workers import them)
@@ -66,8 +67,8 @@ def test_a_launch_spec_keeps_what_selects_the_binary_and_dedupes_by_it():
     from triton.backends.compiler import BaseBackend
     from triton.runtime.jit import native_specialize_impl
 
-    from mixstack.compiler_report import Launch
     from mixstack.kernels.reduce import alpha_grad_kernel
+    from mixstack.measure.compiler_report import Launch
 
     t = torch.empty(64)
     launch = Launch(alpha_grad_kernel, (t, t[1:], 1, 4099, 32, 2 ** 40), {"ROW": 64, "num_warps": 4})
@@ -226,7 +227,7 @@ def test_a_warmed_launch_is_filed_under_the_measured_launchs_cache_key(focus, co
     """The worker compiles from ``LaunchSpec`` values (mock pointers of the recorded dtype and
     alignment): Triton must file that compile under the key the measured launch looks up, or the
     measuring process compiles it again."""
-    from mixstack import compiler_report
+    from mixstack.measure import compiler_report
     layout = tuning.shape_key(focus_dim=16, lmax=2, n_focus=focus, apply_alpha=True).layout
     launches = compiler_report.distinct(compiler_report.stack_launches(layout, focus, compensated=compensated))
     assert len(launches) > 5

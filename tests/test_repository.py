@@ -8,6 +8,7 @@ import ast
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -107,19 +108,76 @@ def test_the_cycle_finder_finds_a_planted_cycle():
     assert cycles(graph) == [["a", "b", "c"]]
 
 
-@pytest.mark.parametrize("low, high", [
-    ("mixstack.tuning", "mixstack.tuner"),          # the lookup every call makes, below the sweep
-    ("mixstack.tuning", "mixstack.ops.stack"),      # ... and below the operators that read it
-    ("mixstack.ops.stack", "mixstack.functional"),
-    ("mixstack.kernels.gemm", "mixstack.ops.launchers"),
-    ("mixstack.functional", "mixstack.bench.runner"),
-    ("mixstack.bench.runner", "mixstack.tuner"),
-    ("mixstack.potential.model", "mixstack.cli"),
-    ("mixstack.potential.neighbors", "mixstack.lammps.domain"),   # the potential knows nothing of LAMMPS
-])
-def test_lower_floors_never_reach_higher_ones(low, high):
-    graph = import_graph()
-    assert high not in reachable(graph, low)
+ARCHITECTURE = os.path.join(ROOT, "docs", "architecture.md")
+
+
+def floor_table(path: str = ARCHITECTURE) -> dict[str, int]:
+    """Room -> floor, read from the "Import floors" table of docs/architecture.md
+    (``| 4 | `stack`, `conv` | ... |``): the document is the rule the imports are held to."""
+    text = open(path, encoding="utf-8").read()
+    section = text.split("## Import floors", 1)[1].split("\n## ", 1)[0]
+    floors = {}
+    for line in section.splitlines():
+        m = re.match(r"\|\s*(\d+)\s*\|([^|]*)\|", line)
+        if m:
+            for room in re.findall(r"`([\w.]+)`", m.group(2)):
+                floors[room] = int(m.group(1))
+    return floors
+
+
+def room_of(module: str) -> str:
+    """``mixstack.stack.ops`` -> ``stack``; a root module is its own room (``export``)."""
+    return module.split(".")[1]
+
+
+def floor_violations(graph: dict[str, set[str]], floors: dict[str, int]) -> list[str]:
+    """Every import edge that leaves its room for a room not on a lower floor, and every module
+    whose room the table does not name."""
+    bad = [f"{m}: its room {room_of(m)!r} is not in the floor table" for m in graph
+           if m != "mixstack" and room_of(m) not in floors]
+    for m, targets in graph.items():
+        if m == "mixstack" or room_of(m) not in floors:
+            continue
+        for t in sorted(targets):
+            if room_of(t) != room_of(m) and floors.get(room_of(t), 99) >= floors[room_of(m)]:
+                bad.append(f"{m} (floor {floors[room_of(m)]}) imports {t} "
+                           f"(floor {floors.get(room_of(t), '?')})")
+    return bad
+
+
+def test_every_import_edge_keeps_to_the_floor_table():
+    floors = floor_table()
+    assert {"core", "kernels", "stack", "conv", "tuning", "tuner", "measure", "cli"} <= set(floors)
+    assert floor_violations(import_graph(), floors) == []
+
+
+def test_the_floor_check_finds_planted_upward_and_sideways_imports():
+    floors = {"core": 1, "stack": 4, "conv": 4, "bench": 9}
+    graph = {"mixstack.core.layout": {"mixstack.stack.ops"},          # up
+             "mixstack.stack.ops": {"mixstack.conv.ops", "mixstack.core.layout"},   # sideways; down
+             "mixstack.conv.ops": set(), "mixstack.bench.grid": {"mixstack.stack.ops"},
+             "mixstack.stray": set()}
+    bad = floor_violations(graph, floors)
+    assert len(bad) == 3 and "stray" in bad[0]
+    assert any("mixstack.core.layout (floor 1) imports mixstack.stack.ops" in b for b in bad)
+    assert any("mixstack.stack.ops (floor 4) imports mixstack.conv.ops" in b for b in bad)
+
+
+def test_the_floor_table_names_every_room_of_the_tree():
+    rooms = {room_of(m) for m in _modules() if m != "mixstack"}
+    assert rooms <= set(floor_table()), rooms - set(floor_table())
+
+
+def test_the_import_graph_sees_imports_inside_functions(tmp_path, monkeypatch):
+    pkg = tmp_path / "mixstack"
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "__init__.py").write_text("")
+    (pkg / "a" / "x.py").write_text("def f():\n    from ..b import y\n")
+    (pkg / "b.py").write_text("y = 1\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", str(pkg))
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
+    assert import_graph()["mixstack.a.x"] == {"mixstack.b"}
 
 
 def test_cli_modules_import_no_private_names_from_each_other():

@@ -5,9 +5,10 @@ level-1 launch configs compile for sm_90 (the H100/H200) without spills beyond a
 import pytest
 import torch
 
-from mixstack import compiler_report, config
-from mixstack.layout import StackLayout
-from mixstack.ops import launchers
+from mixstack.core import config
+from mixstack.core.layout import StackLayout
+from mixstack.measure import compiler_report
+from mixstack.stack import launchers
 
 needs_tools = pytest.mark.skipif(not compiler_report.tools_available(),
                                  reason="this Triton bundles no ptxas/cuobjdump/nvdisasm")

@@ -14,7 +14,7 @@ from helpers import Case
 from torch._dynamo.utils import counters
 
 import mixstack
-from mixstack import config
+from mixstack.core import config
 
 pytestmark = pytest.mark.skipif(
     config.triton_interpret(), reason="tracing tests run without TRITON_INTERPRET (second process)")

@@ -11,7 +11,7 @@ import torch
 from helpers import Case
 
 import mixstack
-from mixstack import reference
+from mixstack.stack import reference
 
 CASES = [
     Case(F=2, E=5, Cf=3, lmax=1, n_layers=1, apply_alpha=True),     # identity layer only

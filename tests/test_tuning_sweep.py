@@ -10,7 +10,7 @@ from tuning_fakes import DEVICE, FakeClock, FakeProbe, base_outputs, flip_last_b
 
 import mixstack
 from mixstack import tuning
-from mixstack.bench.timing import rotation
+from mixstack.measure.timing import rotation
 from mixstack.tuner.sweep import NotEngagedError, TuneError, tune_key
 from mixstack.tuning import families
 from mixstack.tuning.families import label

@@ -5,8 +5,7 @@ import torch
 from tuning_fakes import DEVICE, entry_for, write_table
 
 from mixstack import tuning
-from mixstack.ops import configs
-from mixstack.tuning import registry, store
+from mixstack.tuning import configs, registry, store
 from mixstack.tuning.keys import ShapeKey
 
 KEY = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)

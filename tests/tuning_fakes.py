@@ -19,9 +19,9 @@ import pytest
 import torch
 
 import mixstack
-from mixstack import config
-from mixstack.bench.timing import Task
+from mixstack.core import config
 from mixstack.dispatch import log as dispatch
+from mixstack.measure.timing import Task
 from mixstack.tuning import families, registry, store, validity
 from mixstack.tuning.families import label
 

@@ -10,10 +10,10 @@
 Importing this package imports neither matplotlib nor rich.
 """
 
-from .counts import flops, min_bytes
-from .runner import BenchConfig, default_config, run_bench
-from .shapes import SMALL, STANDARD, BenchShape, make_inputs
-from .timing import Samples, Task, beats, time_interleaved
+from ..measure.counts import flops, min_bytes
+from ..measure.shapes import SMALL, STANDARD, BenchShape, make_inputs
+from ..measure.timing import Samples, Task, beats, time_interleaved
+from .stack_bench import BenchConfig, default_config, run_bench
 
 __all__ = [
     "SMALL", "STANDARD", "BenchConfig", "BenchShape", "Samples", "Task", "beats", "default_config",

@@ -38,7 +38,7 @@ from typing import Callable
 import torch
 
 from ..dispatch.levels import use_level
-from .timing import Task, time_interleaved
+from ..measure.timing import Task, time_interleaved
 
 STAGE_PREFIX = "stage::"
 FRAME_RANGE = "mixstack::frame"

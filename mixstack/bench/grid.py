@@ -4,7 +4,7 @@ The grid is ``Cf`` in {16, 32, ..., 128}, ``lmax`` 1..6 and ``F`` in {1, 2, 4} (
 alpha on): 144 keys.  Per key the variants ``0c`` (``torch.compile`` of the reference),
 ``0`` (eager; "never slower than eager" needs it), ``1``, ``2`` and ``3`` are probed
 (peak memory, the paths that ran, float64 errors on the first ``check_edges`` edges) and
-timed by the one timing loop (``bench.timing``: interleaved, rotating order, medians),
+timed by the one timing loop (``measure.timing``: interleaved, rotating order, medians),
 forward + backward by default (the gradients of ``u0`` and ``alpha``), as
 ``runner`` does for the standard shapes.
 
@@ -22,11 +22,11 @@ keys: the edge count and, for F > 1, the focus count are marked dynamic
 a second compile).  Each key records how many graphs dynamo compiled for it and how long
 its first call took.
 
-Compile ahead (``warm_workers``; ``bench.prewarm``): the keys are measured in batches of
+Compile ahead (``warm_workers``; ``measure.prewarm``): the keys are measured in batches of
 ``(Cf, lmax)`` groups (as many groups as workers), and before a batch is measured, worker
 processes compile what its measurement will: per group the compiled reference, by the same
 ``CompiledReference`` on the same inputs (the real edge counts: Inductor's kernels depend on
-size hints), the same F order and under the same ``runner.exact_fp32``, so that dynamo
+size hints), the same F order and under the same ``stack_bench.exact_fp32``, so that dynamo
 re-traces in the measuring process but Inductor's FX graph and AOTAutograd caches hit; and
 the Triton kernels of levels 1-3 at every key, recorded from the launches the measured run
 makes (``key_launches``: the tables' configs, level 3's first-use validation where the
@@ -59,11 +59,12 @@ from typing import Callable
 
 import torch
 
-from .. import level3, reference
-from . import env, prewarm, report, runner
-from .compile_log import compile_log
-from .shapes import BenchShape, make_inputs
-from .timing import clock_for
+from ..measure import env, prewarm, report
+from ..measure.compile_log import compile_log
+from ..measure.shapes import BenchShape, make_inputs
+from ..measure.timing import clock_for
+from ..stack import level3, reference
+from . import stack_bench
 
 log = logging.getLogger(__name__)
 
@@ -116,13 +117,13 @@ class GridConfig:
         edges = self.edges or grid_edges(focus, cf, lmax)
         return BenchShape(key_name(cf, lmax, focus), edges, focus, cf, lmax)
 
-    def bench_config(self, shape: BenchShape) -> runner.BenchConfig:
+    def bench_config(self, shape: BenchShape) -> stack_bench.BenchConfig:
         """The runner's config for one key: ``"3r"`` (level 3 forced to the rule config) only
         where level 3 would not run compensated kernels by itself (``level3_unsure``)."""
         variants = self.variants
         if "3r" in variants and not level3_unsure(shape, self.device):
             variants = tuple(v for v in variants if v != "3r")
-        return runner.BenchConfig((shape,), variants, self.passes, self.rounds, self.warmup, self.device,
+        return stack_bench.BenchConfig((shape,), variants, self.passes, self.rounds, self.warmup, self.device,
                                   self.check_edges, seed=self.seed)
 
 
@@ -139,7 +140,7 @@ def key_name(cf: int, lmax: int, focus: int) -> str:
 
 
 class CompiledReference:
-    """``torch.compile`` of ``mixstack.reference.mixing_stack``, one per ``(Cf, lmax)``, with the
+    """``torch.compile`` of ``mixstack.stack.reference.mixing_stack``, one per ``(Cf, lmax)``, with the
     edge count (and F > 1) dynamic, so the keys of one ``(Cf, lmax)`` share it."""
 
     def __init__(self, backend: str = "inductor"):
@@ -179,27 +180,27 @@ def run_key(cfg: GridConfig, cf: int, lmax: int, focus: int, compiled: CompiledR
     """Measure one key (see the module doc); its record."""
     shape = cfg.shape(cf, lmax, focus)
     bench = cfg.bench_config(shape)
-    keys, skipped = runner.plan(bench)
+    keys, skipped = stack_bench.plan(bench)
 
     def make_forward(key, shape_, inp):
         if key == "0c":
             return compiled.forward(shape_, inp)
-        return runner.forward_fn(key, shape_, inp)
+        return stack_bench.forward_fn(key, shape_, inp)
 
     t0 = time.perf_counter()
     graphs = _graphs()
     timings: list[dict] = []
     step = on_step or (lambda _d: None)
     with compile_log() as compiles:
-        rec = runner._run_shape(bench, shape, keys, device, clock, step, roof, timings, make_forward=make_forward)
+        rec = stack_bench._run_shape(bench, shape, keys, device, clock, step, roof, timings, make_forward=make_forward)
     first = {v["variant"]: v["first_call_s"] for v in rec["variants"]}
     return {"schema": SCHEMA, "key": {"focus_dim": cf, "lmax": lmax, "focus": focus, "edges": shape.edges},
             "env": env.collect(device), "roof": roof, "shape": rec, "timings": timings, "skipped": skipped,
-            "compile": {"graphs": _graphs() - graphs, "first_call_s": first.get(runner.VARIANTS["0c"])},
+            "compile": {"graphs": _graphs() - graphs, "first_call_s": first.get(stack_bench.VARIANTS["0c"])},
             "triton_compiles": compiles.to_dict(),
             "seconds": time.perf_counter() - t0,
             "config": {"rounds": cfg.rounds, "warmup": cfg.warmup, "passes": list(cfg.passes),
-                       "variants": [runner.VARIANTS[v] for v in cfg.variants], "check_edges": cfg.check_edges}}
+                       "variants": [stack_bench.VARIANTS[v] for v in cfg.variants], "check_edges": cfg.check_edges}}
 
 
 def first_uses(rec: dict, at_least: float = 0.5) -> str:
@@ -228,23 +229,23 @@ TRITON_VARIANTS = ("1", "2", "2f", "3", "3r")
 
 def key_launches(cfg: GridConfig, cf: int, lmax: int, focus: int, device) -> list:
     """The Triton kernel launches the measurement of one key makes (variants 1, 2, 2f and 3
-    that ``runner.plan`` keeps), recorded instead of run on inputs of the key's real edge
+    that ``stack_bench.plan`` keeps), recorded instead of run on inputs of the key's real edge
     count (``prewarm.record``): with the tables' configs in force, and for level 3 the
     first-use validation ``level3.prepare`` will run where the policy engages it, then the
     run with the policy's config (recorded, the validation could not pass: its outputs are
     garbage, so it must not write a verdict)."""
     shape = cfg.shape(cf, lmax, focus)
-    keys = [k for k in runner.plan(cfg.bench_config(shape))[0] if k in TRITON_VARIANTS]
+    keys = [k for k in stack_bench.plan(cfg.bench_config(shape))[0] if k in TRITON_VARIANTS]
     if not keys:
         return []
     device = torch.device(device)
     inp = make_inputs(shape, device, seed=cfg.seed)
-    u0, alpha, wrt = runner.differentiable(shape, inp)
+    u0, alpha, wrt = stack_bench.differentiable(shape, inp)
     out: list = []
     from ..tuning import registry, validity
     from ..tuning.policy import rule_config
     for key in keys:
-        fwd = runner.forward_fn(key, shape, inp)
+        fwd = stack_bench.forward_fn(key, shape, inp)
         scope, pinned, validated = contextlib.nullcontext, None, None
         if key == "3r":                                     # the rule's config, forced once validated
             validated = rule_config(shape.tuning_key())
@@ -252,7 +253,7 @@ def key_launches(cfg: GridConfig, cf: int, lmax: int, focus: int, device) -> lis
             decision = level3.pending(shape.tuning_key(), validity.device_name(device))
             validated = decision.config if decision is not None else None
         else:
-            scope = runner._scope(key, shape, device)
+            scope = stack_bench._scope(key, shape, device)
         if validated is not None:
             for n in level3.validation_edges(device):        # each: a recorded check fails at the first
                 out += prewarm.record(level3.validate, shape.tuning_key(), validated, device, (n,))
@@ -270,16 +271,16 @@ def warm_compiled_reference(cfg: GridConfig, cf: int, lmax: int, focus: tuple[in
     """A worker's warm-up of one ``(Cf, lmax)``'s compiled reference: what ``run_key`` does
     with it for the keys ``focus`` (in that order), up to the first call: a fresh
     ``CompiledReference``, each key's inputs at its real edge count, one forward and
-    backward, under ``runner.exact_fp32``."""
+    backward, under ``stack_bench.exact_fp32``."""
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is not None:      # "cuda" alone: the current device already
         torch.cuda.set_device(dev)
     compiled = CompiledReference(cfg.compile_backend)
-    with runner.exact_fp32():
+    with stack_bench.exact_fp32():
         for f in focus:
             shape = cfg.shape(cf, lmax, f)
             inp = make_inputs(shape, dev, seed=cfg.seed)
-            u0, alpha, wrt = runner.differentiable(shape, inp)
+            u0, alpha, wrt = stack_bench.differentiable(shape, inp)
             torch.autograd.grad(compiled.forward(shape, inp)(u0, alpha), wrt, inp.grad_out)
             del inp, u0, alpha, wrt
             if dev.type == "cuda":
@@ -290,7 +291,7 @@ def _warm_batch(cfg: GridConfig, pool: prewarm.Pool, batch, device, seen: set, s
     """Compile what measuring ``batch`` (``[((Cf, lmax), [F, ...]), ...]``) will: the compiled
     reference per group (submitted first: the longest tasks), the Triton launches of every key."""
     tasks = []
-    if "0c" in runner.plan(cfg.bench_config(cfg.shape(*batch[0][0], batch[0][1][0])))[0]:
+    if "0c" in stack_bench.plan(cfg.bench_config(cfg.shape(*batch[0][0], batch[0][1][0])))[0]:
         tasks += [prewarm.Task(f"0c Cf{cf}-l{lmax}", warm_compiled_reference, (cfg, cf, lmax, tuple(fs), str(device)))
                   for (cf, lmax), fs in batch]
     n_ref = len(tasks)
@@ -349,7 +350,7 @@ def run_grid(cfg: GridConfig, out: str | os.PathLike, *, on_key=None, on_step=No
 
     with contextlib.ExitStack() as stack:
         pool = stack.enter_context(prewarm.Pool(workers)) if workers else None
-        stack.enter_context(runner.exact_fp32())
+        stack.enter_context(stack_bench.exact_fp32())
         i = 0
         while i < len(groups):
             batch = groups[i:i + size]
@@ -383,7 +384,7 @@ def run_grid(cfg: GridConfig, out: str | os.PathLike, *, on_key=None, on_step=No
                             continue
                     if roof is None:
                         cuda = device.type == "cuda"
-                        roof = runner.measure_roofs(device, clock, n=8192 if cuda else 256,
+                        roof = stack_bench.measure_roofs(device, clock, n=8192 if cuda else 256,
                                                     copy_mib=1024 if cuda else 16)
                     say("start", name, "")
                     t0 = now()

@@ -50,7 +50,6 @@ import copy
 import gc
 import itertools
 import logging
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -59,25 +58,24 @@ import torch
 
 from ..dispatch.levels import use_level
 from ..dispatch.log import dispatch_log
+from ..measure import env
+from ..measure.report import fmt as _fmt
+from ..measure.report import header_lines, markdown_table, not_run_section, require_extra, save_figure
+from ..measure.timing import Clock, Task, clock_for, time_interleaved
+from ..potential.cells import CELLS, DEFAULT_MODEL, QUICK_CPU_MODEL, build_cell
 from ..potential.graphs import GraphedFrames, run_on_capture_stream
 from . import breakdown as breakdown_mod
-from . import env, runner
+from . import stack_bench
 from .breakdown import own_copy
-from .report import fmt as _fmt
-from .report import header_lines, markdown_table, not_run_section, require_extra, save_figure
-from .runner import _peak_above, exact_fp32
-from .timing import Clock, Task, clock_for, time_interleaved
+from .stack_bench import _peak_above, exact_fp32
 
 log = logging.getLogger(__name__)
 
 SCHEMA = "mixstack-bench-model/1"
-VARIANTS = {**runner.VARIANTS, "1c": "L1-compile", "2c": "L2-compile", "3c": "L3-compile",
+VARIANTS = {**stack_bench.VARIANTS, "1c": "L1-compile", "2c": "L2-compile", "3c": "L3-compile",
             "1g": "L1-graph", "2g": "L2-graph", "3g": "L3-graph"}
-LEVEL_OF = {**runner.LEVEL_OF, "1c": 1, "2c": 2, "3c": 3, "1g": 1, "2g": 2, "3g": 3}
-CELLS = ("diamond", "cu-bcc")
+LEVEL_OF = {**stack_bench.LEVEL_OF, "1c": 1, "2c": 2, "3c": 3, "1g": 1, "2g": 2, "3g": 3}
 SIZES = (500, 2000, 4400)
-DEFAULT_MODEL = dict(lmax=3, focus_dim=32, n_focus=2, n_layers=4, n_blocks=2, cutoff=5.0)
-QUICK_CPU_MODEL = dict(lmax=2, focus_dim=16, n_focus=2, n_layers=3, n_blocks=2, cutoff=4.0)
 JSON_NAME, MARKDOWN_NAME, PLOT_NAME = "bench_model.json", "bench_model.md", "bench_model.png"
 
 
@@ -130,31 +128,6 @@ def default_config(device=None, *, quick: bool = False) -> ModelBenchConfig:
                             rounds=2 if quick else 5, warmup=1, device=str(device), notes=tuple(notes))
 
 
-def _repeats(unit: int, target: int) -> tuple[int, int, int]:
-    """Near-cubic repeats whose atom count ``unit * a * b * c`` is closest to ``target``."""
-    r = max(1, round((target / unit) ** (1 / 3)))
-    options = [(a, b, c) for a, b, c in itertools.product(range(max(1, r - 1), r + 2), repeat=3)
-               if a <= b <= c and c - a <= 1]
-    return min(options, key=lambda abc: (abs(unit * math.prod(abc) - target), abc))
-
-
-def build_cell(name: str, target_atoms: int, seed: int = 0):
-    """A rattled periodic cell of lattice ``name`` with about ``target_atoms`` atoms."""
-    try:
-        from ase.build import bulk
-    except ImportError as exc:
-        raise ImportError("bench model needs ASE; install it with `pip install mixstack[potential]`") from exc
-    if name == "diamond":
-        unit = bulk("C", "diamond", cubic=True)
-    elif name == "cu-bcc":
-        unit = bulk("Cu", "bcc", a=2.87, cubic=True)
-    else:
-        raise ValueError(f"unknown cell {name!r}; use {', '.join(CELLS)}")
-    atoms = unit.repeat(_repeats(len(unit), target_atoms))
-    atoms.rattle(0.05, seed=seed)
-    return atoms
-
-
 def parse_variants(text: str) -> tuple[str, ...]:
     """``"0c,0,1,2c"`` (or names like ``"L1-compile"``) -> variant keys."""
     by_name = {name.lower(): key for key, name in VARIANTS.items()}
@@ -175,7 +148,7 @@ def skip_reason(key: str, device) -> str | None:
     """Why variant ``key`` cannot run on ``device``, or ``None`` when it can."""
     if key.endswith("g") and torch.device(device).type != "cuda":
         return "CUDA graphs need a CUDA device"
-    return runner.skip_reason("1" if LEVEL_OF[key] > 0 else "0", device)
+    return stack_bench.skip_reason("1" if LEVEL_OF[key] > 0 else "0", device)
 
 
 def frame_fn(key: str, model) -> Callable:
@@ -305,7 +278,7 @@ def _run_cell(cfg, model, name, target, keys, device, clock, step, model64=None)
     _release_memory(device)
     for rec, key in measured:
         if cfg.md_steps and target in cfg.md_atoms:
-            from .md import run_md
+            from .md_bench import run_md
             step(f"{label}: MD with {VARIANTS[key]}")
             rec["md"] = _guarded(f"MD with {VARIANTS[key]} on {label}", run_md, model, atoms, LEVEL_OF[key],
                                  compiled=key.endswith("c"), cuda_graphs=key.endswith("g"),
@@ -369,7 +342,7 @@ def neighbour_list_times(atoms, cutoff: float, device, *, skin: float = 1.0, rep
 
 def plan(cfg: ModelBenchConfig) -> tuple[list[str], list[dict]]:
     """The variants that run on the config's device, and the skipped ones with why."""
-    return runner.plan(cfg, variants=VARIANTS, skip=skip_reason)
+    return stack_bench.plan(cfg, variants=VARIANTS, skip=skip_reason)
 
 
 def run_model_bench(cfg: ModelBenchConfig, *, on_step: Callable[[str], None] | None = None,
@@ -424,7 +397,7 @@ def summary_rows(record: dict) -> list[dict]:
 
 def long_rows(record: dict) -> list[dict]:
     """One CSV row per measurement of a ``bench model`` record (see ``report.long_rows``)."""
-    from .report import env_columns
+    from ..measure.report import env_columns
     head = env_columns(record)
     rows = []
     for cell in record["cells"]:
@@ -561,7 +534,7 @@ def plot(record: dict, path) -> Path:
 
 def write(record: dict, out_dir, *, with_plot: bool = True) -> dict[str, Path]:
     """``bench_model.json``, ``.md``, ``.csv`` and (optionally) ``bench_model.png`` in ``out_dir``."""
-    from . import report
+    from ..measure import report
     return report.write(record, out_dir, with_plot=with_plot,
                         names=(JSON_NAME, MARKDOWN_NAME, PLOT_NAME), render_markdown=markdown,
                         render_plot=plot, render_rows=long_rows)

@@ -21,7 +21,7 @@ events, variants interleaved in rotating order, medians), the peak device memory
 above what was allocated before it, the ``dispatch_log`` paths of one step, and the relative
 error of every gradient against a float64 evaluation (level 0, autograd, float64 copies of the
 same inputs and weights; measured on the variant's first step, before any weight moved).  TF32
-is off throughout (``runner.exact_fp32``).
+is off throughout (``stack_bench.exact_fp32``).
 
 Library code: nothing here prints; progress goes to ``on_step``.
 """
@@ -38,16 +38,18 @@ from typing import Callable
 
 import torch
 
-from .. import reference
 from ..dispatch.levels import use_level
 from ..dispatch.log import dispatch_log
-from ..functional import mixing_stack
-from . import env, runner
-from .report import fmt as _fmt
-from .report import header_lines, markdown_table, not_run_section, require_extra, save_figure
-from .runner import _peak_above, _rel_err, exact_fp32
-from .shapes import SMALL, STANDARD, BenchShape, make_inputs
-from .timing import Clock, Task, clock_for, time_interleaved
+from ..measure import env
+from ..measure.report import fmt as _fmt
+from ..measure.report import header_lines, markdown_table, not_run_section, require_extra, save_figure
+from ..measure.shapes import SMALL, STANDARD, BenchShape, make_inputs
+from ..measure.timing import Clock, Task, clock_for, time_interleaved
+from ..potential.cells import DEFAULT_MODEL
+from ..stack import reference
+from ..stack.functional import mixing_stack
+from . import stack_bench
+from .stack_bench import _peak_above, _rel_err, exact_fp32
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,6 @@ SCHEMA = "mixstack-bench-train/1"
 VARIANTS = {"0": "L0-eager", "0c": "L0-compile", "1": "L1", "2": "L2", "3": "L3"}
 LEVEL_OF = {"0": 0, "0c": 0, "1": 1, "2": 2, "3": 3}
 ATOMS = (500, 2000)
-DEFAULT_MODEL = dict(lmax=3, focus_dim=32, n_focus=2, n_layers=4, n_blocks=2, cutoff=5.0)
 QUICK_CPU_MODEL = dict(lmax=1, focus_dim=16, n_focus=2, n_layers=2, n_blocks=2, cutoff=2.6)
 LEARNING_RATE = 1e-6          # small: the weights barely move over the timed rounds
 JSON_NAME, MARKDOWN_NAME, PLOT_NAME = "bench_train.json", "bench_train.md", "bench_train.png"
@@ -111,10 +112,10 @@ def default_config(device=None, *, quick: bool = False) -> TrainBenchConfig:
 
 
 def parse_variants(text: str) -> tuple[str, ...]:
-    """``"0,0c,1,2,3"`` (or names like ``"L0-eager"``) -> variant keys (``runner.parse_variants``,
+    """``"0,0c,1,2,3"`` (or names like ``"L0-eager"``) -> variant keys (``stack_bench.parse_variants``,
     without the stack bench's ``2f``)."""
-    keys = runner.parse_variants(text)
-    bad = [runner.VARIANTS[k] for k in keys if k not in VARIANTS]
+    keys = stack_bench.parse_variants(text)
+    bad = [stack_bench.VARIANTS[k] for k in keys if k not in VARIANTS]
     if bad:
         raise ValueError(f"bench train takes the levels {', '.join(VARIANTS)} ({', '.join(VARIANTS.values())}); "
                          f"got {', '.join(bad)}")
@@ -123,12 +124,12 @@ def parse_variants(text: str) -> tuple[str, ...]:
 
 def skip_reason(key: str, device) -> str | None:
     """Why variant ``key`` cannot run on ``device``, or ``None`` when it can."""
-    return runner.skip_reason("1" if LEVEL_OF[key] > 0 else "0", device)
+    return stack_bench.skip_reason("1" if LEVEL_OF[key] > 0 else "0", device)
 
 
 def plan(cfg: TrainBenchConfig) -> tuple[list[str], list[dict]]:
     """The variants that run on the config's device, and the skipped ones with why."""
-    return runner.plan(cfg, variants=VARIANTS, skip=skip_reason)
+    return stack_bench.plan(cfg, variants=VARIANTS, skip=skip_reason)
 
 
 @contextlib.contextmanager
@@ -275,8 +276,8 @@ class PotentialStep:
 def _potential_case(cfg, n_atoms, device, dtype=torch.float32):
     """The model, the cell's inputs and fixed targets (the model's own energy and forces, shifted)."""
     from ..potential import SO2Potential
+    from ..potential.cells import build_cell
     from ..potential.neighbors import atoms_inputs
-    from .model_bench import build_cell
     atoms = build_cell(cfg.cell, n_atoms, seed=cfg.seed)
     model = SO2Potential(**cfg.model, seed=cfg.seed, device=device)
     inputs = atoms_inputs(atoms, model.cutoff, device=device, dtype=dtype)
@@ -425,7 +426,7 @@ def error_rows(record: dict) -> list[dict]:
 
 def long_rows(record: dict) -> list[dict]:
     """One CSV row per measurement (see ``report.long_rows``)."""
-    from .report import env_columns
+    from ..measure.report import env_columns
     head = env_columns(record)
     rows = []
     for case in record["cases"]:
@@ -484,6 +485,6 @@ def plot(record: dict, path) -> Path:
 
 def write(record: dict, out_dir, *, with_plot: bool = True) -> dict[str, Path]:
     """``bench_train.json``, ``.md``, ``.csv`` and (optionally) ``bench_train.png`` in ``out_dir``."""
-    from . import report
+    from ..measure import report
     return report.write(record, out_dir, with_plot=with_plot, names=(JSON_NAME, MARKDOWN_NAME, PLOT_NAME),
                         render_markdown=markdown, render_plot=plot, render_rows=long_rows)

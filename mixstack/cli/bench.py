@@ -105,7 +105,8 @@ def _or(value, default):
 
 def bench_config(args):
     """The ``BenchConfig`` the parsed ``bench`` arguments ask for."""
-    from ..bench import counts, env, runner, shapes
+    from ..bench import stack_bench
+    from ..measure import counts, env, shapes
 
     _single(args)
     model_only = [f"--{o}" for o, v in (("breakdown", args.breakdown or None), ("md-steps", args.md_steps),
@@ -113,7 +114,7 @@ def bench_config(args):
     if model_only:
         raise ValueError(f"{', '.join(model_only)}: options of `mixstack bench model`, not of `mixstack bench`")
     device = env.resolve_device(args.device)
-    cfg = runner.default_config(device, quick=args.quick)
+    cfg = stack_bench.default_config(device, quick=args.quick)
     chosen = [shapes.shape_by_name(s) for s in args.shape or []]
     if args.edges is not None:
         positive("--edges", args.edges, allow_zero=True)
@@ -124,7 +125,7 @@ def bench_config(args):
     if chosen:
         cfg = replace(cfg, shapes=tuple(chosen))
     if args.levels:
-        cfg = replace(cfg, variants=runner.parse_variants(args.levels), notes=())
+        cfg = replace(cfg, variants=stack_bench.parse_variants(args.levels), notes=())
     if args.passes:
         passes = [p.strip() for item in args.passes for p in item.split(",") if p.strip()]
         bad = [p for p in passes if p not in counts.PASSES]
@@ -193,7 +194,8 @@ def cpu_warnings(cfg, device) -> list[str]:
 def train_bench_config(args):
     """The ``TrainBenchConfig`` the parsed ``bench train`` arguments ask for: ``--shape`` picks the
     stack cases, ``--atoms`` / ``--cell`` the potential's (either alone drops the other workload)."""
-    from ..bench import shapes, train_bench
+    from ..bench import train_bench
+    from ..measure import shapes
 
     cfg = train_bench.default_config(args.device, quick=args.quick)
     if args.shape or args.atoms:
@@ -225,15 +227,16 @@ def run(args, argv=None) -> int:
         return _run_model(args, argv)
     if args.target == "train":
         return _run_train(args, argv)
-    from ..bench import env, report, runner
+    from ..bench import stack_bench, stack_report
+    from ..measure import env, report
 
     cfg = bench_config(args)
-    keys, skipped = runner.plan(cfg)
+    keys, skipped = stack_bench.plan(cfg)
     device = env.resolve_device(cfg.device)
     fancy = fancy_output()
     print(f"mixstack bench on {device}: shapes {', '.join(s.name for s in cfg.shapes)}; "
-          f"variants {', '.join(runner.VARIANTS[k] for k in keys) or 'none'}; "
-          f"passes {', '.join(runner.PASS_LABELS[p] for p in cfg.passes)}; "
+          f"variants {', '.join(stack_bench.VARIANTS[k] for k in keys) or 'none'}; "
+          f"passes {', '.join(stack_bench.PASS_LABELS[p] for p in cfg.passes)}; "
           f"{cfg.rounds} rounds after {cfg.warmup} warm-up")
     for line in cpu_warnings(cfg, device):
         print(f"  warning: {line}")
@@ -241,24 +244,25 @@ def run(args, argv=None) -> int:
         return 2
     if sys.stdout.isatty() and not has_rich():
         print("  (install mixstack[bench] for a progress bar)")
-    bar, step = progress_bar(runner.total_steps(cfg), fancy)
+    bar, step = progress_bar(stack_bench.total_steps(cfg), fancy)
     with bar:
-        record = runner.run_bench(cfg, on_step=step, command=command_line(argv))
+        record = stack_bench.run_bench(cfg, on_step=step, command=command_line(argv))
     print()
     print("\n".join(report.header_lines(record)))
-    print_table(report.summary_rows(record), fancy)
-    for line in report.consistency_warnings(record):
+    print_table(stack_report.summary_rows(record), fancy)
+    for line in stack_report.consistency_warnings(record):
         print(f"  warning: {line}")
     out = args.out or report.default_dir(record)
     failed = [f"{v['variant']} on {s['name']}: {v['failed']}" for s in record["shapes"]
               for v in s["variants"] if v["failed"]]
     failed += [f"timing {p} on {s['name']}: {why}" for s in record["shapes"]
                for p, why in s["failed_passes"].items()]
-    return write_results(report.write, record, out, args.no_plot, failed)
+    return write_results(stack_report.write, record, out, args.no_plot, failed)
 
 
 def _run_model(args, argv) -> int:
-    from ..bench import env, model_bench, report
+    from ..bench import model_bench
+    from ..measure import env, report
 
     cfg = model_bench_config(args)
     keys, skipped = model_bench.plan(cfg)
@@ -285,7 +289,7 @@ def _run_model(args, argv) -> int:
 def _show_and_write(args, record: dict, bench, cases: str, label: str, purpose: str) -> int:
     """The model or training bench's header and summary table, then its result files
     (``bench.write``) and failures (``record[cases][i]["variants"]``, named by ``label``)."""
-    from ..bench import report
+    from ..measure import report
 
     print("\n".join(report.header_lines(record)))
     print(report.markdown_table(bench.summary_rows(record)), end="")
@@ -296,7 +300,8 @@ def _show_and_write(args, record: dict, bench, cases: str, label: str, purpose: 
 
 
 def _run_train(args, argv) -> int:
-    from ..bench import env, train_bench
+    from ..bench import train_bench
+    from ..measure import env
 
     cfg = train_bench_config(args)
     keys, skipped = train_bench.plan(cfg)
@@ -314,7 +319,7 @@ def _run_train(args, argv) -> int:
 
 def grid_config(args):
     """The ``GridConfig`` the parsed ``bench grid`` arguments ask for."""
-    from ..bench import grid, runner
+    from ..bench import grid, stack_bench
 
     other = [f"--{o}" for o, v in (("shape", args.shape), ("cell", args.cell), ("atoms", args.atoms),
                                    ("blocks", args.blocks), ("cutoff", args.cutoff), ("layers", args.layers),
@@ -323,7 +328,7 @@ def grid_config(args):
              if v is not None]
     if other or args.no_alpha or args.quick:
         raise ValueError(f"{', '.join(other or ['--no-alpha / --quick'])}: not an option of `mixstack bench grid`")
-    from ..bench import prewarm
+    from ..measure import prewarm
     cfg = grid.with_subset(grid.GridConfig(device=args.device, seed=args.seed, resume=args.resume,
                                            seconds=positive("--seconds", args.seconds, allow_zero=True),
                                            warm_workers=prewarm.resolve_workers(args.warm_workers, "--warm-workers")),
@@ -333,7 +338,7 @@ def grid_config(args):
     if bad:
         raise ValueError(f"outside the supported grid: {', '.join(bad)}")
     if args.levels:
-        cfg = replace(cfg, variants=runner.parse_variants(args.levels))
+        cfg = replace(cfg, variants=stack_bench.parse_variants(args.levels))
     if args.passes:
         passes = tuple(dict.fromkeys(p.strip() for item in args.passes for p in item.split(",") if p.strip()))
         if not set(passes) <= {"fwd", "bwd", "both"}:
@@ -349,15 +354,16 @@ def grid_config(args):
 def _run_grid(args, argv) -> int:
     import time
 
-    from ..bench import env, grid, runner
+    from ..bench import grid, stack_bench
+    from ..measure import env
 
     cfg = grid_config(args)
     device = env.resolve_device(cfg.device)
     out = args.out or "results/grid"
-    keys, skipped = runner.plan(cfg.bench_config(cfg.shape(*cfg.keys()[0])))
+    keys, skipped = stack_bench.plan(cfg.bench_config(cfg.shape(*cfg.keys()[0])))
     print(f"mixstack bench grid on {device}: {len(cfg.keys())} keys (Cf {','.join(map(str, cfg.focus_dims))}; "
           f"lmax {','.join(map(str, cfg.lmaxes))}; F {','.join(map(str, cfg.focus))}); variants "
-          f"{', '.join(runner.VARIANTS[k] for k in keys) or 'none'}; {cfg.rounds} rounds; into {out}"
+          f"{', '.join(stack_bench.VARIANTS[k] for k in keys) or 'none'}; {cfg.rounds} rounds; into {out}"
           + (f"; at most {cfg.seconds:.0f} s" if cfg.seconds else "") + ("; resuming" if cfg.resume else "")
           + (f"; {cfg.warm_workers} warm-up workers" if cfg.warm_workers else "; no warm-up workers"))
     if not announce("mixstack bench grid", keys, skipped, ()):

@@ -45,7 +45,7 @@ def progress_bar(total: int, enabled: bool, width: int = 40):
 
 def print_table(rows: list[dict], fancy: bool) -> None:
     """``rows`` (dicts with the same keys) as a rich table, or as Markdown."""
-    from ..bench.report import markdown_table
+    from ..measure.report import markdown_table
     if not fancy:
         print(markdown_table(rows), end="")
         return

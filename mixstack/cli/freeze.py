@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
 def _example(args):
     """The example structure: a named cell, or a file ASE reads."""
     if args.structure in ("diamond", "cu-bcc"):
-        from ..bench.model_bench import build_cell
+        from ..potential.cells import build_cell
         return build_cell(args.structure, 16, seed=args.seed)
     existing_file("--structure", args.structure)
     try:
@@ -47,8 +47,8 @@ def _example(args):
 def run(args, argv=None) -> int:
     import torch
 
-    from ..bench.env import resolve_device
     from ..export import freeze
+    from ..measure.env import resolve_device
     from ..potential import SO2Potential
 
     device = None if args.device is None else resolve_device(args.device)

@@ -58,7 +58,7 @@ def _coverage_line(table: dict) -> str:
 
 
 def run(args, argv=None) -> int:
-    from ..bench import env
+    from ..measure import env
     from ..tuning import store, validity
     record = env.collect(args.device)
     device = record["device"]

@@ -1,6 +1,6 @@
 """``mixstack md``: molecular dynamics of a potential in LAMMPS (MPI ranks) or ASE.
 
-The run is ``mixstack.lammps.md.run_md``; this module parses the options,
+The run is ``mixstack.lammps.runs.run_md``; this module parses the options,
 prints on rank 0 (LAMMPS prints its own thermo lines and run summary) and
 writes the record.  ``mpirun -np N python -m mixstack md ...`` runs N ranks.
 """
@@ -15,7 +15,7 @@ from .common import existing_file, positive
 
 
 def add_parser(sub) -> None:
-    from ..lammps.md import BUILDERS, ENGINES, ENSEMBLES
+    from ..lammps.runs import BUILDERS, ENGINES, ENSEMBLES
     p = sub.add_parser(
         "md", help="molecular dynamics of a potential in LAMMPS (MPI ranks) or ASE",
         description="Run NVE, NVT or NPT molecular dynamics of an SO2Potential. With the LAMMPS engine "
@@ -58,7 +58,7 @@ def add_parser(sub) -> None:
 
 def check(args) -> None:
     """A ``ValueError`` naming the first bad option (before any MPI or LAMMPS starts)."""
-    from ..lammps.md import BUILDERS, MODEL_NAMES
+    from ..lammps.runs import BUILDERS, MODEL_NAMES
     positive("--atoms", args.atoms)
     positive("--steps", args.steps, allow_zero=True)
     positive("--warmup", args.warmup, allow_zero=True)
@@ -78,13 +78,13 @@ def check(args) -> None:
     if args.engine == "ase" and args.ensemble == "npt":
         raise ValueError("--engine ase runs nve and nvt; use --engine lammps for npt")
     if args.device is not None:
-        from ..bench.env import resolve_device
+        from ..measure.env import resolve_device
         resolve_device(args.device)
 
 
 def config_from_args(args):
     """The ``MDConfig`` of parsed ``mixstack md`` arguments."""
-    from ..lammps.md import MDConfig
+    from ..lammps.runs import MDConfig
     return MDConfig(structure=args.structure, atoms=args.atoms, repeat=tuple(args.repeat), model=args.model,
                     float64=args.float64, ensemble=args.ensemble, steps=args.steps, timestep=args.timestep,
                     temperature=args.temperature, pressure=args.pressure, tdamp=args.tdamp, pdamp=args.pdamp,
@@ -96,7 +96,7 @@ def config_from_args(args):
 def run(args, argv=None) -> int:
     """Run; on rank 0 print the summary line (and, for ASE, the thermo table) and write the record."""
     from ..lammps.build import PluginBuildError
-    from ..lammps.md import run_md, summary_line, thermo_lines
+    from ..lammps.runs import run_md, summary_line, thermo_lines
     check(args)
     try:
         record = run_md(config_from_args(args))

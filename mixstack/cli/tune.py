@@ -49,7 +49,7 @@ def add_parser(sub) -> None:
 def tune_keys(args) -> list | None:
     """The shape keys the parsed ``tune`` arguments ask for (``None``: the default S1-S4)."""
     from .. import tuning
-    from ..bench import shapes
+    from ..measure import shapes
 
     keys = [shapes.shape_by_name(name).tuning_key() for name in args.shape or []]
     if (args.focus_dim is None) != (args.lmax is None):
@@ -113,7 +113,7 @@ def tune_rows(results) -> list[dict]:
 
 def run(args, argv=None) -> int:
     from .. import tuner, tuning
-    from ..bench import prewarm
+    from ..measure import prewarm
     from ..tuner import probes, sweep
     from ..tuning import store
 

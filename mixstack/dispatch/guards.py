@@ -12,8 +12,8 @@ import logging
 
 import torch
 
-from .. import config
-from ..layout import StackLayout
+from ..core import config
+from ..core.layout import StackLayout
 from . import levels
 from .log import warn_once
 

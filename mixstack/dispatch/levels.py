@@ -14,7 +14,7 @@ import threading
 
 import torch
 
-from .. import config
+from ..core import config
 
 LEVELS = (0, 1, 2, 3)
 

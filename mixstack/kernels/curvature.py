@@ -24,7 +24,7 @@ with the same bits.  The second derivatives exist once, here: ``silu_curvature``
 the same helpers.
 
 Like the relay's pointwise kernel (``gate``), the kernels walk the gate columns ``GC`` at a
-time (``ops.configs.gate_chunk``) in degree order, with ``BLOCK_M x GC`` register tiles; only
+time (``tuning.configs.gate_chunk``) in degree order, with ``BLOCK_M x GC`` register tiles; only
 the logit contraction and the scalar columns are ``CP = next_pow2(Cf)`` wide, with masks.  The
 loops are runtime loops.  Row offsets are int64.
 """

@@ -28,7 +28,7 @@ gradient ``h``, the saved ``z`` and the sigmoid surface it writes ``gz``, the
 cotangent of the layer's pre-activations, with the gate-logit contraction
 ``gl @ gw^T`` folded into the scalar columns.
 
-The kernels walk the gate columns ``GC`` at a time (``GC`` = ``ops.configs.gate_chunk``:
+The kernels walk the gate columns ``GC`` at a time (``GC`` = ``tuning.configs.gate_chunk``:
 the largest power of two dividing Cf, at most 32), in degree order, and form each chunk's
 logits over ``s`` in ``GC``-wide K chunks, so every register tile is ``BLOCK_M x GC`` and
 needs no column mask; only the logit contraction's accumulator and the scalar columns'

@@ -31,7 +31,7 @@ specialised warps").
 What the pass needs (Triton 3.6 and 3.7, checked offline for sm_90): four warps, a loop
 without an ``else`` block, descriptors made in the kernel, no atomic anywhere in it, a block
 fixed at compile time, and an allocator for the descriptors' global scratch
-(``triton.set_allocator``; ``ops.launchers`` sets one where none is).  A Triton or GPU where
+(``triton.set_allocator``; ``stack.launchers`` sets one where none is).  A Triton or GPU where
 the kernel does not build refuses the candidate; the pointer kernel runs (docs/contract.md §4).
 """
 

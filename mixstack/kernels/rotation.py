@@ -19,7 +19,7 @@ Three helpers, each the only copy of its math, shared by every kernel of the con
   forward and rotate-in's node-feature gradient).
 
 Sums over ``n`` run in ascending order; the sum over a block of edges is one ``tl.sum`` whose
-shape is fixed per layout (``ops.configs.conv_config``), so results do not depend on anything
+shape is fixed per layout (``tuning.configs.conv_config``), so results do not depend on anything
 a run can change.  Edge offsets are int64.
 """
 

@@ -4,7 +4,7 @@ Edges are grouped by atom through CSR offsets ``ptr (N + 1,)``: atom ``a`` owns 
 ``ptr[a] .. ptr[a + 1] - 1`` of the edge order, which is the edge index itself (rotate-out:
 edges sorted by destination) or ``order[j]`` (``INDIRECT``; rotate-in's backward: edges sorted
 by source).  For every degree ``l`` the program walks its edges in that order, a block of
-``BLOCK_E`` at a time (``BLOCK_E`` fixed per layout, ``ops.configs.conv_config``: it fixes the
+``BLOCK_E`` at a time (``BLOCK_E`` fixed per layout, ``tuning.configs.conv_config``: it fixes the
 order of the sum), and forms
 
     out[a, l^2 + n, c] = sum_e ew[e] * sum_k W[e, k, l^2 + n] * v_k[e, l, c]

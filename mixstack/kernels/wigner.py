@@ -9,7 +9,7 @@ starts at ``M_1 = R1`` and steps as
 
     M_l = sum_{i,j} R1[i, j] * (M_{l-1} @ K^l[i, j])
 
-with the constant matrices ``K^l`` of ``mixstack.wigner.step_matrices`` (the launcher packs
+with the constant matrices ``K^l`` of ``mixstack.conv.frames.step_matrices`` (the launcher packs
 them, zero-padded to ``state_pad``, in the layout of ``step_offset``).  Each product is one
 ``tl.dot`` on a ``(BLOCK_E, pad)`` register tile, on tensor cores as three TF32 products
 (``STEP_PRECISION``: each float32 operand split into a TF32 head and tail, the tail x tail
@@ -38,7 +38,7 @@ STEP_PRECISION: tl.constexpr = tl.constexpr("tf32x3")
 @triton.constexpr_function
 def state_size(l, lmax):
     """Entries of the recursion state at degree ``l >= 1``: ``(2 k + 1) (2 l + 1)`` with
-    ``k = min(l, 1 + lmax - l)`` (``mixstack.wigner._kept`` at ``keep = 1``)."""
+    ``k = min(l, 1 + lmax - l)`` (``mixstack.conv.frames._kept`` at ``keep = 1``)."""
     return (2 * min(l, 1 + lmax - l) + 1) * (2 * l + 1)
 
 

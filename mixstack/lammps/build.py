@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import tempfile
 
-from .. import config
+from ..core import config
 from ..tuning.store import locked
 from . import runtime
 

@@ -7,7 +7,7 @@
 A *point* is one system (structure, atoms, model) at one level on one number
 of ranks.  Strong points keep the system and add ranks; weak points keep
 ``ATOMS`` per rank.  Each point is an NVE run of ``--steps`` timed steps after
-``--warmup`` untimed ones, through ``mixstack.lammps.md.run_md``: its record
+``--warmup`` untimed ones, through ``mixstack.lammps.runs.run_md``: its record
 (steps per second, LAMMPS's timing breakdown, per rank the device and the
 model calls' phases, copies and peak memory) lands in ``DIR/points``.  Strong
 points also write their step-0 energy and forces by atom ID, and every rank
@@ -110,7 +110,7 @@ def parse_list(text: str, kind=int, option: str = "--ranks") -> tuple:
 
 def parse_systems(text: str, default_model: str, option: str) -> list[tuple[str, int, str]]:
     """``"diamond:50000,cu-bcc:500000:small"`` -> ``[(structure, atoms, model), ...]``."""
-    from .md import BUILDERS
+    from .runs import BUILDERS
     out = []
     for item in (t.strip() for t in str(text).split(",") if t.strip()):
         parts = item.split(":")
@@ -166,7 +166,7 @@ def processor_grid(lengths, ranks: int) -> tuple[int, int, int]:
 
 def edges_per_atom(structure: str, cutoff: float) -> float:
     """Neighbours within ``cutoff`` per atom of a ~500-atom rattled cell of ``structure``."""
-    from ..bench.model_bench import build_cell
+    from ..potential.cells import build_cell
     from ..potential.neighbors import neighbor_arrays
     atoms = build_cell(structure, 500)
     edge_index, _, _ = neighbor_arrays(atoms.get_positions(), atoms.cell.array, atoms.pbc, cutoff)
@@ -178,12 +178,12 @@ def estimate_memory(point: Point, gpus: int, *, lengths=None, epa=None) -> dict 
 
     A rank evaluates the edges whose centre lies within one cutoff of its
     sub-domain (``domain.local_graph``); ranks on one GPU add up."""
-    from .md import model_size
+    from ..potential.cells import model_size
     if point.model not in BYTES_PER_EDGE:
         return None
     cutoff = model_size(point.model)["cutoff"]
     if lengths is None:
-        from ..bench.model_bench import build_cell
+        from ..potential.cells import build_cell
         lengths = build_cell(point.structure, point.total_atoms).cell.lengths()
     if epa is None:
         epa = edges_per_atom(point.structure, cutoff)
@@ -197,7 +197,7 @@ def estimate_memory(point: Point, gpus: int, *, lengths=None, epa=None) -> dict 
 
 def model_config(model: str) -> dict:
     """The ``SO2Potential`` arguments (and ``dtype``) of a named model or a checkpoint."""
-    from .md import MODEL_NAMES, model_size
+    from ..potential.cells import MODEL_NAMES, model_size
     if model in MODEL_NAMES:
         return {**model_size(model), "dtype": "float32"}
     import torch
@@ -213,8 +213,8 @@ def level3_runs_level2(model: str, device: str) -> str | None:
         return "no GPU: the Triton levels run the reference"
     import torch
 
+    from ..core.layout import StackLayout
     from ..dispatch.guards import unsupported_reason
-    from ..layout import StackLayout
     from ..tuning import policy, registry, shape_key, validity
     cfg = model_config(model)
     reason = unsupported_reason(StackLayout(cfg["lmax"], cfg["focus_dim"]), getattr(torch, cfg["dtype"]))
@@ -250,8 +250,7 @@ def triage(points: list[Point], gpus: int, memory_limit: float | None,
         if memory_limit and p.model in BYTES_PER_EDGE:
             key = (p.structure, p.total_atoms, p.model)
             if key not in geometry:
-                from ..bench.model_bench import build_cell
-                from .md import model_size
+                from ..potential.cells import build_cell, model_size
                 geometry[key] = (build_cell(p.structure, p.total_atoms).cell.lengths(),
                                  edges_per_atom(p.structure, model_size(p.model)["cutoff"]))
             estimate = estimate_memory(p, gpus, lengths=geometry[key][0], epa=geometry[key][1])
@@ -282,7 +281,7 @@ def run_worker(plan_path: str) -> int:
 
     import torch
 
-    from .md import MDConfig, run_md
+    from .runs import MDConfig, run_md
     with open(plan_path) as fh:
         plan = json.load(fh)
     out = plan["points_dir"]

@@ -1,5 +1,5 @@
 """The scaling report: one row per point, parallel efficiency, where a step goes; JSON, Markdown,
-a long CSV and a plot (``bench.report``'s writer and environment columns).
+a long CSV and a plot (``measure.report``'s writer and environment columns).
 
 Per point: steps per second; parallel efficiency against the fewest ranks of
 the same system (strong: ``s_R / (s_b * R / R_b)``; weak, per atom:
@@ -21,7 +21,7 @@ import logging
 import statistics
 from pathlib import Path
 
-from ..bench.report import CSV_ENV_COLUMNS, env_columns, markdown_table, require_extra, write
+from ..measure.report import CSV_ENV_COLUMNS, env_columns, markdown_table, require_extra, write
 
 log = logging.getLogger(__name__)
 

@@ -31,10 +31,12 @@ import math
 import torch
 from torch import nn
 
-from .. import conv, conv_reference, tuning
-from ..conv_layout import LinearRadial
-from ..functional import mixing_stack
-from ..layout import LMAX_RANGE, StackLayout
+from .. import tuning
+from ..conv import functional as conv
+from ..conv import reference as conv_reference
+from ..conv.layout import LinearRadial
+from ..core.layout import LMAX_RANGE, StackLayout
+from ..stack.functional import mixing_stack
 from . import stages
 
 

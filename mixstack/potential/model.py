@@ -21,12 +21,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import conv
+from ..conv import functional as conv
 from . import stages
 from .blocks import InteractionBlock, mlp
-from .neighbors import MAX_Z
+from .frames import WignerRows, edge_frames
+from .neighbors import MAX_Z, SystemInputs, atoms_inputs
 from .radial import BesselBasis, PolynomialEnvelope
-from .wigner import WignerRows, edge_frames
 
 
 class SO2Potential(nn.Module):
@@ -82,6 +82,10 @@ class SO2Potential(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.embedding.weight.device
+
+    def inputs_of(self, atoms) -> SystemInputs:
+        """The six input tensors of an ``ase.Atoms`` for this model (its cutoff, device, dtype)."""
+        return atoms_inputs(atoms, self.cutoff, device=self.device, dtype=self.dtype)
 
     def stacks(self):
         """The mixing stacks of the model, in order."""

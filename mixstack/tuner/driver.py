@@ -6,7 +6,7 @@ is measured against the relay as tuned), with one ``probes.StackProbe`` per
 family and key.  Covered keys are skipped before any input is allocated.
 
 With ``warm_workers``, each key's kernels are compiled first in worker processes
-(``bench.prewarm``): the launches every family's sweep will make
+(``measure.prewarm``): the launches every family's sweep will make
 (``sweep.sweep_launches``, recorded on the real probes' inputs, so every argument has
 the value, and Triton the specialisation, of the sweep's own launches), one task per
 distinct compile.  Keys are warmed one at a time, each just before its sweep and never
@@ -25,8 +25,8 @@ from typing import Callable, Iterable
 
 import torch
 
-from ..bench import prewarm
-from ..bench.shapes import STANDARD
+from ..measure import prewarm
+from ..measure.shapes import STANDARD
 from ..tuning import families as _families
 from ..tuning import registry, validity
 from ..tuning.keys import ShapeKey, as_key

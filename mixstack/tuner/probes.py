@@ -5,7 +5,7 @@ fill the GPU (~2**18 edges at S1's row width, fewer for wider rows, capped at a
 third of device memory), and a *partial-tile* set of 4099 edges, which no
 power-of-two block size divides, so every kernel's last tile is masked.  Inputs
 are seeded, random and non-zero, with weights drawn by ``MixingStack``'s
-initialisation (``bench.shapes.make_inputs``: one definition of the data).
+initialisation (``measure.shapes.make_inputs``: one definition of the data).
 
 ``run(cfg)`` (forward and backward on both sets, and on single-row and
 129-edge sets for the float64-checked families; the sweep's acceptance check; for the
@@ -29,11 +29,12 @@ import contextlib
 
 import torch
 
-from .. import config, reference
-from ..bench import timing
-from ..bench.shapes import BenchShape, make_inputs
+from ..core import config
 from ..dispatch.log import dispatch_log
-from ..functional import mixing_stack
+from ..measure import timing
+from ..measure.shapes import BenchShape, make_inputs
+from ..stack import reference
+from ..stack.functional import mixing_stack
 from ..tuning import families, registry, validity
 from ..tuning.keys import ShapeKey, as_key
 
@@ -169,7 +170,7 @@ class StackProbe:
         return outputs, counts
 
     def reference64(self):
-        """What ``run`` returns, computed by ``mixstack.reference`` in float64 (computed once)."""
+        """What ``run`` returns, computed by ``mixstack.stack.reference`` in float64 (computed once)."""
         if self._reference64 is None:
             outs = ()
             for inp in self._sets():

@@ -15,7 +15,7 @@
    baseline must itself repeat bit for bit and be finite, or the comparison
    would mean nothing.
 3. Baseline and accepted candidates are timed together by
-   ``mixstack.bench.timing.time_interleaved`` (rotating order, several
+   ``mixstack.measure.timing.time_interleaved`` (rotating order, several
    rounds, medians); a candidate wins only if ``timing.beats`` it (margin, 2%
    by default, and more than the baseline's own spread).  Of several winners,
    the one with the lowest median.
@@ -31,7 +31,7 @@ and ``probe.task(cfg) -> timing.Task``; ``cfg`` is a candidate or ``None`` for
 the baseline.  ``tune`` sweeps many keys and families, making a probe for each.
 
 ``sweep_launches`` lists the kernel launches ``tune_key`` will make, recorded instead of run,
-for the warm-up that compiles them in worker processes first (``bench.prewarm``).
+for the warm-up that compiles them in worker processes first (``measure.prewarm``).
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from typing import Callable
 
 import torch
 
-from ..bench import prewarm, timing
 from ..dispatch import levels
 from ..dispatch.log import dispatch_log
+from ..measure import prewarm, timing
 from ..tuning import families, registry, validity
 from ..tuning.families import contract_difference
 from ..tuning.keys import ShapeKey, as_key
@@ -328,7 +328,7 @@ def tune_key(family: str, key, *, probe, clock: Callable | None = None, rounds: 
 
 def sweep_launches(family: str, key, *, probe, quick: bool = False, earlier=()) -> list:
     """The kernel launches ``tune_key`` makes for ``family`` and ``key`` with ``probe``, recorded
-    instead of run (``bench.prewarm.record``; nothing runs on the device): the baseline's and
+    instead of run (``measure.prewarm.record``; nothing runs on the device): the baseline's and
     every candidate's checking runs, each at its level and registrations as ``tune_key`` runs
     them, and each timed task once.  ``earlier``: ``(family, candidates)`` of the families swept
     before this one for the same key; the winner of each becomes a config of this family's

@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..layout import next_power_of_2
-from ..ops.configs import WGRAD_BLOCK_K, default_gemm_config, default_wgrad_config, fused_supported
-from ..ops.configs import block_k as layout_block_k
+from ..core.layout import next_power_of_2
+from .configs import WGRAD_BLOCK_K, default_gemm_config, default_wgrad_config, fused_supported
+from .configs import block_k as layout_block_k
 from .keys import ShapeKey
 
 GEMM_FIELDS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
@@ -39,7 +39,7 @@ FUSED_FIELDS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 # 32,4,3) at K = 128, (64,64,32,4,3) at K = 192, 42 TFLOP/s; BM = 128 with 3
 # stages and 4 warps spilled, 4-5x slower), then filtered per key by
 # ``_gemm_sensible``.  The K tile is not tuned: it fixes the order of the K
-# sum, so another K tile would change results (``ops.configs.block_k`` chooses it).
+# sum, so another K tile would change results (``tuning.configs.block_k`` chooses it).
 _GEMM = (
     (64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4),
     (64, 128, 8, 3), (64, 64, 8, 3), (32, 64, 4, 3), (32, 128, 4, 3), (32, 64, 4, 4),
@@ -98,7 +98,7 @@ QUICK_FAMILIES = ("stack_bwd_relay", "stack_compensated")
 
 
 def block_k(key: ShapeKey) -> int:
-    """The K tile the GEMM kernel uses for this key (``ops.configs.block_k``: one definition)."""
+    """The K tile the GEMM kernel uses for this key (``tuning.configs.block_k``: one definition)."""
     return layout_block_k(key.layout)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..layout import LMAX_RANGE, StackLayout
+from ..core.layout import LMAX_RANGE, StackLayout
 
 _BASE = ("focus_dim", "lmax", "n_focus", "apply_alpha")
 

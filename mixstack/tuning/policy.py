@@ -3,7 +3,7 @@
 Level 3 runs compensated products only on configs validated against float64
 (docs/contract.md §3).  A swept ``stack_compensated`` entry is one way; this policy is
 the other, for keys without an entry: it predicts whether level 3 beats level 2 and
-names the config, and ``mixstack.level3`` validates that config against float64 at
+names the config, and ``mixstack.stack.level3`` validates that config against float64 at
 the first eager call and records the verdict in the user's table (``source:
 "policy"``), where it is kept, and voided, like any entry.  Where the policy is not
 sure, level 3 runs level 2 (``dispatch_log``: ``level3:level2``).
@@ -32,8 +32,8 @@ import json
 import logging
 from dataclasses import dataclass
 
-from ..ops.configs import block_k
 from . import store
+from .configs import block_k
 from .families import M64_N64, M64_N128, rule_config
 from .keys import as_key
 

@@ -13,7 +13,7 @@ import contextlib
 import os
 import threading
 
-from .. import config
+from ..core import config
 from . import store, validity
 from .families import check_config, family
 from .keys import ShapeKey, as_key

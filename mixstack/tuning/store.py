@@ -2,7 +2,7 @@
 
 One JSON file per device model, in two places: ``mixstack/tables/<device>.json``
 (package data, measured by the project) and ``<cache_dir>/<device>.json``
-(``mixstack.config.cache_dir()``, env ``MIXSTACK_CACHE_DIR``: the user's
+(``mixstack.core.config.cache_dir()``, env ``MIXSTACK_CACHE_DIR``: the user's
 sweeps).  Format::
 
     {"format": 1, "device": "NVIDIA H200",
@@ -30,7 +30,7 @@ import re
 import tempfile
 import warnings
 
-from .. import config
+from ..core import config
 from . import validity
 from .families import FAMILIES, check_config
 from .keys import ShapeKey

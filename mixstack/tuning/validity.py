@@ -27,8 +27,8 @@ import tokenize
 
 import torch
 
-from .. import config
-from ..version import __version__
+from ..core import config
+from ..core.version import __version__
 
 KERNELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
 INTERPRETER_DEVICE = "triton-interpreter"

@@ -114,7 +114,7 @@ def test_gpu_the_relay_has_the_same_bits_with_or_without_the_sigmoid_surface(cas
     """The pointwise kernel forming the gate sigmoids itself is a schedule: compiled for
     the GPU (FMA dots exact, tensor-core dots at level 3, different row tiles than the gate
     kernel) it must give the surface relay's bits."""
-    from mixstack.ops import launchers
+    from mixstack.stack import launchers
     lay = case.layout
     u0, alpha, w0, w1, gw = helpers.make_inputs(case, device=DEV)
     out, z, y = launchers.stack_forward(u0, alpha, w0, w1, gw, lay, case.apply_alpha, compensated=compensated)

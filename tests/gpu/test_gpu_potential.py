@@ -49,7 +49,7 @@ def test_compiled_bench_frame_forces_match_float64(key):
     import copy
 
     from mixstack.bench.model_bench import DEFAULT_MODEL, build_cell, frame_fn
-    from mixstack.bench.runner import exact_fp32
+    from mixstack.bench.stack_bench import exact_fp32
 
     model = SO2Potential(**DEFAULT_MODEL, seed=0, device="cuda").eval().requires_grad_(False)
     for name in ("cu-bcc", "diamond"):

@@ -82,7 +82,7 @@ def test_gpu_level3_training_step_is_within_the_contract(case):
 
 
 def test_gpu_the_compensated_weight_reduction_keeps_the_contract_at_extreme_scales():
-    from mixstack.ops import training
+    from mixstack.stack import training
     lay = Case(F=1, E=1, Cf=32, lmax=3, n_layers=2).layout
     g = torch.Generator(device=DEV).manual_seed(5)
     n = 9001

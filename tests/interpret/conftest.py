@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import mixstack.kernels.gemm
-from mixstack import config
+from mixstack.core import config
 
 KERNELS_INTERPRETED = type(mixstack.kernels.gemm.block_gemm_kernel).__name__ == "InterpretedFunction"
 SKIP_REASON = ("Triton kernels were not created under the interpreter: run this directory as "

@@ -13,8 +13,8 @@ from helpers import Case
 
 import mixstack
 from mixstack import tuning
-from mixstack.layout import StackLayout
-from mixstack.ops import launchers
+from mixstack.core.layout import StackLayout
+from mixstack.stack import launchers
 from mixstack.tuner.probes import StackProbe
 from mixstack.tuner.sweep import contract_difference
 from mixstack.tuning.families import CONTRACT

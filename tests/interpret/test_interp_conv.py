@@ -180,7 +180,7 @@ def test_linear_radial_forward_and_forces_gradients_run_the_kernels_and_match_fl
     assert set(grads) == set(grads64)
     for name in grads:
         helpers.assert_close_rel(grads[name], grads64[name], f"rotate_in (linear radial) grad {name}")
-    radial, sw = mixstack.conv_reference.linear_radial_weights(
+    radial, sw = mixstack.conv.reference.linear_radial_weights(
         mixstack.LinearRadial(inp["hidden"], inp["lin_weight"], inp["lin_bias"]), case.lmax, case.scalar)
     with mixstack.use_level(1):
         whole = mixstack.rotate_in(inp["x"], inp["wigner"], radial, inp["src"], edge_scalar=inp["edge_scalar"],

@@ -8,7 +8,7 @@ from helpers import Case
 
 import mixstack
 from mixstack import tuning
-from mixstack.ops import launchers
+from mixstack.stack import launchers
 
 FUSED = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
 
@@ -153,13 +153,13 @@ def test_no_entry_keeps_the_relay():
 def test_the_benchs_fused_variant_runs_the_fused_backward_and_only_there():
     """``mixstack bench --levels 2,2f``: L2 keeps the relay (no entry), L2-fused runs the
     fused kernel with the same errors (same bits), and no registration outlives the run."""
-    from mixstack.bench import runner
-    from mixstack.bench.shapes import BenchShape
+    from mixstack.bench import stack_bench
+    from mixstack.measure.shapes import BenchShape
     shape = BenchShape("tiny", edges=37, focus=2, focus_dim=16, lmax=2, layers=3)
     key = tuning.shape_key(focus_dim=16, lmax=2, n_focus=2, apply_alpha=True)
     with tuning.saved_registrations():
         tuning.unregister("stack_bwd_fused", key)
-        rec = runner.run_bench(runner.BenchConfig(shapes=(shape,), variants=("2", "2f"), passes=("bwd",),
+        rec = stack_bench.run_bench(stack_bench.BenchConfig(shapes=(shape,), variants=("2", "2f"), passes=("bwd",),
                                                   rounds=1, warmup=0, device="cpu", roof_n=64))
         assert tuning.lookup("stack_bwd_fused", key) is tuning.MISSING
     l2, fused = rec["shapes"][0]["variants"]

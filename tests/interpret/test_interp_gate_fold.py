@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import Case
 
-from mixstack.ops import launchers
+from mixstack.stack import launchers
 
 CASES = [Case(F=2, E=37, Cf=32, lmax=2, n_layers=3), Case(F=1, E=1, Cf=48, lmax=1, n_layers=2),
          Case(F=1, E=129, Cf=64, lmax=2, n_layers=2)]

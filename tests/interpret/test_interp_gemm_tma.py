@@ -13,8 +13,8 @@ import torch
 from helpers import Case
 
 from mixstack import tuning
-from mixstack.layout import StackLayout
-from mixstack.ops import launchers
+from mixstack.core.layout import StackLayout
+from mixstack.stack import launchers
 
 TILE = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
 

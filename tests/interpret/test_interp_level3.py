@@ -9,7 +9,8 @@ import pytest
 from helpers import Case
 from tuning_fakes import tuning_env  # noqa: F401  (private, empty tables)
 
-from mixstack import level3, tuning
+from mixstack import tuning
+from mixstack.stack import level3
 from mixstack.tuning import families, policy, registry
 
 COMP = "stack_compensated"

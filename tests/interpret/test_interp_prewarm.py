@@ -10,9 +10,11 @@ import pytest
 from tuning_fakes import tuning_env  # noqa: F401  (private, empty tables)
 
 from mixstack import tuning
-from mixstack.bench import grid, prewarm
-from mixstack.compiler_report import Launch
-from mixstack.ops import conv_launchers, launchers, training
+from mixstack.bench import grid
+from mixstack.conv import launchers as conv_launchers
+from mixstack.measure import prewarm
+from mixstack.measure.compiler_report import Launch
+from mixstack.stack import launchers, training
 from mixstack.tuner import probes, sweep
 
 KEY = tuning.shape_key(focus_dim=16, lmax=1, n_focus=1, apply_alpha=True)

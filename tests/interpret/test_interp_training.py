@@ -22,7 +22,8 @@ from helpers import Case, assert_close_rel, case_id
 
 import mixstack
 from mixstack import tuning
-from mixstack.ops import configs, training
+from mixstack.stack import training
+from mixstack.tuning import configs
 from mixstack.tuning.families import CONTRACT
 
 CASES = [
@@ -333,7 +334,7 @@ def test_the_double_backward_allocates_no_surface_it_can_reuse():
     step writes it, and the top reduction scales ``grad_out`` into the dead ``z_dot``; either on
     a surface of its own made it 5 (on the H200 the training step's peak was in that reduction)."""
     from mixstack.bench import train_bench
-    from mixstack.bench.shapes import BenchShape
+    from mixstack.measure.shapes import BenchShape
 
     shape = BenchShape("T", 257, 2, 16, 1, layers=3)          # 2 gated layers: d_z holds 2
     inp = train_bench._stack_inputs(shape, torch.device("cpu"), 0)

@@ -5,7 +5,7 @@ import torch
 
 import mixstack
 from mixstack import tuning
-from mixstack.bench.timing import time_interleaved
+from mixstack.measure.timing import time_interleaved
 from mixstack.tuner.probes import N_LAYERS, StackProbe
 
 KEY = tuning.shape_key(focus_dim=16, lmax=1, n_focus=1, apply_alpha=True)
@@ -89,17 +89,17 @@ def test_the_weight_reduction_probe_returns_and_times_the_weight_gradients():
 def test_a_familys_validity_hash_covers_every_kernel_its_runs_launch(family, monkeypatch):
     """An entry stays valid while the kernel modules its family names are unchanged, so a
     module its runs launch but the family does not name would let a stale entry stand."""
-    import mixstack.ops.launchers
-    import mixstack.ops.training
+    import mixstack.stack.launchers
+    import mixstack.stack.training
     from mixstack.tuning import families, validity
     launched = set()
-    real = mixstack.ops.launchers.wrap_triton
+    real = mixstack.stack.launchers.wrap_triton
 
     def spy(kernel):
         launched.add(kernel.fn.__module__.rsplit(".", 1)[-1] + ".py")
         return real(kernel)
-    monkeypatch.setattr(mixstack.ops.launchers, "wrap_triton", spy)
-    monkeypatch.setattr(mixstack.ops.training, "wrap_triton", spy)
+    monkeypatch.setattr(mixstack.stack.launchers, "wrap_triton", spy)
+    monkeypatch.setattr(mixstack.stack.training, "wrap_triton", spy)
     probe = StackProbe(family, KEY, edges=33, partial_edges=17)
     fam = families.family(family)
     with tuning.saved_registrations(), mixstack.use_level(fam.candidate_level):

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import mixstack
-from mixstack.ops import wigner as ops_wigner
-from mixstack.wigner import edge_wigner_reference
+from mixstack.conv import wigner_ops as ops_wigner
+from mixstack.conv.frames import edge_wigner_reference
 
 
 @pytest.mark.parametrize("lmax, n_edges", [(1, 21), (2, 37), (3, 45),

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from ..core.layout import validate_inputs
+from ..dispatch.guards import forward_level, triton_installed
+from ..dispatch.log import record
 from . import level3, reference
-from .dispatch.guards import forward_level, triton_installed
-from .dispatch.log import record
-from .layout import validate_inputs
 
 if triton_installed():                 # Linux: the Triton levels; elsewhere level 0 runs alone
-    from .ops import stack  # noqa: F401  (registers the mixstack:: operators)
+    from . import ops as stack  # noqa: F401  (registers the mixstack:: operators)
 
 
 def mixing_stack(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alpha: bool = True,
@@ -22,7 +22,7 @@ def mixing_stack(u0, alpha, w0, w1, gw, *, lmax: int, focus_dim: int, apply_alph
     ``gw (n_layers - 1, F, focus_dim, lmax * focus_dim)``; returns the
     edge-major ``(E, F, ROW)`` result.  Differentiable in every input, to any
     order.  Level 0 (or a shape/dtype/device the kernels do not take) runs
-    ``mixstack.reference``; levels 1-3 run the Triton operator.
+    ``mixstack.stack.reference``; levels 1-3 run the Triton operator.
 
     ``keep_input=False`` (inference: energies and forces) lets levels 1-3 drop
     ``u0`` from what the backward keeps when no weight requires grad, which

@@ -2,27 +2,27 @@
 the stack, and ``mixstack.edge_wigner``, the packed Wigner rows they read, at the active level
 (docs/contract.md §7).
 
-Level 0, or a tensor the kernels cannot take, runs ``mixstack.reference.rotate_in`` /
+Level 0, or a tensor the kernels cannot take, runs ``mixstack.stack.reference.rotate_in`` /
 ``rotate_out_sum`` (plain PyTorch, any float dtype); levels 1-3 run the ``mixstack::`` operators
-(``ops.conv``): Triton kernels forward and backward, deterministic (rotate-out sums each atom's
+(``conv.ops``): Triton kernels forward and backward, deterministic (rotate-out sums each atom's
 edges in their order; rotate-in's node-feature gradient sums each source atom's edges in theirs;
 no atomics), the same bits at levels 1, 2 and 3.  ``edge_wigner`` runs ``mixstack::edge_wigner``
-(``ops.wigner``) there: one kernel from the edge vectors to the packed rows, one back.
+(``conv.wigner_ops``) there: one kernel from the edge vectors to the packed rows, one back.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import conv_reference
-from .conv_layout import LinearRadial, validate_edge_wigner, validate_rotate_in, validate_rotate_out_sum
-from .dispatch.guards import conv_level, triton_installed
-from .dispatch.log import record
-from .wigner import edge_wigner_reference
+from ..dispatch.guards import conv_level, triton_installed
+from ..dispatch.log import record
+from . import reference as conv_reference
+from .frames import edge_wigner_reference
+from .layout import LinearRadial, validate_edge_wigner, validate_rotate_in, validate_rotate_out_sum
 
 if triton_installed():
-    from .ops import conv as _ops  # noqa: F401  (registers the mixstack:: operators)
-    from .ops import wigner as _wigner_ops
+    from . import ops as _ops  # noqa: F401  (registers the mixstack:: operators)
+    from . import wigner_ops as _wigner_ops
 
 
 def kernels_active(t: torch.Tensor, channels: int) -> bool:
@@ -112,7 +112,7 @@ def edge_wigner(vec, lmax: int, *, constants=None):
     Per edge, the rotation ``R`` with rows ``(x', y', r_hat)`` (``r_hat = vec / |vec|``; ``x'``
     from the coordinate axis least aligned with the edge, the first on a tie) and the rows
     ``m = -1, 0, +1`` of its real Wigner matrices ``D^l(R)``, ``l = 0..lmax``, by the
-    Ivanic-Ruedenberg recursion (``mixstack.wigner``).  Differentiable in ``vec`` to any order.
+    Ivanic-Ruedenberg recursion (``mixstack.conv.frames``).  Differentiable in ``vec`` to any order.
     Levels 1-3 (float32, where the kernels run): one kernel forward, one backward; ``constants``
     is ``edge_wigner_constants(lmax, vec.device)`` (built and kept per device when not given).
     """

@@ -3,7 +3,7 @@ memory and the instruction mix of each launch, for an NVIDIA architecture (sm_90
 
 Why: whether a launch config spills, how many programs fit on an SM and what the inner
 loops are made of decide the kernels' speed (``BENCHMARKS.md``), and GPU time is scarce.
-The launches reported are the real ones: the launchers of ``mixstack.ops.launchers`` run on
+The launches reported are the real ones: the launchers of ``mixstack.stack.launchers`` run on
 ``meta`` tensors (nothing is allocated or computed) with every kernel launch recorded
 instead of run; each distinct launch is then compiled for the target by Triton with the
 ``ptxas`` it bundles, and the bundled ``cuobjdump`` / ``nvdisasm`` read the binary.
@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .ops import conv_launchers, launchers, training
+from ..conv import launchers as conv_launchers
+from ..stack import launchers, training
 
 # SASS opcodes summed by the report (the first dotted part of each instruction).
 COUNTED = ("FFMA", "HMMA", "HGMMA", "LDS", "STS", "LDSM", "LDG", "STG", "LDGSTS", "BAR", "SHFL", "MUFU")
@@ -75,7 +76,7 @@ class Report:
 
 
 def record_launches(run, *args, **kwargs) -> list[Launch]:
-    """Run ``run(*args, **kwargs)`` (a launcher of ``mixstack.ops.launchers`` or
+    """Run ``run(*args, **kwargs)`` (a launcher of ``mixstack.stack.launchers`` or
     ``conv_launchers``, on meta tensors) with
     every kernel launch recorded instead of run; the launches, in order."""
     launches: list[Launch] = []
@@ -159,7 +160,7 @@ def training_launches(layout, n_focus: int, apply_alpha: bool = True, *, n_layer
                       wgrad_compensated: bool = False) -> list[Launch]:
     """The launches a training step adds to ``stack_launches``: the first backward that keeps its
     chain, the double backward with its weight reductions, and the forward's backward with the
-    weight reductions and the double backward's cotangents of z and y (``ops.training``),
+    weight reductions and the double backward's cotangents of z and y (``stack.training``),
     recorded on meta tensors."""
     meta = dict(device="meta", dtype=torch.float32)
     shape = (n_focus, edges, layout.row)
@@ -336,7 +337,7 @@ class GridCase:
 def case_launches(case: GridCase, edges: int = GRID_EDGES, kernels=None) -> list[Launch]:
     """The distinct launches of one forward and backward of ``case`` (``kernels``: only those
     kernels, by name)."""
-    from .layout import StackLayout
+    from ..core.layout import StackLayout
     out = distinct(stack_launches(StackLayout(case.lmax, case.focus_dim), case.n_focus, True, edges=edges,
                                   gemm_cfg=case.gemm_cfg, compensated=case.compensated))
     return [x for x in out if kernels is None or x.name in kernels]
@@ -369,7 +370,7 @@ def grid_cases(focus_dims=GRID_FOCUS_DIMS, lmaxes=GRID_LMAX, n_focus: int = 1,
     with the level-3 policy's configs, and each config of ``table_configs``
     (``{"exact": [cfg, ...], "compensated": [cfg, ...]}``, e.g. ``shipped_table_configs()``)
     on its path at every (Cf, lmax)."""
-    from .tuning import policy
+    from ..tuning import policy
     table_configs = table_configs or {}
     out = []
     for cf in focus_dims:
@@ -393,8 +394,8 @@ def grid_cases(focus_dims=GRID_FOCUS_DIMS, lmaxes=GRID_LMAX, n_focus: int = 1,
 
 # The last H200 table measured (voided by the chunked gate products; ``scripts/gpu_check.sh``
 # part ``retune`` sweeps its keys again): the grid report compiles its configs too.
-MEASURED_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results",
-                              "2026-12-01-h200-tuning", "NVIDIA_H200.json")
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MEASURED_TABLE = os.path.join(_REPO, "results", "2026-12-01-h200-tuning", "NVIDIA_H200.json")
 
 
 def shipped_table_configs(path: str | None = None) -> dict:
@@ -403,7 +404,7 @@ def shipped_table_configs(path: str | None = None) -> dict:
     and the last one measured (``MEASURED_TABLE``, where this is a checkout)."""
     import json
 
-    from .tuning import store
+    from ..tuning import store
     out = {"exact": [], "compensated": []}
     for p in [path] if path else [store.builtin_path("NVIDIA H200"), MEASURED_TABLE]:
         if not os.path.exists(p):

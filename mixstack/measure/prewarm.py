@@ -283,7 +283,7 @@ def spec(launch) -> LaunchSpec | None:
 def record(fn: Callable, *args, **kwargs) -> list:
     """The kernel launches ``fn(*args, **kwargs)`` makes, recorded instead of run (the
     launchers allocate their outputs but launch nothing: outputs hold garbage)."""
-    from ..compiler_report import record_launches
+    from .compiler_report import record_launches
     return record_launches(fn, *args, **kwargs)
 
 

@@ -25,11 +25,11 @@ import threading
 
 import torch
 
+from ..dispatch import levels
+from ..dispatch.log import unlogged, warn_once
+from ..tuning import families, policy, registry, store, validity
+from ..tuning.keys import ShapeKey, as_key, shape_key
 from . import reference
-from .dispatch import levels
-from .dispatch.log import unlogged, warn_once
-from .tuning import families, policy, registry, store, validity
-from .tuning.keys import ShapeKey, as_key, shape_key
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def validation_edges(device) -> tuple[int, ...]:
 def validate(key, cfg: dict, device, edges=None) -> dict:
     """Run ``cfg`` at level 3 on ``key`` against float64 (see the module doc):
     ``{"ok": bool, "why": str | None, "edges": [...]}``."""
-    from .ops import stack  # noqa: F401  (registers the mixstack:: operators; needs Triton)
+    from . import ops as stack  # noqa: F401  (registers the mixstack:: operators; needs Triton)
     device = torch.device(device)
 
     def mixing_stack(u0, alpha, w0, w1, gw, *, lmax, focus_dim, apply_alpha):

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..layout import LMAX_RANGE, StackLayout
-from ..nn import MixingStack
+from ..core.layout import LMAX_RANGE, StackLayout
+from ..stack.nn import MixingStack
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@ rows in one kernel, and back in one more (``kernels.wigner``); their constants, 
 autograd.
 
 ``edge_wigner(vec, steps, lmax, level) -> wigner (E, 3, (lmax+1)^2)`` is
-``mixstack.wigner.edge_wigner_reference``; ``edge_wigner_backward(grad_wigner, vec, steps, lmax,
+``mixstack.conv.frames.edge_wigner_reference``; ``edge_wigner_backward(grad_wigner, vec, steps, lmax,
 level) -> grad_vec (E, 3)`` its vector-Jacobian product.  ``steps`` is ``packed_steps(lmax)``
-on ``vec``'s device: the recursion's constant matrices (``mixstack.wigner.step_matrices``) in
+on ``vec``'s device: the recursion's constant matrices (``mixstack.conv.frames.step_matrices``) in
 float32, zero-padded to the kernels' register widths.  It is an argument, not a global, so a
 module keeps it as a buffer and a traced or exported graph sees it as an input.  A body runs the
 kernels where they can run (CUDA, or any device under ``TRITON_INTERPRET=1``, float32, level
@@ -26,7 +26,7 @@ from torch.library import triton_op, wrap_triton
 from ..dispatch.guards import kernels_can_run
 from ..dispatch.log import record
 from ..kernels import wigner as kw
-from ..wigner import edge_wigner_reference, step_matrices
+from .frames import edge_wigner_reference, step_matrices
 
 # Edges per program, fixed (never tuned: one config at every level keeps levels 1-3 identical).
 # From the sm_90 compile (Triton 3.7), not timed yet: at lmax 3, 16 edges and 4 warps take 127

@@ -40,11 +40,12 @@ import torch
 from torch import Tensor
 from torch.library import triton_op
 
-from .. import reference, tuning
+from .. import tuning
+from ..core.layout import StackLayout
 from ..dispatch.guards import kernels_can_run, unsupported_reason
 from ..dispatch.log import record
-from ..layout import StackLayout
-from . import configs, launchers, training
+from ..tuning import configs
+from . import launchers, reference, training
 
 
 def _kernels_for(t: Tensor, layout: StackLayout) -> bool:
@@ -211,7 +212,7 @@ def _tuned(family: str, t: Tensor, n_focus: int, layout: StackLayout, apply_alph
 
 def _compensated(t: Tensor, n_focus: int, layout: StackLayout, apply_alpha: bool) -> dict | None:
     """Level 3's config for this call: the ``stack_compensated`` entry (swept, or recorded by
-    the level-3 policy at first use, ``mixstack.level3``), or ``None``: level 2 runs, and the
+    the level-3 policy at first use, ``mixstack.stack.level3``), or ``None``: level 2 runs, and the
     log says ``level3:level2`` (an entry of ``None``, a failed validation, or no entry where
     the policy was not sure).  ``level3:policy``: the config came from the policy;
     ``level3:tma``: a ``stack_compensated_tma`` entry runs the TMA-fed GEMMs with its config."""

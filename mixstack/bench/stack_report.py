@@ -1,43 +1,17 @@
-"""Results files of ``mixstack bench``: JSON, a Markdown table, a long-format CSV and a PNG plot.
-
-The JSON record (``runner.run_bench``) holds every sample; the Markdown, the
-CSV (one row per measurement, for tidy analysis) and the plot are views of it,
-and each carries the device, the software versions and the date, as
-docs/contract.md §8 asks of every figure.  matplotlib is an optional
-dependency (``mixstack[bench]``), imported only when a plot is drawn, with
-the Agg backend so that no display is needed.
-"""
+"""The stack bench's views of its record (``stack_bench.run_bench``): the summary and rate tables,
+the long-format rows, the Markdown report and the plot, written by ``measure.report.write``."""
 
 from __future__ import annotations
 
-import csv
-import datetime as _dt
-import importlib
-import json
 import math
 import os
 from pathlib import Path
 
-from .env import device_slug
-from .runner import PASS_LABELS
+from ..measure import report
+from ..measure.report import env_columns, header_lines, markdown_table, require_extra, save_figure
+from .stack_bench import PASS_LABELS
 
 JSON_NAME, MARKDOWN_NAME, PLOT_NAME = "bench.json", "bench.md", "bench.png"
-
-
-def require_extra(module: str, extra: str = "bench"):
-    """Import an optional dependency, or raise an ImportError naming the pip fix."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(f"{module} is needed for this; install it with "
-                          f"`pip install mixstack[{extra}]`") from exc
-
-
-def default_dir(record: dict, base: str | os.PathLike = "results", purpose: str = "bench") -> Path:
-    """``results/<date>-<device>-<purpose>/`` (the naming of ``results/``), the date with the
-    time of day so that two runs on one day do not overwrite each other."""
-    stamp = _dt.datetime.fromisoformat(record["env"]["date"]).strftime("%Y-%m-%d-%H%M%S")
-    return Path(base) / f"{stamp}-{device_slug(record['env']['device'])}-{purpose}"
 
 
 def _num(x: float) -> str:
@@ -57,26 +31,6 @@ def _sci(x) -> str:
 
 def _pct(x) -> str:
     return "—" if x is None else f"{100 * x:.1f}%"
-
-
-def header_lines(record: dict) -> list[str]:
-    """Device, versions, date, git revision, command and roofs, one fact per line."""
-    e = record["env"]
-    dev = e["device"]
-    roof = record.get("roof") or {}
-    lines = [
-        f"device: {dev['name']}" + (f" (sm {dev['capability']}, {dev['sm_count']} SMs, "
-                                    f"{dev['memory_gib']} GiB)" if dev["type"] == "cuda" else
-                                    f" ({dev.get('threads')} threads)"),
-        f"software: mixstack {e['mixstack']}, torch {e['torch']}, Triton {e['triton']}, "
-        f"CUDA {e['cuda'] or '—'}, driver {e['driver'] or '—'}, Python {e['python']}",
-        f"date: {e['date']}; git: {e['git_revision'] or '—'}",
-        f"command: {record.get('command') or '—'}",
-    ]
-    if roof:
-        lines.append(f"roofs measured in this run: fp32 matmul {roof['fp32_matmul_n']}^3 "
-                     f"(TF32 off) {roof['fp32_tflops']:.3g} TFLOP/s; copy {roof['copy_gbps']:.4g} GB/s")
-    return lines
 
 
 def summary_rows(record: dict) -> list[dict]:
@@ -137,17 +91,6 @@ def detail_rows(record: dict) -> list[dict]:
     } for t in record["timings"]]
 
 
-# Columns every long-format CSV row starts with: where and with what it was measured.
-CSV_ENV_COLUMNS = ("date", "gpu", "torch", "triton", "cuda", "mixstack", "git")
-
-
-def env_columns(record: dict) -> dict:
-    """The ``CSV_ENV_COLUMNS`` values of a bench record."""
-    e = record["env"]
-    return {"date": e["date"], "gpu": e["device"]["name"], "torch": e["torch"], "triton": e["triton"],
-            "cuda": e["cuda"], "mixstack": e["mixstack"], "git": e["git_revision"]}
-
-
 def long_rows(record: dict) -> list[dict]:
     """One row per measurement of a ``mixstack bench`` record: timings (median, p20, p80 in
     ms, per pass), peak memory and the float64 errors, each with its environment."""
@@ -167,27 +110,6 @@ def long_rows(record: dict) -> list[dict]:
     return rows
 
 
-def write_csv(rows: list[dict], path: str | os.PathLike) -> Path:
-    """``rows`` (dicts with the same keys) as a CSV file with a header line."""
-    path = Path(path)
-    with path.open("w", newline="") as fh:
-        if rows:
-            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-    return path
-
-
-def markdown_table(rows: list[dict]) -> str:
-    """``rows`` (dicts with the same keys) as a Markdown table."""
-    if not rows:
-        return "(none)\n"
-    cols = list(rows[0])
-    out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    out += ["| " + " | ".join(str(r[c]).replace("|", "\\|") for c in cols) + " |" for r in rows]
-    return "\n".join(out) + "\n"
-
-
 def markdown(record: dict) -> str:
     """The Markdown report: header, summary table, detail table, skipped variants."""
     parts = ["# mixstack bench\n", "\n".join(f"- {line}" for line in header_lines(record)) + "\n"]
@@ -203,7 +125,7 @@ def markdown(record: dict) -> str:
         "`mixstack.dispatch_log` recorded for one fwd+bwd.\n")
     parts.append(markdown_table(summary_rows(record)))
     parts.append("\n## Rates\n\nTFLOP/s from counted matrix-product FLOPs; GB/s from the "
-                 "minimum bytes of the contract (see `mixstack/bench/counts.py`).\n")
+                 "minimum bytes of the contract (see `mixstack/measure/counts.py`).\n")
     parts.append(markdown_table(detail_rows(record)))
     extra = [f"{s['variant']} skipped: {s['reason']}" for s in record["skipped"]] + record["notes"]
     extra += [f"{s['name']} {PASS_LABELS[p]}: timing failed: {why}" for s in record["shapes"]
@@ -256,53 +178,7 @@ def plot(record: dict, path: str | os.PathLike) -> Path:
     return save_figure(fig, plt, record, "mixstack bench", path, rect=(0, 0.06, 1, 0.95))
 
 
-def not_run_section(record: dict) -> str:
-    """The Markdown "Not run" section of a bench's results: skipped variants with why, and the
-    config's notes (empty when there are none)."""
-    extra = [f"{s['variant']} skipped: {s['reason']}" for s in record["skipped"]] + record["notes"]
-    return "\n## Not run\n\n" + "\n".join(f"- {x}" for x in extra) + "\n" if extra else ""
-
-
-def save_figure(fig, plt, record: dict, title: str, path: str | os.PathLike, *, rect=(0, 0.08, 1, 0.94),
-                dpi: int = 120, title_size: int = 11, foot_size: int = 7) -> Path:
-    """A bench figure's title (``title`` and the device), its footer (software, date, command),
-    then saved to ``path`` and closed."""
-    head = header_lines(record)
-    fig.suptitle(title + " — " + head[0].removeprefix("device: "), fontsize=title_size)
-    fig.text(0.01, 0.005, head[1] + "\n" + head[2], fontsize=foot_size, va="bottom")
-    fig.tight_layout(rect=rect)
-    path = Path(path)
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return path
-
-
-def write(record: dict, out_dir: str | os.PathLike, *, with_plot: bool = True,
-          names: tuple[str, str, str] | None = None, render_markdown=None,
-          render_plot=None, render_rows=None) -> dict[str, Path]:
-    """Write ``bench.json``, ``bench.md``, ``bench.csv`` and (optionally) ``bench.png`` into
-    ``out_dir``.
-
-    The JSON, Markdown and CSV are written first, so a missing matplotlib (the
-    ImportError from ``plot``) never loses the measurements.  ``names`` (JSON,
-    Markdown, plot; the CSV is named after the JSON), ``render_markdown``,
-    ``render_plot`` and ``render_rows``: another bench's file names and renderers.
-    """
-    json_name, md_name, plot_name = names or (JSON_NAME, MARKDOWN_NAME, PLOT_NAME)
-    to_markdown = render_markdown or markdown
-    to_plot = render_plot or plot
-    to_rows = render_rows or long_rows
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / json_name, "markdown": out / md_name}
-    paths["json"].write_text(json.dumps(record, indent=1) + "\n")
-    paths["markdown"].write_text(to_markdown(record))
-    paths["csv"] = write_csv(to_rows(record), out / (Path(json_name).stem + ".csv"))
-    if with_plot:
-        paths["plot"] = to_plot(record, out / plot_name)
-    return paths
-
-
-def fmt(x, spec: str = ".2e") -> str:
-    """A table cell: ``x`` formatted with ``spec``, or an em dash where there is no value."""
-    return "—" if x is None else format(x, spec)
+def write(record: dict, out_dir: str | os.PathLike, *, with_plot: bool = True) -> dict[str, Path]:
+    """``bench.json``, ``bench.md``, ``bench.csv`` and (optionally) ``bench.png`` in ``out_dir``."""
+    return report.write(record, out_dir, names=(JSON_NAME, MARKDOWN_NAME, PLOT_NAME), render_markdown=markdown,
+                        render_rows=long_rows, render_plot=plot, with_plot=with_plot)

@@ -7,8 +7,8 @@ import math
 import torch
 from torch import nn
 
+from ..core.layout import LMAX_RANGE, StackLayout
 from .functional import mixing_stack
-from .layout import LMAX_RANGE, StackLayout
 
 
 class MixingStack(nn.Module):

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from .conv_layout import LinearRadial, validate_rotate_in, validate_rotate_out_sum
+from .layout import LinearRadial, validate_rotate_in, validate_rotate_out_sum
 
 
 def linear_radial_weights(radial: LinearRadial, lmax: int, with_scalar: bool):

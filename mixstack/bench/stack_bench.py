@@ -1,7 +1,7 @@
 """Run the benchmark: every variant of every shape, timed, with memory, accuracy and paths.
 
 Variants are the columns of docs/contract.md §8: ``L0-eager`` (``mixstack.mixing_stack``
-at level 0), ``L0-compile`` (``torch.compile`` of ``mixstack.reference``),
+at level 0), ``L0-compile`` (``torch.compile`` of ``mixstack.stack.reference``),
 ``L1``, ``L2`` and ``L3`` (``mixstack.mixing_stack`` at that level).  For each
 shape the runner
 
@@ -36,14 +36,15 @@ from typing import Callable
 
 import torch
 
-from .. import reference, tuning
+from .. import tuning
 from ..dispatch.levels import use_level
 from ..dispatch.log import dispatch_log
-from ..functional import mixing_stack
-from ..ops.configs import fused_supported
-from . import counts, env
-from .shapes import SMALL, STANDARD, BenchShape, StackInputs, make_inputs
-from .timing import Clock, Task, clock_for, time_interleaved
+from ..measure import counts, env
+from ..measure.shapes import SMALL, STANDARD, BenchShape, StackInputs, make_inputs
+from ..measure.timing import Clock, Task, clock_for, time_interleaved
+from ..stack import reference
+from ..stack.functional import mixing_stack
+from ..tuning.configs import fused_supported
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +197,7 @@ _VALIDATED: dict[tuple[str, str], dict] = {}
 def forced_level3_config(shape: BenchShape, device) -> dict:
     """The rule config of ``shape``'s key for ``"3r"``, validated against float64 on ``device``
     (once per process); ``ValueError`` naming the key where the validation fails."""
-    from .. import level3
+    from ..stack import level3
     from ..tuning.policy import rule_config
     key = shape.tuning_key()
     cfg = rule_config(key)
@@ -294,7 +295,7 @@ def _path_notes(records: dict[str, dict]) -> None:
         if rec["failed"]:
             continue
         if key == "0c":
-            rec["note"] = "torch.compile of mixstack.reference (outside mixstack's dispatch)"
+            rec["note"] = "torch.compile of mixstack.stack.reference (outside mixstack's dispatch)"
         elif LEVEL_OF[key] >= 1 and any(p.startswith("fwd:reference") for p in paths):
             rec["note"] = "fell back to the reference: no Triton kernel ran"
         elif key in ("3", "3r") and not any("compensated" in p for p in paths):

@@ -20,14 +20,14 @@ import torch
 import triton
 from torch.library import wrap_triton
 
+from ..core.layout import StackLayout
 from ..kernels.compensated import split_weights_kernel
 from ..kernels.fused import fused_backward_kernel
 from ..kernels.gate import gate_backward_kernel, gate_kernel
 from ..kernels.gemm import block_gemm_kernel
 from ..kernels.gemm_tma import fold_tile_amax_kernel, tma_block_gemm_kernel
 from ..kernels.reduce import alpha_grad_kernel
-from ..layout import StackLayout
-from .configs import (
+from ..tuning.configs import (
     ALPHA_GRAD_CONFIG,
     FUSED_PROGRAMS_PER_SM,
     INTERPRETER_PROGRAMS,
@@ -257,7 +257,7 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
     and the pointwise kernel those of ``gz`` for them (``writer_amax=False``: the
     GEMMs find them, as in ``stack_forward``).
 
-    Training (the relay only; ``ops.training``): ``chain`` ``(n_gated, F, E, ROW)`` receives,
+    Training (the relay only; ``stack.training``): ``chain`` ``(n_gated, F, E, ROW)`` receives,
     at ``k``, the cotangent of gated layer ``k``'s output (each GEMM writes the next
     layer's ``h`` there instead of in place: the same kernels, the same bits), which the
     double backward reads; ``g_top`` (focus-major, ``(F, E, ROW)``) replaces

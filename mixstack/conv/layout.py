@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from .layout import LMAX_RANGE, StackLayout, _check_size, _check_tensor, _fmt
+from ..core.layout import LMAX_RANGE, StackLayout, _check_size, _check_tensor, _fmt
 
 
 def n_coefficients(lmax: int) -> int:

@@ -31,20 +31,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..dispatch.levels import set_level
+from ..potential.cells import MODEL_NAMES, SCALING_LITE_MODEL, SCALING_MODEL, build_cell, model_size  # noqa: F401
 from . import logfile
 
 log = logging.getLogger(__name__)
 
 SCHEMA = "mixstack-md/1"
 BUILDERS = ("diamond", "cu-bcc")
-# bench.model_bench's QUICK_CPU_MODEL and DEFAULT_MODEL, then the scaling runs' two models
-MODEL_NAMES = ("small", "bench", "scaling", "scaling-lite")
-# The smallest stack that level 3 speeds up (focus_dim 32, a row of 224 floats: the level-3
-# policy's region, docs/contract.md §3), at 25 kB per edge (BENCHMARKS.md, "Several GPUs").
-SCALING_MODEL = dict(lmax=2, focus_dim=32, n_focus=1, n_layers=2, n_blocks=2, cutoff=3.3, radial_hidden=16)
-# lmax 1: 14 kB per edge, so that 500,000 bcc Cu atoms fit on one H200; level 3 runs level 2 on
-# its stack (a row of 128 floats).
-SCALING_LITE_MODEL = dict(SCALING_MODEL, lmax=1)
 ENSEMBLES = ("nve", "nvt", "npt")
 ENGINES = ("lammps", "ase")
 THERMO = ("Step", "Time", "Temp", "PotEng", "KinEng", "TotEng", "Press", "Volume")
@@ -113,7 +107,6 @@ def prepare_atoms(cfg: MDConfig):
     Maxwell-Boltzmann momenta at ``cfg.temperature`` from ``cfg.seed``, total momentum zero."""
     from ase import units
     if cfg.structure in BUILDERS:
-        from ..bench.model_bench import build_cell
         atoms = build_cell(cfg.structure, cfg.atoms, seed=cfg.seed)
     elif os.path.exists(cfg.structure):
         import ase.io
@@ -129,16 +122,6 @@ def prepare_atoms(cfg: MDConfig):
     return atoms
 
 
-def model_size(name: str) -> dict:
-    """The ``SO2Potential`` arguments of a named model (``MODEL_NAMES``)."""
-    from ..bench.model_bench import DEFAULT_MODEL, QUICK_CPU_MODEL
-    sizes = {"small": QUICK_CPU_MODEL, "bench": DEFAULT_MODEL, "scaling": SCALING_MODEL,
-             "scaling-lite": SCALING_LITE_MODEL}
-    if name not in sizes:
-        raise ValueError(f"model: {name!r} is not one of {', '.join(MODEL_NAMES)}")
-    return dict(sizes[name])
-
-
 def load_model(cfg: MDConfig):
     """The potential: a checkpoint, or a new (untrained) model of a named size."""
     from ..potential import SO2Potential
@@ -151,7 +134,7 @@ def load_model(cfg: MDConfig):
 
 
 def _device(cfg: MDConfig) -> torch.device:
-    from ..bench.env import resolve_device
+    from ..measure.env import resolve_device
     return resolve_device(cfg.device)
 
 
@@ -328,7 +311,6 @@ def run_ase(cfg: MDConfig, atoms, model) -> dict:
 def run_md(cfg: MDConfig) -> dict:
     """Run ``cfg``; return the record (complete on rank 0; ``record["rank"]`` says which rank)."""
     if cfg.level is not None:
-        from .. import set_level
         set_level(cfg.level)
     atoms = prepare_atoms(cfg)
     model = load_model(cfg)
@@ -341,7 +323,7 @@ def run_md(cfg: MDConfig) -> dict:
     etot = record["thermo"].get("TotEng") or []
     record["max_energy_drift_per_atom"] = (max(abs(e - etot[0]) for e in etot) / len(atoms)) if etot else None
     if record["rank"] == 0:
-        from ..bench.env import collect
+        from ..measure.env import collect
         from .runtime import lammps_version
         record["env"] = collect(result.get("device") or _device(cfg))
         record["env"]["lammps"] = lammps_version() if cfg.engine == "lammps" else None

@@ -8,8 +8,8 @@ at level >= 2).  Each constant carries the measurement that chose it.
 
 from __future__ import annotations
 
-from .. import config
-from ..layout import StackLayout, next_power_of_2
+from ..core import config
+from ..core.layout import StackLayout, next_power_of_2
 
 # Level-1 launch configs: conservative, spill-free on every supported shape.
 # (64, 64, 32, 4 warps, 3 stages) with a pipelined K loop ran an ieee block

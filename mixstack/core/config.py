@@ -3,7 +3,7 @@
 | variable | meaning | Python equivalent |
 |---|---|---|
 | ``MIXSTACK_LEVEL`` | process default level 0..3 | ``mixstack.set_level`` |
-| ``MIXSTACK_CACHE_DIR`` | where tuning results persist | ``mixstack.config.set_cache_dir`` |
+| ``MIXSTACK_CACHE_DIR`` | where tuning results persist | ``mixstack.core.config.set_cache_dir`` |
 | ``MIXSTACK_CONV_KERNELS`` | ``0``: the convolution's operators run their reference at every level | — |
 
 ``TRITON_INTERPRET`` (Triton's own switch) is read here too: with it set, the

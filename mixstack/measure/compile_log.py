@@ -1,6 +1,6 @@
 """What Triton compiled, and what it only loaded from its disk cache, inside a block of code.
 
-Why: compiling ahead (``bench.prewarm``) is meant to leave the measuring process nothing to
+Why: compiling ahead (``measure.prewarm``) is meant to leave the measuring process nothing to
 compile, and a key of ``mixstack bench grid`` still spent seconds in first calls after it.  A
 cache hit costs milliseconds (the binary and its metadata read back), a compile a large
 fraction of a second, so the list of kernels compiled in the measuring process says whether

@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 from torch.library import wrap_triton
 
+from ..core.layout import StackLayout
 from ..kernels.rotate_in import rotate_in_grad_kernel, rotate_in_kernel
 from ..kernels.rotate_out import rotate_out_grad_kernel
 from ..kernels.segment_sum import segment_rotate_back_kernel
-from ..layout import StackLayout
-from .configs import conv_config, next_power_of_2
+from ..tuning.configs import conv_config, next_power_of_2
 
 
 def _grid(n: int, block: int) -> tuple:

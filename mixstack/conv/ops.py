@@ -27,12 +27,12 @@ import torch
 from torch import Tensor
 from torch.library import triton_op
 
-from .. import conv_reference
-from ..conv_layout import LinearRadial
+from ..core.layout import StackLayout
 from ..dispatch.guards import conv_unsupported_reason, kernels_can_run
 from ..dispatch.log import record
-from ..layout import StackLayout
-from . import conv_launchers as cl
+from . import launchers as cl
+from . import reference as conv_reference
+from .layout import LinearRadial
 
 
 def _kernels_for(t: Tensor, channels: int, level: int) -> bool:
@@ -148,7 +148,7 @@ def _rotate_in_linear_reference_grads(grad_u, inputs, src, needs, create_graph: 
     autograd backward that builds a graph) by autograd through the inputs themselves, so the
     gradients are differentiable again; else by ``torch.func.vjp``, which also works in an
     operator's body, below autograd, where ``requires_grad`` builds no graph (as
-    ``ops.wigner.reference_grad``)."""
+    ``conv.wigner_ops.reference_grad``)."""
     wanted = [i for i, (t, need) in enumerate(zip(inputs, needs)) if need and t is not None]
 
     def forward(*chosen):

@@ -28,12 +28,11 @@ import torch
 import triton
 from torch.library import wrap_triton
 
+from ..core.layout import StackLayout
 from ..kernels.curvature import tangent_kernel
 from ..kernels.reduce import alpha_grad_kernel
 from ..kernels.wgrad import chunk_sum_kernel, gate_wgrad_kernel, layer_input_kernel, wgrad_kernel
-from ..layout import StackLayout
-from . import launchers
-from .configs import (
+from ..tuning.configs import (
     ALPHA_GRAD_CONFIG,
     GATE_WGRAD_CHUNK,
     LAYER_INPUT_CONFIG,
@@ -45,6 +44,7 @@ from .configs import (
     pointwise_recomputes_gate,
     training_pointwise_config,
 )
+from . import launchers
 
 
 @dataclass(frozen=True)

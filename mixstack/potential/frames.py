@@ -1,4 +1,4 @@
-"""Edge frames and real Wigner-D rows for the potential: the math lives in ``mixstack.wigner``
+"""Edge frames and real Wigner-D rows for the potential: the math lives in ``mixstack.conv.frames``
 (edge frames, the Ivanic-Ruedenberg recursion, the packed rows); this module keeps its names
 for the potential and adds ``WignerRows``, the recursion's constants as module buffers."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..wigner import edge_frames, pack_rows, step_constants, wigner_d1, wigner_full, wigner_rows  # noqa: F401
+from ..conv.frames import edge_frames, pack_rows, step_constants, wigner_d1, wigner_full, wigner_rows  # noqa: F401
 
 
 class WignerRows(nn.Module):

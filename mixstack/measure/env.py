@@ -20,10 +20,10 @@ import sys
 
 import torch
 
-from .. import config
+from ..core import config
+from ..core.version import __version__
 from ..dispatch import levels
 from ..dispatch.guards import kernels_can_run
-from ..version import __version__
 
 log = logging.getLogger(__name__)
 
