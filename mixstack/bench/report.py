@@ -4,7 +4,7 @@ The JSON record (``runner.run_bench``) holds every sample; the Markdown, the
 CSV (one row per measurement, for tidy analysis) and the plot are views of it,
 and each carries the device, the software versions and the date, as
 docs/contract.md §8 asks of every figure.  matplotlib is an optional
-dependency (``mixstack[bench]``), imported only when a plot is drawn, with
+dependency (the ``[bench]`` extra), imported only when a plot is drawn, with
 the Agg backend so that no display is needed.
 """
 
@@ -30,7 +30,7 @@ def require_extra(module: str, extra: str = "bench"):
         return importlib.import_module(module)
     except ImportError as exc:
         raise ImportError(f"{module} is needed for this; install it with "
-                          f"`pip install mixstack[{extra}]`") from exc
+                          f'`pip install -e ".[{extra}]"` from a clone of mixstack') from exc
 
 
 def default_dir(record: dict, base: str | os.PathLike = "results", purpose: str = "bench") -> Path:
