@@ -21,7 +21,7 @@ def require_lammps() -> None:
     except ImportError as exc:
         pytest.skip(f"LAMMPS is not usable here ({exc})", allow_module_level=True)
     if runtime.mpi_tool("mpirun") is None:
-        pytest.skip("no mpirun: install MPICH with `pip install mixstack[lammps]`", allow_module_level=True)
+        pytest.skip(f"no mpirun: install MPICH with {runtime.PIP_FIX}", allow_module_level=True)
 
 
 def mpirun(n: int, args: list[str], *, timeout: float = 120.0) -> subprocess.CompletedProcess:

@@ -138,7 +138,7 @@ def test_the_run_is_exact_fp32_and_restores_the_matmul_precision():
 
 def test_plot_without_matplotlib_names_the_pip_fix(record, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(ImportError, match=r"pip install mixstack\[bench\]"):
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[bench\]"` from a clone'):
         report.write(record, tmp_path)
     assert (tmp_path / report.JSON_NAME).exists() and (tmp_path / report.MARKDOWN_NAME).exists()
 

@@ -220,3 +220,217 @@ def test_no_file_speaks_of_work_periods_or_cites_documents_outside_the_repo():
             if (DIARY.search(line) and not PYTEST_SCOPE.search(line)) or OUTSIDE.search(line):
                 found.append(f"{f}:{i}: {line.strip()[:80]}")
     assert not found, "\n".join(found[:20])
+
+
+# ------------------------------------------------------------------ the documents' shape
+
+MARKDOWN_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+
+
+def _prose_lines(text: str):
+    """(line number, line) of a Markdown text outside fenced code blocks."""
+    fenced = False
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if not fenced:
+            yield i, line
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a Markdown text's headings: lower case, punctuation other
+    than ``-`` and ``_`` dropped, spaces to ``-``, ``-1``, ``-2`` ... on repeats."""
+    seen: dict[str, int] = {}
+    out = set()
+    for _, line in _prose_lines(text):
+        m = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        title = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", m.group(1))
+        slug = re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def broken_links(path: str, text: str) -> list[str]:
+    """Relative links of the Markdown file ``path`` (text ``text``) whose file does not exist,
+    or whose ``#anchor`` names no heading of the Markdown file it points to.  Links in code
+    are not links; a link's text may run over a line break."""
+    prose = dict(_prose_lines(text))
+    body = "\n".join(INLINE_CODE.sub("", prose.get(i, "")) for i in range(1, len(text.splitlines()) + 1))
+    bad = []
+    for m in MARKDOWN_LINK.finditer(body):
+        target, i = m.group(1), body.count("\n", 0, m.start(1)) + 1
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):          # http:, https:, mailto:
+            continue
+        file_part, _, anchor = target.partition("#")
+        where = f"{os.path.relpath(path, ROOT)}:{i}: {target}"
+        if not file_part:                                       # an anchor in this file
+            if anchor not in heading_anchors(text):
+                bad.append(f"{where} (no such heading)")
+            continue
+        dest = os.path.normpath(os.path.join(os.path.dirname(path), file_part))
+        if not os.path.exists(dest):
+            bad.append(f"{where} (no such file)")
+        elif anchor and dest.endswith(".md"):
+            with open(dest, encoding="utf-8") as f:
+                if anchor not in heading_anchors(f.read()):
+                    bad.append(f"{where} (no such heading)")
+    return bad
+
+
+def _documents() -> list[str]:
+    docs = os.path.join(ROOT, "docs")
+    paths = [os.path.join(ROOT, n) for n in sorted(os.listdir(ROOT)) if n.endswith(".md")]
+    paths += [os.path.join(docs, n) for n in sorted(os.listdir(docs)) if n.endswith(".md")]
+    return paths + [os.path.join(ROOT, "results", "README.md")]
+
+
+def test_every_relative_link_in_the_documents_resolves():
+    found = []
+    for path in _documents():
+        with open(path, encoding="utf-8") as f:
+            found += broken_links(path, f.read())
+    assert not found, "\n".join(found)
+
+
+def test_the_link_checker_finds_planted_broken_links():
+    path = os.path.join(ROOT, "docs", "planted.md")
+    text = ("# Planted\n\n## Two words\n\n[ok](#two-words) [ok](contract.md#1-the-operation) "
+            "[ok](../README.md) `[code](nowhere.md)`\n[bad](nowhere.md) [bad](contract.md#no-such-section) "
+            "[bad](#three-words) [bad\ntext](nowhere.md)\n```\n[code](nowhere.md)\n```\n")
+    assert broken_links(path, text) == [
+        "docs/planted.md:6: nowhere.md (no such file)",
+        "docs/planted.md:6: contract.md#no-such-section (no such heading)",
+        "docs/planted.md:6: #three-words (no such heading)",
+        "docs/planted.md:7: nowhere.md (no such file)",
+    ]
+    assert heading_anchors("## §1 The `a`, b\n## Twice\n## Twice\n") == {"1-the-a-b", "twice", "twice-1"}
+
+
+def _read(name: str) -> str:
+    with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+        return f.read()
+
+
+README_LEADS_WITH = ["Install", "Set up a fresh machine", "Quick start"]
+
+
+def readme_shape_faults(text: str, max_lines: int = 150) -> list[str]:
+    """What keeps a README from being short and leading with what the software is, how to
+    install it, how to set up a machine and a quick start, in that order."""
+    faults = []
+    if len(text.splitlines()) >= max_lines:
+        faults.append(f"{len(text.splitlines())} lines, not under {max_lines}")
+    prose = [line for _, line in _prose_lines(text)]
+    sections = [line[3:].strip() for line in prose if line.startswith("## ")]
+    if sections[:len(README_LEADS_WITH)] != README_LEADS_WITH:
+        faults.append(f"sections begin {sections[:len(README_LEADS_WITH)]}, not {README_LEADS_WITH}")
+    first = next((k for k, line in enumerate(prose) if line.startswith("## ")), len(prose))
+    intro = [line for line in prose[:first] if line.strip() and not line.startswith("#")]
+    if not prose or not prose[0].startswith("# ") or len(intro) < 2:
+        faults.append("no title and paragraph saying what it is before the first section")
+    return faults
+
+
+def test_the_readme_is_short_and_leads_with_what_it_is_install_setup_and_quick_start():
+    assert readme_shape_faults(_read("README.md")) == []
+
+
+def test_the_readme_shape_check_catches_a_long_or_reordered_readme():
+    good = "# x\n\nWhat x is.\nMore.\n\n## Install\n\n## Set up a fresh machine\n\n## Quick start\n\n## Levels\n"
+    assert readme_shape_faults(good) == []
+    assert readme_shape_faults(good + "line\n" * 150)
+    assert readme_shape_faults(good.replace("## Install\n", "## Levels\n\n## Install\n"))
+    assert readme_shape_faults(good.replace("What x is.\nMore.\n", ""))
+
+
+def test_the_setup_commands_pin_what_ci_pins():
+    """The README's two set-up commands install with CI's pins (so that a CPU machine keeps its
+    CPU torch), and the test command is CI's own."""
+    ci = _read(os.path.join(".ci", "run"))
+    m = re.search(r'^python -m pip install ((?:"\w+==[\w.]+" )+)-e "\.\[test\]" && (.+)$', ci, re.M)
+    assert m, "no pinned install line in .ci/run"
+    pins, test_cmd = m.group(1), m.group(2)
+    readme = _read("README.md")
+    assert f'pip install {pins}-e ".[bench]" && mixstack bench' in readme
+    assert f'pip install {pins}-e ".[test]" && {test_cmd}' in readme
+
+
+# pip asked for the package by its name (bare, quoted, with an extra): an install from a
+# package index, which cannot work (mixstack is installed from a clone).  The pattern is
+# spelled in pieces so that this file does not match itself.
+INDEX_INSTALL = re.compile(r"pip3? install\s+(?:-\S+\s+)*[\"']?" + "mix" + r"stack(?:\[|[\"'\s`]|$)")
+
+
+def test_no_file_tells_users_to_pip_install_mixstack_from_an_index():
+    found = []
+    for f in _tracked_files():
+        if not f.endswith((".md", ".py", ".sh", ".toml", ".txt", ".cpp")) or f.startswith("results/"):
+            continue
+        with open(os.path.join(ROOT, f), encoding="utf-8") as fh:
+            for i, line in enumerate(fh, 1):
+                if INDEX_INSTALL.search(line):
+                    found.append(f"{f}:{i}: {line.strip()[:100]}")
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("line, hit", [
+    ('pip install "mix' + 'stack[lammps]"', True),
+    ("`pip install mix" + "stack[potential]`", True),
+    ("pip install -U mix" + "stack", True),
+    ('pip install -e ".[lammps]"', False),
+    ("pip install mix" + "stack-extras", False),
+])
+def test_the_index_install_pattern(line, hit):
+    assert bool(INDEX_INSTALL.search(line)) is hit
+
+
+# Keep a Changelog's kinds, in its order; "Measured, not shipped" is this project's record of
+# experiments that shipped nothing.
+CHANGE_KINDS = ["Added", "Changed", "Deprecated", "Removed", "Fixed", "Security", "Measured, not shipped"]
+
+
+def changelog_faults(text: str) -> list[str]:
+    """Releases whose ``###`` headings repeat a kind, name an unknown kind, or leave
+    Keep a Changelog's order."""
+    faults, release, kinds = [], None, []
+
+    def close():
+        if release is None:
+            return
+        for k in sorted(set(kinds)):
+            if kinds.count(k) > 1:
+                faults.append(f"{release}: {k} x{kinds.count(k)}")
+        unknown = [k for k in kinds if k not in CHANGE_KINDS]
+        if unknown:
+            faults.append(f"{release}: unknown kinds {unknown}")
+        known = [k for k in dict.fromkeys(kinds) if k in CHANGE_KINDS]
+        if known != sorted(known, key=CHANGE_KINDS.index):
+            faults.append(f"{release}: kinds out of order {known}")
+
+    for _, line in _prose_lines(text):
+        if line.startswith("## "):
+            close()
+            release, kinds = line[3:].strip(), []
+        elif line.startswith("### ") and release is not None:
+            kinds.append(line[4:].strip())
+    close()
+    return faults
+
+
+def test_each_changelog_release_has_at_most_one_heading_of_each_kind():
+    assert changelog_faults(_read("CHANGELOG.md")) == []
+
+
+def test_the_changelog_check_catches_repeated_unknown_and_misordered_kinds():
+    good = "# Changelog\n\n## [Unreleased]\n\n### Added\n- a\n\n### Fixed\n- b\n\n## [1]\n\n### Added\n- c\n"
+    assert changelog_faults(good) == []
+    assert changelog_faults(good + "\n### Added\n- d\n") == ["[1]: Added x2"]
+    assert changelog_faults(good.replace("### Fixed", "### Notes")) == ["[Unreleased]: unknown kinds ['Notes']"]
+    assert changelog_faults(good.replace("### Added\n- a\n\n### Fixed\n- b", "### Fixed\n- b\n\n### Added\n- a")) == [
+        "[Unreleased]: kinds out of order ['Fixed', 'Added']"]

@@ -1,7 +1,7 @@
 """Fakes for the tuning tests: a probe with outputs and paths the test controls, a fake
 clock, an isolated table environment, and a writer of valid table files.
 
-The fake probe stands in for ``mixstack.tuning.probes.StackProbe``: ``run``
+The fake probe stands in for ``mixstack.tuner.probes.StackProbe``: ``run``
 answers fixed outputs and a dispatch ``Counter``; ``task`` returns a
 ``timing.Task`` whose run records its candidate's label (the call order) and
 the dispatch paths it claims.  ``FakeClock`` runs the function and answers a

@@ -295,7 +295,7 @@ def _path_notes(records: dict[str, dict]) -> None:
         if rec["failed"]:
             continue
         if key == "0c":
-            rec["note"] = "torch.compile of mixstack.stack.reference (outside mixstack's dispatch)"
+            rec["note"] = "torch.compile of mixstack.reference (outside mixstack's dispatch)"
         elif LEVEL_OF[key] >= 1 and any(p.startswith("fwd:reference") for p in paths):
             rec["note"] = "fell back to the reference: no Triton kernel ran"
         elif key in ("3", "3r") and not any("compensated" in p for p in paths):

@@ -243,7 +243,7 @@ def run(args, argv=None) -> int:
     if not announce("mixstack bench", keys, skipped, cfg.notes):
         return 2
     if sys.stdout.isatty() and not has_rich():
-        print("  (install mixstack[bench] for a progress bar)")
+        print('  (for a progress bar, install the [bench] extra: `pip install -e ".[bench]"` from a clone of mixstack)')
     bar, step = progress_bar(stack_bench.total_steps(cfg), fancy)
     with bar:
         record = stack_bench.run_bench(cfg, on_step=step, command=command_line(argv))

@@ -2,7 +2,7 @@
 the model options of ``bench model`` and ``freeze``, and argument checks.
 
 The CLI is the only part of mixstack that prints.  Tables and progress bars use
-rich (``mixstack[bench]``) when stdout is a terminal, plain text otherwise.
+rich (the ``[bench]`` extra) when stdout is a terminal, plain text otherwise.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ MODEL_OPTIONS = {"focus": "n_focus", "focus_dim": "focus_dim", "lmax": "lmax", "
 
 
 def has_rich() -> bool:
-    """Whether rich (``mixstack[bench]``) is installed."""
+    """Whether rich (the ``[bench]`` extra) is installed."""
     try:
         import rich  # noqa: F401
     except ImportError:

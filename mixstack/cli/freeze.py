@@ -36,7 +36,7 @@ def _example(args):
     try:
         from ase.io import read
     except ImportError as exc:
-        raise ImportError("reading a structure needs ASE; `pip install mixstack[potential]`") from exc
+        raise ImportError('reading a structure needs ASE; `pip install -e ".[potential]"` from a clone of mixstack') from exc
     try:
         return read(args.structure)
     except Exception as exc:                 # ASE raises many types for a file it cannot parse

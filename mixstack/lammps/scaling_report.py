@@ -280,6 +280,6 @@ def write_report(out_dir, records: list[dict], checks: list[dict], plan: dict, *
     if with_plot and doc["rows"]:
         try:
             paths["plot"] = plot(doc, Path(out_dir) / PLOT_NAME)
-        except ImportError as exc:              # the tables are written; the plot needs mixstack[bench]
+        except ImportError as exc:              # the tables are written; the plot needs the [bench] extra
             log.warning("no scaling plot: %s", exc)
     return paths

@@ -19,7 +19,8 @@ def _ase():
         from ase.calculators.lammps import Prism, convert
         from ase.data import atomic_masses, atomic_numbers
     except ImportError as exc:
-        raise ImportError("mixstack.lammps needs ASE; install it with `pip install mixstack[lammps]`") from exc
+        raise ImportError('mixstack.lammps needs ASE; install it with `pip install -e ".[lammps]"` from a clone '
+                          "of mixstack") from exc
     return Prism, convert, atomic_masses, atomic_numbers
 
 

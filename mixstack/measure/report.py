@@ -24,7 +24,7 @@ def require_extra(module: str, extra: str = "bench"):
         return importlib.import_module(module)
     except ImportError as exc:
         raise ImportError(f"{module} is needed for this; install it with "
-                          f"`pip install mixstack[{extra}]`") from exc
+                          f'`pip install -e ".[{extra}]"` from a clone of mixstack') from exc
 
 
 def default_dir(record: dict, base: str | os.PathLike = "results", purpose: str = "bench") -> Path:

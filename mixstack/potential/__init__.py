@@ -8,9 +8,10 @@
 | ``model`` | ``SO2Potential``: energy, forces, stress |
 | ``neighbors`` | neighbour lists (vesin or ASE) and the model's input tensors |
 
-``mixstack.calculator.MixstackCalculator`` runs it (or a frozen ``.pt2``) in ASE.
+``mixstack.potential.calculator.MixstackCalculator`` runs it (or a frozen ``.pt2``) in ASE.
 Importing this package needs torch and numpy only; the neighbour list imports
-vesin or ASE when it is first built (``pip install mixstack[potential]``).
+vesin or ASE when it is first built (the ``[potential]`` extra: ``pip install -e ".[potential]"``
+from a clone of mixstack).
 """
 
 from .blocks import EquivariantMixingStack, InteractionBlock

@@ -8,7 +8,8 @@ rebuilt only when an atom has moved more than half the skin since it was built o
 periodic directions or atoms changed, and cut to the cutoff on every call, so results are
 those of a fresh list.  The model or frozen program does the rest.
 
-Needs ASE (and, preferably, vesin): ``pip install mixstack[potential]``.
+Needs ASE (and, preferably, vesin): the ``[potential]`` extra, ``pip install -e ".[potential]"``
+from a clone of mixstack.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ try:
     from ase.stress import full_3x3_to_voigt_6_stress
 except ImportError as exc:                      # pragma: no cover - exercised without ase only
     raise ImportError("mixstack.potential.calculator needs ASE and NumPy; install them with "
-                      "`pip install mixstack[potential]`") from exc
+                      '`pip install -e ".[potential]"` from a clone of mixstack') from exc
 
 from .graphs import GraphedFrames
 from .verlet import VerletList

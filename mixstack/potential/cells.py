@@ -43,7 +43,8 @@ def build_cell(name: str, target_atoms: int, seed: int = 0):
     try:
         from ase.build import bulk
     except ImportError as exc:
-        raise ImportError("bench model needs ASE; install it with `pip install mixstack[potential]`") from exc
+        raise ImportError('building a cell needs ASE; install it with `pip install -e ".[potential]"` from a clone '
+                          'of mixstack') from exc
     if name == "diamond":
         unit = bulk("C", "diamond", cubic=True)
     elif name == "cu-bcc":

@@ -56,7 +56,7 @@ def check_edge_lengths(lengths, i, j, shifts) -> None:
             f"{MIN_EDGE_LENGTH} Å: a zero-length edge (coincident atoms, or an atom on its own periodic "
             f"image) has no direction; {bad.size} such pair(s) in all")
 
-_PIP_FIX = "`pip install mixstack[potential]`"
+_PIP_FIX = '`pip install -e ".[potential]"` from a clone of mixstack'
 
 
 class SystemInputs(NamedTuple):

@@ -1,4 +1,4 @@
-"""The sweep's real probe (``tuning.probes.StackProbe``) on the interpreted kernels."""
+"""The sweep's real probe (``tuner.probes.StackProbe``) on the interpreted kernels."""
 
 import pytest
 import torch
