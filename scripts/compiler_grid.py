@@ -71,7 +71,8 @@ def main(argv=None) -> int:
                   + (f"  <-- {why}" if why else ""), flush=True)
         result = cr.compile_grid(grid, workers=args.workers, known=known, on_report=keep, kernels=kernels)
     import triton
-    doc = {"format": 1, "arch": 90, "triton": triton.__version__, "kernel_hash": validity.kernel_source_hash(),
+    doc = {"format": 1, "arch": 90, "triton": triton.__version__,
+           "kernel_hash": validity.kernel_source_hash(roots=cr.launched_roots(grid, kernels)),
            "launch_hash": cr.launch_set_hash(grid, kernels), "kernels": sorted(kernels) if kernels else "all",
            "spill_bound": cr.SPILL_BOUND,
            "fallback_registers": cr.FALLBACK_REGISTERS, "compile_seconds": round(time.time() - t0),

@@ -11,7 +11,7 @@ import pytest
 from tuning_fakes import DEVICE, entry_for, write_table
 
 from mixstack import tuning
-from mixstack.tuning import families, registry, store, validity
+from mixstack.tuning import families, kernel_hash, registry, store, validity
 
 KEY = tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)
 KEY2 = tuning.shape_key(focus_dim=64, lmax=3, n_focus=1, apply_alpha=True)
@@ -140,8 +140,8 @@ def test_the_warning_is_given_once(tuning_env):
 
 def test_editing_a_kernel_body_invalidates_the_entries(tuning_env, tmp_path, monkeypatch):
     kernels = tmp_path / "kernels"
-    shutil.copytree(validity.KERNELS_DIR, kernels, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(validity, "KERNELS_DIR", str(kernels))
+    shutil.copytree(kernel_hash.KERNELS_DIR, kernels, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(kernel_hash, "KERNELS_DIR", str(kernels))
     registry.record(FUSED, KEY, entry_for(CFG), device_name=DEVICE)
     assert _lookup() == CFG
     gemm = kernels / "gemm.py"
@@ -152,47 +152,73 @@ def test_editing_a_kernel_body_invalidates_the_entries(tuning_env, tmp_path, mon
     assert not tuning.covered(FUSED, KEY, device_name=DEVICE)     # the sweep measures it again
 
 
-def _modules(fam, kernels_dir=None):
-    return set(validity.kernel_modules(families.family(fam).kernels, kernels_dir))
+TOY = {
+    "a.py": ('"""Toy kernels."""\nimport triton\n\nfrom .b import helper\n\n\n@triton.jit\ndef k1(x):\n'
+             '    return helper(x)\n\n\n@triton.jit\ndef k2(x):\n    return x * SCALE\n\n\nSCALE = 2\n'),
+    "b.py": ('import triton\n\n\n@triton.jit\ndef helper(x):\n    """Adds one."""\n    return x + 1  # one\n\n\n'
+             '@triton.jit\ndef unused(x):\n    return x - 1\n'),
+}
+
+
+def _toy(tmp_path, **edits):
+    d = tmp_path / f"k{len(list(tmp_path.iterdir()))}"
+    d.mkdir()
+    for name, text in {**TOY, **edits}.items():
+        (d / name).write_text(text)
+    return str(d)
+
+
+def test_a_kernel_hash_covers_the_roots_and_what_they_reach_and_nothing_else(tmp_path):
+    h = kernel_hash.kernel_hash
+    base = _toy(tmp_path)
+    assert sorted(kernel_hash.closure(["a.k1"], base)) == ["a.k1", "b.helper"]
+    assert sorted(kernel_hash.closure(["a.k2"], base)) == ["a.SCALE", "a.k2"]
+    k1, k2 = h(["a.k1"], base), h(["a.k2"], base)
+    helper_edited = _toy(tmp_path, **{"b.py": TOY["b.py"].replace("x + 1", "x + 2")})
+    assert h(["a.k1"], helper_edited) != k1 and h(["a.k2"], helper_edited) == k2
+    unused_edited = _toy(tmp_path, **{"b.py": TOY["b.py"].replace("x - 1", "x - 3")})
+    assert h(["a.k1"], unused_edited) == k1                  # code no root reaches voids nothing
+    constant_edited = _toy(tmp_path, **{"a.py": TOY["a.py"].replace("SCALE = 2", "SCALE = 3")})
+    assert h(["a.k2"], constant_edited) != k2
+    prose_edited = _toy(tmp_path, **{"b.py": TOY["b.py"].replace("Adds one.", "Adds 1.").replace("# one", "# 1")})
+    assert h(["a.k1"], prose_edited) == k1                   # comments and docstrings are not code
+    moved = _toy(tmp_path, **{"a.py": TOY["a.py"].replace("from .b import", "from .c import"),
+                              "c.py": TOY["b.py"]})
+    assert h(["a.k1"], moved) == k1                          # a helper moved to another file
+
+
+def test_an_unknown_kernel_or_module_is_an_error(tmp_path):
+    base = _toy(tmp_path)
+    with pytest.raises(LookupError, match="nothing"):
+        kernel_hash.closure(["a.nothing"], base)
+    with pytest.raises(FileNotFoundError, match="missing"):
+        kernel_hash.closure(["missing.k"], base)
 
 
 @pytest.mark.slow
-def test_a_familys_kernel_hash_covers_its_kernels_and_what_they_import(tmp_path):
+def test_each_familys_hash_moves_with_its_own_kernels_only(tmp_path):
     kernels = tmp_path / "kernels"
-    shutil.copytree(validity.KERNELS_DIR, kernels, ignore=shutil.ignore_patterns("__pycache__"))
-    names = sorted(p.name for p in kernels.glob("*.py"))
-    assert {"gemm.py", "gate.py", "activations.py", "fused.py", "compensated.py"} <= set(names)
+    shutil.copytree(kernel_hash.KERNELS_DIR, kernels, ignore=shutil.ignore_patterns("__pycache__"))
     fams = list(families.FAMILIES)
 
-    def hashes(where=str(kernels)):
-        return {f: validity.kernel_source_hash(where, family=f) for f in fams} | {
-            None: validity.kernel_source_hash(where)}
+    def hashes():
+        return {f: validity.kernel_source_hash(f, kernels_dir=str(kernels)) for f in fams}
     h0 = hashes()
-    assert h0 == hashes() == hashes(None)
-    for f in fams:                 # every family runs the GEMM, which imports these
-        assert {"gemm.py", "compensated.py", "degree_order.py"} <= _modules(f, str(kernels))
-    for name in names:
-        path = kernels / name
-        text = path.read_text()
-        path.write_text(text.replace('"""', '"""Edited docstring. ', 1) + "\n# edited\n")
-        assert hashes() == h0, name               # comments and docstrings are not code
-        path.write_text(text + "\n_EDITED = 1\n")
-        changed = {f for f, h in hashes().items() if h != h0[f]}
-        path.write_text(text)
-        assert changed == {f for f in fams if name in _modules(f, str(kernels))} | {None}, name
+    assert h0 == {f: validity.kernel_source_hash(f) for f in fams}
+    for f in fams:                 # every family runs the GEMM and reaches its K order and split
+        reached = kernel_hash.closure(families.family(f).kernels, str(kernels))
+        assert {"gemm.block_gemm_kernel", "degree_order.degree_order_k", "compensated.split_fp16"} <= set(reached)
+    fused = kernels / "fused.py"
+    text = fused.read_text()
+    fused.write_text(text.replace('"""', '"""Edited docstring. ', 1) + "\n# edited\n")
     assert hashes() == h0
-    # an edit to the fused backward leaves the GEMM families' entries standing
-    assert {f for f in fams if "fused.py" in _modules(f)} == {"stack_bwd_fused"}
-
-
-def test_an_unknown_kernel_module_is_an_error(tmp_path):
-    (tmp_path / "a.py").write_text("from .missing import x\n")
-    with pytest.raises(FileNotFoundError, match="missing"):
-        validity.kernel_modules(["a"], str(tmp_path))
+    fused.write_text(text.replace("def fused_backward_kernel(", "def fused_backward_kernel(_edited, ", 1))
+    changed = {f for f, v in hashes().items() if v != h0[f]}
+    assert changed == {"stack_bwd_fused"}                    # the GEMM families' entries stand
 
 
 def test_the_code_of_a_kernel_module_is_its_text_without_comments_and_docstrings():
     """A subset of the file's own text, so every Python version reads the same bytes."""
     source = (b'"""Module doc."""\n\nimport triton  # why\n\n\n@triton.jit\ndef f(x):\n'
               b'    """Doc of f,\n    two lines."""\n    y = x + 1   # a comment\n    return "#not a comment"\n')
-    assert validity.code_of(source) == b'import triton\n@triton.jit\ndef f(x):\n    y = x + 1\n    return "#not a comment"'
+    assert kernel_hash.code_of(source) == b'import triton\n@triton.jit\ndef f(x):\n    y = x + 1\n    return "#not a comment"'

@@ -469,6 +469,15 @@ def compile_grid(cases, *, arch: int = 90, workers: int | None = None, known: di
                                             if any(k in c["launches"] for c in case_rows)}}
 
 
+def launched_roots(cases, kernels=None, *, launches=None) -> list[str]:
+    """``"module.function"`` of every kernel ``cases`` launch (of ``kernels`` only, if given): what
+    a snapshot's ``kernel_hash`` covers (``tuning.kernel_hash``)."""
+    from ..tuning.kernel_hash import root_of
+    if launches is None:
+        launches = [case_launches(case) for case in cases]
+    return sorted({root_of(x.kernel) for made in launches for x in made if kernels is None or x.name in kernels})
+
+
 def launch_set_hash(cases, kernels=None, *, launches=None) -> str:
     """A hash of the launch identities ``cases`` make (of ``kernels`` only, if given): it changes
     when a launch config or launcher changes what is compiled, as the kernel-source hash does

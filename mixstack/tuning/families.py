@@ -266,46 +266,57 @@ class Family:
     builds_may_fail: bool = False
     needs_config_of: str | None = None
     accept: str = "bitwise"
-    kernels: tuple[str, ...] = ("gemm", "gate", "reduce")
+    kernels: tuple[str, ...] = ()
     make_quick: Callable[[ShapeKey], list[dict]] | None = None
 
+
+# The kernels each family's runs launch (``"module.function"`` of mixstack/kernels): its entries'
+# validity hash covers them and every helper they call (``kernel_hash``).
+STACK_KERNELS = ("gemm.block_gemm_kernel", "gate.gate_kernel", "gate.gate_backward_kernel", "reduce.alpha_grad_kernel")
+FUSED_KERNELS = STACK_KERNELS + ("fused.fused_backward_kernel",)
+COMPENSATED_KERNELS = STACK_KERNELS + ("compensated.split_weights_kernel",)
+TMA_KERNELS = COMPENSATED_KERNELS + ("gemm_tma.tma_block_gemm_kernel", "gemm_tma.fold_tile_amax_kernel")
+WGRAD_KERNELS = STACK_KERNELS + ("wgrad.wgrad_kernel", "wgrad.chunk_sum_kernel", "wgrad.gate_wgrad_kernel",
+                                 "wgrad.layer_input_kernel")
+WGRAD_COMPENSATED_KERNELS = WGRAD_KERNELS + ("compensated.split_weights_kernel",)
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("stack_fwd", GEMM_FIELDS, "fwd", _gemm_candidates,
            candidate_paths=("fwd:triton", "cfg:stack_fwd"),
            baseline_paths=("fwd:triton",), baseline_forbidden=("cfg:stack_fwd",),
-           baseline_name="level-1 config"),
+           baseline_name="level-1 config", kernels=STACK_KERNELS),
     Family("stack_bwd_relay", GEMM_FIELDS, "bwd", _gemm_candidates,
            candidate_paths=("bwd:relay", "cfg:stack_bwd_relay"), candidate_forbidden=("bwd:fused",),
            baseline_paths=("bwd:relay",), baseline_forbidden=("cfg:stack_bwd_relay", "bwd:fused"),
-           disable=("stack_bwd_fused",), baseline_name="level-1 config", make_quick=_quick_gemm_candidates),
+           disable=("stack_bwd_fused",), baseline_name="level-1 config", kernels=STACK_KERNELS,
+           make_quick=_quick_gemm_candidates),
     Family("stack_bwd_fused", FUSED_FIELDS, "bwd", _fused_candidates,
            candidate_paths=("bwd:fused",), candidate_forbidden=("bwd:relay",),
            baseline_paths=("bwd:relay",), baseline_forbidden=("bwd:fused",),
-           baseline_name="relay", kernels=("fused", "gemm", "gate", "reduce")),
+           baseline_name="relay", kernels=FUSED_KERNELS),
     Family("stack_compensated", GEMM_FIELDS, "both", _compensated_candidates,
            candidate_paths=("fwd:compensated", "bwd:compensated"),
            candidate_forbidden=("fwd:triton", "bwd:relay", "bwd:fused"),
            baseline_paths=("fwd:triton",), baseline_forbidden=("fwd:compensated", "bwd:compensated"),
            baseline_name="level 2", candidate_level=3, accept="float64",
-           kernels=("gemm", "gate", "reduce", "compensated"), make_quick=_quick_compensated_candidates),
+           kernels=COMPENSATED_KERNELS, make_quick=_quick_compensated_candidates),
     Family("stack_compensated_tma", TMA_FIELDS, "both", _compensated_tma_candidates,
            candidate_paths=("fwd:compensated", "bwd:compensated", "level3:tma"),
            candidate_forbidden=("fwd:triton", "bwd:relay", "bwd:fused"),
            baseline_paths=("fwd:compensated", "bwd:compensated"), baseline_forbidden=("level3:tma",),
            baseline_name="level 3 (pointer loads)", candidate_level=3, baseline_level=3, accept="float64",
-           kernels=("gemm_tma", "gemm", "gate", "reduce", "compensated"), builds_may_fail=True,
+           kernels=TMA_KERNELS, builds_may_fail=True,
            needs_config_of="stack_compensated", make_quick=_quick_compensated_tma_candidates),
     Family("stack_wgrad", GEMM_FIELDS, "wgrad", _wgrad_candidates,
            candidate_paths=("wgrad:triton", "cfg:stack_wgrad"), candidate_forbidden=("wgrad:compensated",),
            baseline_paths=("wgrad:triton",), baseline_forbidden=("cfg:stack_wgrad", "wgrad:compensated"),
            disable=("stack_wgrad_compensated",), baseline_name="level-1 config",
-           kernels=("wgrad", "gemm", "gate", "reduce"), make_quick=_quick_wgrad_candidates),
+           kernels=WGRAD_KERNELS, make_quick=_quick_wgrad_candidates),
     Family("stack_wgrad_compensated", GEMM_FIELDS, "wgrad", _wgrad_compensated_candidates,
            candidate_paths=("wgrad:compensated",), candidate_forbidden=("wgrad:triton",),
            baseline_paths=("wgrad:triton",), baseline_forbidden=("wgrad:compensated",),
            baseline_name="level 2", candidate_level=3, accept="float64",
-           kernels=("wgrad", "gemm", "gate", "reduce", "compensated"),
+           kernels=WGRAD_COMPENSATED_KERNELS,
            make_quick=_quick_wgrad_compensated_candidates),
 )}
 
