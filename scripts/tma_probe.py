@@ -21,12 +21,15 @@ import torch
 
 from mixstack.core.layout import StackLayout
 from mixstack.stack import launchers as L
+from mixstack.stack.gemm import BlockWeights, Epilogue, Operand, block_gemm
 
 TILE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 FORMS = {
     "pointer": dict(TILE),
-    "tma": dict(TILE, TMA=True, persistent=False),
-    "tma_persistent": dict(TILE, TMA=True, persistent=True),
+    "tma": dict(TILE, TMA=True, persistent=False, specialised=False),
+    "tma_ws": dict(TILE, TMA=True, persistent=False, specialised=True),
+    "tma_persistent": dict(TILE, TMA=True, persistent=True, specialised=False),
+    "tma_persistent_ws": dict(TILE, TMA=True, persistent=True, specialised=True),
 }
 USES = ("fwd_block0", "fwd_block1_gate", "identity", "inplace", "outofplace")
 
@@ -51,28 +54,31 @@ def prepare(use, cfg, layout, data):
     nan = float("nan")
     if use == "fwd_block0":
         z = torch.full((3, F, E, row), nan, device="cuda")
-        return (lambda: L.block_gemm(a, w0, w1, 0, E, F, layout, cfg, blocks=(0,), z=z, split=split),
+        return (lambda: block_gemm(Operand(a), BlockWeights(w0, w1, 0, layout, (0,), split), Epilogue(z=z), cfg),
                 {"z": z[0, :, :, : layout.m0]})
     if use == "fwd_block1_gate":
         z = torch.full((3, F, E, row), nan, device="cuda")
         out = torch.full_like(a, nan)
         amax = torch.zeros(F, E, 2, device="cuda")
-        return (lambda: L.block_gemm(a, w0, w1, 0, E, F, layout, cfg, blocks=(1,), z=z, sg=sg, gate=True, res=a,
-                                     out=out, split=split, amax_out=amax),
+        return (lambda: block_gemm(Operand(a), BlockWeights(w0, w1, 0, layout, (1,), split),
+                                   Epilogue(z=z, sg=sg, res=a, out=out, amax_out=amax), cfg),
                 {"z": z[0, :, :, layout.m0:], "out": out[:, :, layout.m0:], "amax": amax[..., 1]})
     if use == "identity":
         out = torch.full((E, F, row), nan, device="cuda")
         y = torch.full((E, F, row), nan, device="cuda")
-        return (lambda: L.block_gemm(a, w0, w1, 3, E, F, layout, cfg, blocks=(0, 1), res=a, out=out, y=y,
-                                     alpha=alpha, alpha_on_out=True, out_edge_major=True, split=split),
+        return (lambda: block_gemm(Operand(a), BlockWeights(w0, w1, 3, layout, split=split),
+                                   Epilogue(res=a, out=out, y=y, alpha=alpha, alpha_on_out=True, out_edge_major=True),
+                                   cfg),
                 {"out": out, "y": y})
     if use == "inplace":
         h = a.clone()
-        return (lambda: L.block_gemm(gz, w0, w1, 1, E, F, layout, cfg, blocks=(0, 1), res=h, out=h, split=split),
+        return (lambda: block_gemm(Operand(gz), BlockWeights(w0, w1, 1, layout, split=split), Epilogue(res=h, out=h),
+                                   cfg),
                 {"h": h})
     if use == "outofplace":
         h = torch.full_like(a, nan)
-        return (lambda: L.block_gemm(gz, w0, w1, 1, E, F, layout, cfg, blocks=(0, 1), res=a, out=h, split=split),
+        return (lambda: block_gemm(Operand(gz), BlockWeights(w0, w1, 1, layout, split=split), Epilogue(res=a, out=h),
+                                   cfg),
                 {"h": h})
     raise ValueError(f"use must be one of {USES}, got {use!r}")
 
@@ -136,7 +142,7 @@ def main(argv=None) -> int:
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "E", args.edges)
     for use in USES:
         ref = run(use, FORMS["pointer"], layout, data)
-        for form in ("tma", "tma_persistent"):
+        for form in [f for f in FORMS if f != "pointer"]:
             try:
                 got = run(use, FORMS[form], layout, data)
                 torch.cuda.synchronize()

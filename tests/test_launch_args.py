@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mixstack.core.layout import StackLayout
-from mixstack.stack import launchers
+from mixstack.stack import gemm, launchers
 from mixstack.tuning import configs
 
 # pointer argument -> the constexpr flags under which the kernel dereferences it ("!F": F unset)
@@ -35,6 +35,7 @@ def _record(monkeypatch):
             return launch_
 
     monkeypatch.setattr(launchers, "wrap_triton", Recorder)
+    monkeypatch.setattr(gemm, "wrap_triton", Recorder)
     return calls
 
 

@@ -8,7 +8,7 @@ import torch
 from mixstack.core import config
 from mixstack.core.layout import StackLayout
 from mixstack.measure import compiler_report
-from mixstack.stack import launchers
+from mixstack.stack import gemm, launchers
 
 needs_tools = pytest.mark.skipif(not compiler_report.tools_available(),
                                  reason="this Triton bundles no ptxas/cuobjdump/nvdisasm")
@@ -200,7 +200,7 @@ def test_every_tma_gemm_launch_builds_with_tma_loads_and_specialised_warps(persi
     cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
     lay = StackLayout(3, 32)
     tma = compiler_report.distinct(compiler_report.stack_launches(
-        lay, 2, edges=300003, gemm_cfg=dict(cfg, **{launchers.TMA_FIELD: True, launchers.PERSISTENT_FIELD: persistent}),
+        lay, 2, edges=300003, gemm_cfg=dict(cfg, **{gemm.TMA_FIELD: True, gemm.PERSISTENT_FIELD: persistent}),
         compensated=True))
     gemms = [x for x in tma if x.name == "tma_block_gemm_kernel"]
     assert "block_gemm_kernel" not in _names(tma) and "fold_tile_amax_kernel" in _names(tma)

@@ -91,23 +91,36 @@ def compensated_dot(a_ptr, a_rows, col0, e_mask, whi_ptr, wlo_ptr, w_up, kdim, n
         for t in tl.range(0, n_k):
             k = degree_order_k(t, second, LMAX, CF, BLOCK_K)
             a = tl.load(a_ptr + a_rows[:, None] + (col0 + k + rk)[None, :], mask=e_mask[:, None], other=0.0)
-            if ALPHA_ON_A:
-                a = a * alpha[:, None]
-            amax = tl.maximum(amax, tl.max(tl.abs(a), axis=1))
+            amax = tl.maximum(amax, tl.max(tl.abs(scale_rows(a, alpha, ALPHA_ON_A)), axis=1))
     down, up = pow2_scales(amax)
     head = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     tail = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for t in tl.range(0, n_k):
         k = degree_order_k(t, second, LMAX, CF, BLOCK_K)
         a = tl.load(a_ptr + a_rows[:, None] + (col0 + k + rk)[None, :], mask=e_mask[:, None], other=0.0)
-        if ALPHA_ON_A:
-            a = a * alpha[:, None]
-        a_hi, a_lo = split_fp16(a * down[:, None])
+        a = scale_rows(a, alpha, ALPHA_ON_A)
         w_offs = (k + rk)[:, None] * kdim + n[None, :]
         w_hi = tl.load(whi_ptr + w_offs, mask=n_mask[None, :], other=0.0)
         w_lo = tl.load(wlo_ptr + w_offs, mask=n_mask[None, :], other=0.0)
-        head, tail = split_products(a_hi, a_lo, w_hi, w_lo, head, tail)
+        head, tail = compensated_step(a, down, w_hi, w_lo, head, tail)
     return split_result(head, tail, up * w_up)
+
+
+@triton.jit
+def scale_rows(a, alpha, ON: tl.constexpr):
+    """``a`` with each row scaled by its edge's ``alpha`` where ``ON`` (the alpha fold of the
+    backward's first GEMM), as it is."""
+    if ON:
+        a = a * alpha[:, None]
+    return a
+
+
+@triton.jit
+def compensated_step(a, down, w_hi, w_lo, head, tail):
+    """One K tile of the compensated GEMM: ``a``'s rows scaled into [1, 2) by ``down``, split,
+    and the three products of ``split_products``: the step every compensated K loop takes."""
+    a_hi, a_lo = split_fp16(a * down[:, None])
+    return split_products(a_hi, a_lo, w_hi, w_lo, head, tail)
 
 
 @triton.jit

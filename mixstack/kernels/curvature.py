@@ -33,7 +33,8 @@ import triton
 import triton.language as tl
 
 from .activations import gate_grad, gate_logit_grad, sigmoid, silu_grad
-from .gate import gate_sigmoids
+from .gate import gate_operands, gate_sigmoids
+from .rows import degree_cols, load_degree_cols, row_width
 
 
 @triton.jit
@@ -77,47 +78,31 @@ def tangent_kernel(
     ``(F, E, ROW)``, updated in place), ``z_dot = u_dot @ W`` (``(F, E, ROW)``), the saved ``z``
     and the chain ``h`` (``(n, F, E, ROW)``, read at ``layer`` and ``h_layer``), ``d_z`` written at
     ``layer``.  Gate columns ``GC`` at a time, in degree order, as the relay's pointwise kernel."""
-    M0: tl.constexpr = (LMAX + 1) * CF
-    ROW: tl.constexpr = M0 + 2 * LMAX * CF
+    ROW: tl.constexpr = row_width(LMAX, CF)
     G: tl.constexpr = LMAX * CF
     R: tl.constexpr = CF // GC
-    pid = tl.program_id(0).to(tl.int64)
-    f = tl.program_id(1).to(tl.int64)
-    e = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    f, e, e_in, row_ptrs, z_rows, gw_base, _, _, unused, _ = gate_operands(       # z_rows: z and d_z
+        z_ptr, gw_ptr, gw_ptr, gw_ptr, layer, E, F, LMAX, CF, GC, BLOCK_M, False, False)
+    mask = e_in[:, None]
+    rows = row_ptrs[:, None]
+    z2 = z_rows[:, None]
+    h2 = (((h_layer * F + f) * E + e) * ROW)[:, None]
     cg = tl.arange(0, GC)
     c = tl.arange(0, CP)
     c_mask = c < CF
-    mask = (e < E)[:, None]
-    row_ptrs = (f * E + e) * ROW
-    rows = row_ptrs[:, None]
-    z_rows = ((layer * F + f) * E + e) * ROW                 # z and d_z
-    z2 = z_rows[:, None]
-    h2 = (((h_layer * F + f) * E + e) * ROW)[:, None]
-    gw_base = gw_ptr + (layer * F + f) * (CF * G)
-    unused = tl.zeros((BLOCK_M,), dtype=tl.float32)
 
     contraction = tl.zeros((BLOCK_M, CP), dtype=tl.float32)
     for t in tl.range(0, LMAX * R):              # gate columns, GC at a time, in degree order
         gcol = t * GC + cg
-        col_m0 = (CF + gcol)[None, :]
-        col_neg = (M0 + gcol)[None, :]
-        col_pos = (M0 + G + gcol)[None, :]
+        col_m0, col_neg, col_pos = degree_cols(gcol, LMAX, CF)
         sg = gate_sigmoids(z_ptr + z_rows, mask, unused, unused, gw_base, gw_base, 1.0, gcol,
                            G, GC, R, BLOCK_M, False)
         t_dot = tangent_logits(zd_ptr + row_ptrs, mask, gw_base, gcol, G, GC, R, BLOCK_M)
         sg_dot = gate_logit_grad(t_dot, sg)
-        h_m0 = tl.load(h_ptr + h2 + col_m0, mask=mask, other=0.0)
-        h_neg = tl.load(h_ptr + h2 + col_neg, mask=mask, other=0.0)
-        h_pos = tl.load(h_ptr + h2 + col_pos, mask=mask, other=0.0)
-        z_m0 = tl.load(z_ptr + z2 + col_m0, mask=mask, other=0.0)
-        z_neg = tl.load(z_ptr + z2 + col_neg, mask=mask, other=0.0)
-        z_pos = tl.load(z_ptr + z2 + col_pos, mask=mask, other=0.0)
-        zd_m0 = tl.load(zd_ptr + rows + col_m0, mask=mask, other=0.0)
-        zd_neg = tl.load(zd_ptr + rows + col_neg, mask=mask, other=0.0)
-        zd_pos = tl.load(zd_ptr + rows + col_pos, mask=mask, other=0.0)
-        u_m0 = tl.load(ud_ptr + rows + col_m0, mask=mask, other=0.0)
-        u_neg = tl.load(ud_ptr + rows + col_neg, mask=mask, other=0.0)
-        u_pos = tl.load(ud_ptr + rows + col_pos, mask=mask, other=0.0)
+        h_m0, h_neg, h_pos = load_degree_cols(h_ptr, h2, col_m0, col_neg, col_pos, mask)
+        z_m0, z_neg, z_pos = load_degree_cols(z_ptr, z2, col_m0, col_neg, col_pos, mask)
+        zd_m0, zd_neg, zd_pos = load_degree_cols(zd_ptr, rows, col_m0, col_neg, col_pos, mask)
+        u_m0, u_neg, u_pos = load_degree_cols(ud_ptr, rows, col_m0, col_neg, col_pos, mask)
         tl.store(ud_ptr + rows + col_m0, u_m0 + (zd_m0 * sg + z_m0 * sg_dot), mask=mask)
         tl.store(ud_ptr + rows + col_neg, u_neg + (zd_neg * sg + z_neg * sg_dot), mask=mask)
         tl.store(ud_ptr + rows + col_pos, u_pos + (zd_pos * sg + z_pos * sg_dot), mask=mask)

@@ -41,6 +41,7 @@ from .activations import gate_grad, gate_logit_grad, silu_grad
 from .compensated import compensated_dot, row_amax
 from .gate import gate_sigmoids
 from .gemm import degree_order_dot
+from .rows import degree_cols, m0_width, row_width
 
 
 @triton.jit(do_not_specialize=["layer"])
@@ -50,9 +51,9 @@ def fused_backward_kernel(
     LMAX: tl.constexpr, CF: tl.constexpr, SEGMENT: tl.constexpr, COMPENSATED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GC: tl.constexpr,
 ):
-    M0: tl.constexpr = (LMAX + 1) * CF
-    M1: tl.constexpr = 2 * LMAX * CF
-    ROW: tl.constexpr = M0 + M1
+    M0: tl.constexpr = m0_width(LMAX, CF)
+    ROW: tl.constexpr = row_width(LMAX, CF)
+    M1: tl.constexpr = ROW - M0
     G: tl.constexpr = LMAX * CF
     R: tl.constexpr = CF // GC
     if SEGMENT == 0:
@@ -90,12 +91,10 @@ def fused_backward_kernel(
         for t in tl.range(0, LMAX * R):                    # gate columns, GC at a time, as the relay
             gcol = t * GC + cg
             sg = gate_sigmoids(zs_rows, mask, amax, amax, gw_base, gw_base, 1.0, gcol, G, GC, R, BLOCK_M, False)
-            col_neg = (M0 + gcol)[None, :]
-            col_pos = (M0 + G + gcol)[None, :]
+            col_m0, col_neg, col_pos = degree_cols(gcol, LMAX, CF)
             h_neg = tl.load(h_ptr + r2 + col_neg, mask=mask, other=0.0)
             h_pos = tl.load(h_ptr + r2 + col_pos, mask=mask, other=0.0)
             if SEGMENT == 0:
-                col_m0 = (CF + gcol)[None, :]
                 h_m0 = tl.load(h_ptr + r2 + col_m0, mask=mask, other=0.0)
                 z_m0 = tl.load(z_ptr + z_r2 + col_m0, mask=mask, other=0.0)
                 z_neg = tl.load(z_ptr + z_r2 + col_neg, mask=mask, other=0.0)

@@ -53,6 +53,7 @@ from .compensated import (
     split_rows,
     split_tile_dot,
 )
+from .rows import degree_cols, edge_tile, load_degree_cols, row_width
 
 
 @triton.jit
@@ -103,6 +104,28 @@ def gate_sigmoids(s_rows, mask, s_down, s_up, gw_base, gwlo_base, w_up, gcol,
     return sigmoid(acc)
 
 
+@triton.jit
+def gate_operands(z_ptr, gw_ptr, gwlo_ptr, gwup_ptr, layer, E, F, LMAX: tl.constexpr, CF: tl.constexpr,
+                  GC: tl.constexpr, BLOCK_M: tl.constexpr, COMPENSATED: tl.constexpr, SCALES: tl.constexpr):
+    """What a gate kernel starts from (program axes: edge tile, focus): ``(f, e, e_in, rows,
+    z_rows, gw_base, gwlo_base, w_up, s_down, s_up)``, this program's edges, their offsets in a
+    focus-major ``(F, E, ROW)`` surface and in layer ``layer`` of the saved ``z``, the layer's
+    gate weights (level 3: split head, tail and scale) and, with ``SCALES`` at level 3, the
+    rows' scales of ``s`` (``gate_row_scales``); placeholders where unused."""
+    ROW: tl.constexpr = row_width(LMAX, CF)
+    f, e, e_in = edge_tile(E, BLOCK_M)
+    z_rows = ((layer * F + f) * E + e) * ROW     # int64 before the multiply by E
+    w_offset = (layer * F + f) * (CF * LMAX * CF)
+    s_down = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    s_up = s_down
+    w_up = 1.0
+    if COMPENSATED:
+        w_up = tl.load(gwup_ptr + layer * F + f)
+        if SCALES:
+            s_down, s_up = gate_row_scales(z_ptr + z_rows, e_in[:, None], GC, CF // GC, BLOCK_M)
+    return f, e, e_in, (f * E + e) * ROW, z_rows, gw_ptr + w_offset, gwlo_ptr + w_offset, w_up, s_down, s_up
+
+
 @triton.jit(do_not_specialize=["layer"])
 def gate_kernel(
     z_ptr, gw_ptr, u_ptr, u_next_ptr, sg_ptr, amax_ptr, gwlo_ptr, gwup_ptr,
@@ -110,18 +133,13 @@ def gate_kernel(
     LMAX: tl.constexpr, CF: tl.constexpr, GC: tl.constexpr,
     WRITE_U: tl.constexpr, WRITE_AMAX: tl.constexpr, COMPENSATED: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    M0: tl.constexpr = (LMAX + 1) * CF
-    ROW: tl.constexpr = M0 + 2 * LMAX * CF
     G: tl.constexpr = LMAX * CF
     R: tl.constexpr = CF // GC
-    pid = tl.program_id(0).to(tl.int64)
-    f = tl.program_id(1).to(tl.int64)
-    e = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    f, e, e_in, row_offs, z_rows, gw_base, gwlo_base, w_up, s_down, s_up = gate_operands(
+        z_ptr, gw_ptr, gwlo_ptr, gwup_ptr, layer, E, F, LMAX, CF, GC, BLOCK_M, COMPENSATED, True)
     cg = tl.arange(0, GC)
-    mask = (e < E)[:, None]                      # chunks never cross Cf: rows are the only mask
-    rows = ((f * E + e) * ROW)[:, None]
-    z_rows = ((layer * F + f) * E + e) * ROW     # int64 before the multiply by E
-    s_rows = z_ptr + z_rows
+    mask = e_in[:, None]                         # chunks never cross Cf: rows are the only mask
+    rows = row_offs[:, None]
     sg_rows = ((f * E + e) * G)[:, None]
     amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if WRITE_U:
@@ -132,16 +150,9 @@ def gate_kernel(
             tl.store(u_next_ptr + rows + cols, v, mask=mask)
             if WRITE_AMAX:
                 amax = tl.maximum(amax, row_amax(v, mask))
-    gw_base = gw_ptr + (layer * F + f) * (CF * G)
-    gwlo_base = gwlo_ptr + (layer * F + f) * (CF * G)
-    if COMPENSATED:
-        s_down, s_up = gate_row_scales(s_rows, mask, GC, R, BLOCK_M)
-        w_up = tl.load(gwup_ptr + layer * F + f)
-    else:
-        s_down, s_up, w_up = amax, amax, 1.0     # unused
     for t in tl.range(0, LMAX * R):              # gate columns, GC at a time, in degree order
         gcol = t * GC + cg
-        sg = gate_sigmoids(s_rows, mask, s_down, s_up, gw_base, gwlo_base, w_up, gcol,
+        sg = gate_sigmoids(z_ptr + z_rows, mask, s_down, s_up, gw_base, gwlo_base, w_up, gcol,
                            G, GC, R, BLOCK_M, COMPENSATED)
         tl.store(sg_ptr + sg_rows + gcol[None, :], sg, mask=mask)
         if WRITE_U:
@@ -152,7 +163,7 @@ def gate_kernel(
             if WRITE_AMAX:
                 amax = tl.maximum(amax, row_amax(v, mask))
     if WRITE_AMAX:
-        tl.store(amax_ptr + (f * E + e) * 2, amax, mask=e < E)
+        tl.store(amax_ptr + (f * E + e) * 2, amax, mask=e_in)
 
 
 @triton.jit(do_not_specialize=["layer"])
@@ -162,53 +173,30 @@ def gate_backward_kernel(
     LMAX: tl.constexpr, CF: tl.constexpr, CP: tl.constexpr, GC: tl.constexpr,
     WRITE_AMAX: tl.constexpr, RECOMPUTE_SG: tl.constexpr, COMPENSATED: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    M0: tl.constexpr = (LMAX + 1) * CF
-    ROW: tl.constexpr = M0 + 2 * LMAX * CF
     G: tl.constexpr = LMAX * CF
     R: tl.constexpr = CF // GC
-    pid = tl.program_id(0).to(tl.int64)
-    f = tl.program_id(1).to(tl.int64)
-    e = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    f, e, e_in, row_offs, z_rows, gw_base, gwlo_base, w_up, s_down, s_up = gate_operands(
+        z_ptr, gw_ptr, gwlo_ptr, gwup_ptr, layer, E, F, LMAX, CF, GC, BLOCK_M, COMPENSATED, RECOMPUTE_SG)
     cg = tl.arange(0, GC)
     c = tl.arange(0, CP)
     c_mask = c < CF
-    mask = (e < E)[:, None]
-    rows = ((f * E + e) * ROW)[:, None]
-    z_rows = ((layer * F + f) * E + e) * ROW
-    s_rows = z_ptr + z_rows
+    mask = e_in[:, None]
+    rows = row_offs[:, None]
     z2 = z_rows[:, None]
     sg_rows = ((f * E + e) * G)[:, None]
-    gw_base = gw_ptr + (layer * F + f) * (CF * G)
-    gwlo_base = gwlo_ptr + (layer * F + f) * (CF * G)
-
     contraction = tl.zeros((BLOCK_M, CP), dtype=tl.float32)
-    if COMPENSATED:
-        w_up = tl.load(gwup_ptr + layer * F + f)
-    else:
-        w_up = 1.0
-    if RECOMPUTE_SG and COMPENSATED:
-        s_down, s_up = gate_row_scales(s_rows, mask, GC, R, BLOCK_M)
-    else:
-        s_down = tl.zeros((BLOCK_M,), dtype=tl.float32)      # unused
-        s_up = s_down
     amax0 = tl.zeros((BLOCK_M,), dtype=tl.float32)
     amax1 = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for t in tl.range(0, LMAX * R):              # gate columns, GC at a time, in degree order
         gcol = t * GC + cg
-        col_m0 = (CF + gcol)[None, :]
-        col_neg = (M0 + gcol)[None, :]
-        col_pos = (M0 + G + gcol)[None, :]
+        col_m0, col_neg, col_pos = degree_cols(gcol, LMAX, CF)
         if RECOMPUTE_SG:
-            sg = gate_sigmoids(s_rows, mask, s_down, s_up, gw_base, gwlo_base, w_up, gcol,
+            sg = gate_sigmoids(z_ptr + z_rows, mask, s_down, s_up, gw_base, gwlo_base, w_up, gcol,
                                G, GC, R, BLOCK_M, COMPENSATED)
         else:
             sg = tl.load(sg_ptr + sg_rows + gcol[None, :], mask=mask, other=0.0)
-        h_m0 = tl.load(h_ptr + rows + col_m0, mask=mask, other=0.0)
-        h_neg = tl.load(h_ptr + rows + col_neg, mask=mask, other=0.0)
-        h_pos = tl.load(h_ptr + rows + col_pos, mask=mask, other=0.0)
-        z_m0 = tl.load(z_ptr + z2 + col_m0, mask=mask, other=0.0)
-        z_neg = tl.load(z_ptr + z2 + col_neg, mask=mask, other=0.0)
-        z_pos = tl.load(z_ptr + z2 + col_pos, mask=mask, other=0.0)
+        h_m0, h_neg, h_pos = load_degree_cols(h_ptr, rows, col_m0, col_neg, col_pos, mask)
+        z_m0, z_neg, z_pos = load_degree_cols(z_ptr, z2, col_m0, col_neg, col_pos, mask)
         g_m0 = h_m0 * sg
         g_neg = h_neg * sg
         g_pos = h_pos * sg
@@ -235,5 +223,5 @@ def gate_backward_kernel(
     tl.store(gz_ptr + rows + c[None, :], g_s, mask=full)
     if WRITE_AMAX:
         amax_rows = (f * E + e) * 2
-        tl.store(amax_ptr + amax_rows, tl.maximum(amax0, row_amax(g_s, full)), mask=e < E)
-        tl.store(amax_ptr + amax_rows + 1, amax1, mask=e < E)
+        tl.store(amax_ptr + amax_rows, tl.maximum(amax0, row_amax(g_s, full)), mask=e_in)
+        tl.store(amax_ptr + amax_rows + 1, amax1, mask=e_in)

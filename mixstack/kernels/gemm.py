@@ -36,8 +36,9 @@ Row offsets are int64: ``F * E * ROW`` may exceed 2**31.
 import triton
 import triton.language as tl
 
-from .compensated import compensated_dot, row_amax
+from .compensated import compensated_dot, row_amax, scale_rows
 from .degree_order import degree_order_k
+from .rows import m0_width, row_width
 
 
 @triton.jit
@@ -56,11 +57,64 @@ def degree_order_dot(a_ptr, a_rows, col0, e_mask, w_ptr, kdim, n, n_mask, second
     for t in tl.range(0, kdim // BLOCK_K):
         k = degree_order_k(t, second, LMAX, CF, BLOCK_K)
         a = tl.load(a_ptr + a_rows[:, None] + (col0 + k + rk)[None, :], mask=e_mask[:, None], other=0.0)
-        if ALPHA_ON_A:
-            a = a * alpha[:, None]
+        a = scale_rows(a, alpha, ALPHA_ON_A)
         w = tl.load(w_ptr + (k + rk)[:, None] * kdim + n[None, :], mask=n_mask[None, :], other=0.0)
         acc = tl.dot(a, w, acc, input_precision="ieee")
     return acc
+
+
+@triton.jit
+def gemm_rows(e, f, E, F, a_se, a_sf, alpha_ptr, ROW: tl.constexpr, A_EDGE_MAJOR: tl.constexpr,
+              LOAD_ALPHA: tl.constexpr):
+    """Edges ``e`` of focus ``f``: ``(e < E, the A rows' offsets, alpha)``; A focus-major
+    ``(F, E, ROW)`` or, ``A_EDGE_MAJOR``, read through its strides ``a_se``, ``a_sf``; ``alpha``
+    loaded where ``LOAD_ALPHA`` (else a placeholder)."""
+    e_mask = e < E
+    if A_EDGE_MAJOR:
+        a_rows = e * a_se + f * a_sf
+    else:
+        a_rows = (f * E + e) * ROW
+    if LOAD_ALPHA:
+        alpha = tl.load(alpha_ptr + e * F + f, mask=e_mask, other=0.0)
+    else:
+        alpha = e_mask     # unused
+    return e_mask, a_rows, alpha
+
+
+@triton.jit
+def gemm_epilogue(acc, e, e_mask, f, n, n_mask, col, a_rows, alpha, layer, E, F, res_ptr, out_ptr, z_ptr, y_ptr,
+                  sg_ptr, LMAX: tl.constexpr, CF: tl.constexpr, ALPHA_ON_A: tl.constexpr, STORE_Z: tl.constexpr,
+                  GATE: tl.constexpr, RESIDUAL: tl.constexpr, ALPHA_ON_OUT: tl.constexpr,
+                  OUT_EDGE_MAJOR: tl.constexpr, STORE_OUT: tl.constexpr, STORE_Y: tl.constexpr):
+    """The block GEMM's epilogue over one ``(edges e, columns col)`` tile of the product ``acc``
+    (``n``: the tile's columns within its block): store ``z``, gate, residual, store ``y``,
+    alpha, store the result, by the flags of the module doc.  ``(val, mask)``: the stored
+    result and the tile's mask, for the row maxima of its next reader."""
+    ROW: tl.constexpr = row_width(LMAX, CF)
+    G: tl.constexpr = LMAX * CF
+    mask = e_mask[:, None] & n_mask[None, :]
+    if STORE_Z:
+        z_rows = ((layer * F + f) * E + e) * ROW     # int64 before the multiply by E
+        tl.store(z_ptr + z_rows[:, None] + col[None, :], acc, mask=mask)
+    val = acc
+    if GATE:
+        gcol = ((n // CF) % LMAX) * CF + n % CF
+        sg = tl.load(sg_ptr + ((f * E + e) * G)[:, None] + gcol[None, :], mask=mask, other=0.0)
+        val = val * sg
+    if RESIDUAL:
+        res = tl.load(res_ptr + a_rows[:, None] + col[None, :], mask=mask, other=0.0)
+        val = scale_rows(res, alpha, ALPHA_ON_A) + val
+    if OUT_EDGE_MAJOR:
+        out_rows = (e * F + f) * ROW
+    else:
+        out_rows = (f * E + e) * ROW
+    if STORE_Y:
+        tl.store(y_ptr + out_rows[:, None] + col[None, :], val, mask=mask)
+    if ALPHA_ON_OUT:
+        val = val * alpha[:, None]
+    if STORE_OUT:
+        tl.store(out_ptr + out_rows[:, None] + col[None, :], val, mask=mask)
+    return val, mask
 
 
 @triton.jit(do_not_specialize=["layer"])
@@ -76,10 +130,9 @@ def block_gemm_kernel(
     STORE_Y: tl.constexpr, COMPENSATED: tl.constexpr, AMAX_IN: tl.constexpr, AMAX_OUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    M0: tl.constexpr = (LMAX + 1) * CF
-    M1: tl.constexpr = 2 * LMAX * CF
-    ROW: tl.constexpr = M0 + M1
-    G: tl.constexpr = LMAX * CF
+    M0: tl.constexpr = m0_width(LMAX, CF)
+    ROW: tl.constexpr = row_width(LMAX, CF)
+    M1: tl.constexpr = ROW - M0
     NT0: tl.constexpr = (M0 + BLOCK_N - 1) // BLOCK_N
     NT1: tl.constexpr = (M1 + BLOCK_N - 1) // BLOCK_N
     if BOTH_BLOCKS:
@@ -112,16 +165,7 @@ def block_gemm_kernel(
         wlo_ptr = w0lo_ptr + (layer * F + f) * (M0 * M0)
 
     e = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    e_mask = e < E
-    if A_EDGE_MAJOR:
-        a_rows = e * a_se + f * a_sf
-    else:
-        a_rows = (f * E + e) * ROW
-    if ALPHA_ON_A or ALPHA_ON_OUT:
-        alpha = tl.load(alpha_ptr + e * F + f, mask=e_mask, other=0.0)
-
-    else:
-        alpha = e_mask     # unused
+    e_mask, a_rows, alpha = gemm_rows(e, f, E, F, a_se, a_sf, alpha_ptr, ROW, A_EDGE_MAJOR, ALPHA_ON_A or ALPHA_ON_OUT)
     n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < kdim
     if COMPENSATED:
@@ -136,31 +180,8 @@ def block_gemm_kernel(
         acc = degree_order_dot(a_ptr, a_rows, col0, e_mask, w_ptr, kdim, n, n_mask, second, alpha,
                                LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, ALPHA_ON_A)
 
-    col = col0 + n
-    mask = e_mask[:, None] & n_mask[None, :]
-    focus_rows = (f * E + e) * ROW
-    if STORE_Z:
-        z_rows = ((layer * F + f) * E + e) * ROW     # int64 before the multiply by E
-        tl.store(z_ptr + z_rows[:, None] + col[None, :], acc, mask=mask)
-    val = acc
-    if GATE:
-        gcol = ((n // CF) % LMAX) * CF + n % CF
-        sg = tl.load(sg_ptr + ((f * E + e) * G)[:, None] + gcol[None, :], mask=mask, other=0.0)
-        val = val * sg
-    if RESIDUAL:
-        res = tl.load(res_ptr + a_rows[:, None] + col[None, :], mask=mask, other=0.0)
-        if ALPHA_ON_A:
-            res = res * alpha[:, None]
-        val = res + val
-    if OUT_EDGE_MAJOR:
-        out_rows = (e * F + f) * ROW
-    else:
-        out_rows = focus_rows
-    if STORE_Y:
-        tl.store(y_ptr + out_rows[:, None] + col[None, :], val, mask=mask)
-    if ALPHA_ON_OUT:
-        val = val * alpha[:, None]
-    if STORE_OUT:
-        tl.store(out_ptr + out_rows[:, None] + col[None, :], val, mask=mask)
+    val, mask = gemm_epilogue(acc, e, e_mask, f, n, n_mask, col0 + n, a_rows, alpha, layer, E, F, res_ptr, out_ptr,
+                              z_ptr, y_ptr, sg_ptr, LMAX, CF, ALPHA_ON_A, STORE_Z, GATE, RESIDUAL, ALPHA_ON_OUT,
+                              OUT_EDGE_MAJOR, STORE_OUT, STORE_Y)
     if AMAX_OUT:     # the result is the next compensated GEMM's operand: record its rows' maxima
         tl.atomic_max(amax_out_ptr + (f * E + e) * 2 + second.to(tl.int64), row_amax(val, mask), mask=e_mask)

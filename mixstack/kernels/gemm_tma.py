@@ -38,8 +38,10 @@ the kernel does not build refuses the candidate; the pointer kernel runs (docs/c
 import triton
 import triton.language as tl
 
-from .compensated import pow2_scales, row_amax, split_fp16, split_products, split_result
+from .compensated import compensated_step, pow2_scales, row_amax, scale_rows, split_result
 from .degree_order import degree_order_k
+from .gemm import gemm_epilogue, gemm_rows
+from .rows import m0_width, row_width
 
 
 @triton.jit
@@ -55,65 +57,47 @@ def tma_compensated_dot(a_desc, row0, col0, whi_desc, wlo_desc, w_up, n0, kdim, 
     if not AMAX_GIVEN:
         amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for t in tl.range(0, n_k):
-            a = a_desc.load([row0, col0 + degree_order_k(t, second, LMAX, CF, BLOCK_K)])
-            if ALPHA_ON_A:
-                a = a * alpha[:, None]
+            a = scale_rows(a_desc.load([row0, col0 + degree_order_k(t, second, LMAX, CF, BLOCK_K)]), alpha,
+                           ALPHA_ON_A)
             amax = tl.maximum(amax, tl.max(tl.abs(a), axis=1))
     down, up = pow2_scales(amax)
     head = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     tail = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for t in tl.range(0, n_k, warp_specialize=SPECIALISE):
         k = degree_order_k(t, second, LMAX, CF, BLOCK_K)
-        a = a_desc.load([row0, col0 + k])
-        if ALPHA_ON_A:
-            a = a * alpha[:, None]
-        a_hi, a_lo = split_fp16(a * down[:, None])
-        w_hi = whi_desc.load([k, n0])
-        w_lo = wlo_desc.load([k, n0])
-        head, tail = split_products(a_hi, a_lo, w_hi, w_lo, head, tail)
+        a = scale_rows(a_desc.load([row0, col0 + k]), alpha, ALPHA_ON_A)
+        head, tail = compensated_step(a, down, whi_desc.load([k, n0]), wlo_desc.load([k, n0]), head, tail)
     return split_result(head, tail, up * w_up)
 
 
 @triton.jit(do_not_specialize=["layer"])
 def tma_block_gemm_kernel(
-    a_ptr, w0_ptr, w1_ptr, res_ptr, out_ptr, z_ptr, y_ptr, sg_ptr, alpha_ptr,
-    w0lo_ptr, w1lo_ptr, wup_ptr, amax_in_ptr, amax_out_ptr,
+    a_ptr, whi_ptr, wlo_ptr, wup_ptr, amax_in_ptr, tile_amax_ptr, res_ptr, out_ptr, z_ptr, y_ptr, sg_ptr, alpha_ptr,
     layer, E, F, a_se, a_sf,
-    LMAX: tl.constexpr, CF: tl.constexpr,
-    FIRST_BLOCK: tl.constexpr, BOTH_BLOCKS: tl.constexpr,
-    A_EDGE_MAJOR: tl.constexpr, ALPHA_ON_A: tl.constexpr,
-    STORE_Z: tl.constexpr, GATE: tl.constexpr, RESIDUAL: tl.constexpr,
-    ALPHA_ON_OUT: tl.constexpr, OUT_EDGE_MAJOR: tl.constexpr, STORE_OUT: tl.constexpr,
-    STORE_Y: tl.constexpr, COMPENSATED: tl.constexpr, AMAX_IN: tl.constexpr, AMAX_OUT: tl.constexpr,
+    LMAX: tl.constexpr, CF: tl.constexpr, FIRST_BLOCK: tl.constexpr, A_EDGE_MAJOR: tl.constexpr,
+    AMAX_IN: tl.constexpr, ALPHA_ON_A: tl.constexpr, STORE_Z: tl.constexpr, GATE: tl.constexpr,
+    RESIDUAL: tl.constexpr, ALPHA_ON_OUT: tl.constexpr, OUT_EDGE_MAJOR: tl.constexpr, STORE_OUT: tl.constexpr,
+    STORE_Y: tl.constexpr, AMAX_OUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PERSISTENT: tl.constexpr,
+    SPECIALISE: tl.constexpr,
 ):
-    """``gemm.block_gemm_kernel``'s arguments and uses, level 3 only (``COMPENSATED`` must be
-    set; the weight pointers are the split heads and tails) and one block per launch
-    (``BOTH_BLOCKS`` unset): Triton 3.6's Hopper pass specialises the K loop's warps only
-    where the block, and with it the loop's trip count, is a compile-time constant.
-    ``PERSISTENT``: each program strides over the ``(E tile, N tile)`` pairs of its focus stream,
-    and the tile loop, not the K loop, is specialised, so that one tile's epilogue can overlap
-    the next tile's loads and products."""
-    tl.static_assert(COMPENSATED, "the TMA block GEMM runs the compensated products only")
-    tl.static_assert(not BOTH_BLOCKS, "the TMA block GEMM runs one block per launch")
-    M0: tl.constexpr = (LMAX + 1) * CF
-    M1: tl.constexpr = 2 * LMAX * CF
-    ROW: tl.constexpr = M0 + M1
-    SECOND: tl.constexpr = FIRST_BLOCK == 1
-    NT: tl.constexpr = ((M1 if SECOND else M0) + BLOCK_N - 1) // BLOCK_N
-    KDIM: tl.constexpr = M1 if SECOND else M0
+    """Level 3's block GEMM of block ``FIRST_BLOCK`` alone: ``whi_ptr`` / ``wlo_ptr`` that block's
+    split weights ``(n, F, K, K)`` (fp16 heads and tails), ``wup_ptr`` the scales ``(n, F, 2)``;
+    the other arguments and flags are ``gemm.block_gemm_kernel``'s, except that the row maxima
+    of the result (``AMAX_OUT``) go per N tile into ``tile_amax_ptr`` ``(F, E, NT)``.  One block
+    a launch, so the K loop's trip count is a constant.  ``PERSISTENT``: each program strides
+    over the ``(E tile, N tile)`` pairs of its focus stream; ``SPECIALISE``: the loop over K
+    (tiled) or over tiles (persistent) is warp-specialised by Triton's Hopper pass."""
+    M0: tl.constexpr = m0_width(LMAX, CF)
+    ROW: tl.constexpr = row_width(LMAX, CF)
+    KDIM: tl.constexpr = ROW - M0 if FIRST_BLOCK == 1 else M0
+    NT: tl.constexpr = (KDIM + BLOCK_N - 1) // BLOCK_N
 
     f = tl.program_id(1).to(tl.int64)
     w_offset = (layer * F + f) * (KDIM * KDIM)
-    if SECOND:
-        whi_ptr = w1_ptr + w_offset
-        wlo_ptr = w1lo_ptr + w_offset
-    else:
-        whi_ptr = w0_ptr + w_offset
-        wlo_ptr = w0lo_ptr + w_offset
-    whi_desc = tl.make_tensor_descriptor(whi_ptr, shape=[KDIM, KDIM], strides=[KDIM, 1],
+    whi_desc = tl.make_tensor_descriptor(whi_ptr + w_offset, shape=[KDIM, KDIM], strides=[KDIM, 1],
                                          block_shape=[BLOCK_K, BLOCK_N])
-    wlo_desc = tl.make_tensor_descriptor(wlo_ptr, shape=[KDIM, KDIM], strides=[KDIM, 1],
+    wlo_desc = tl.make_tensor_descriptor(wlo_ptr + w_offset, shape=[KDIM, KDIM], strides=[KDIM, 1],
                                          block_shape=[BLOCK_K, BLOCK_N])
     if A_EDGE_MAJOR:
         a_desc = tl.make_tensor_descriptor(a_ptr + f * a_sf, shape=[E, ROW], strides=[a_se, 1],
@@ -121,89 +105,52 @@ def tma_block_gemm_kernel(
     else:
         a_desc = tl.make_tensor_descriptor(a_ptr + f * E * ROW, shape=[E, ROW], strides=[ROW, 1],
                                            block_shape=[BLOCK_M, BLOCK_K])
-
+    w_up = tl.load(wup_ptr + (layer * F + f) * 2 + FIRST_BLOCK)
     if PERSISTENT:
-        n_tiles = tl.cdiv(E, BLOCK_M) * NT
-        for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), warp_specialize=True):
-            _tma_tile(tile, f, a_desc, whi_desc, wlo_desc, res_ptr, out_ptr, z_ptr, y_ptr, sg_ptr, alpha_ptr, wup_ptr,
-                      amax_in_ptr, amax_out_ptr, layer, E, F, a_se, a_sf, LMAX, CF, FIRST_BLOCK, A_EDGE_MAJOR,
-                      ALPHA_ON_A, STORE_Z, GATE, RESIDUAL, ALPHA_ON_OUT, OUT_EDGE_MAJOR, STORE_OUT, STORE_Y, AMAX_IN,
-                      AMAX_OUT, BLOCK_M, BLOCK_N, BLOCK_K, False)
+        for tile in tl.range(tl.program_id(0), tl.cdiv(E, BLOCK_M) * NT, tl.num_programs(0),
+                             warp_specialize=SPECIALISE):
+            _tma_tile(tile, f, a_desc, whi_desc, wlo_desc, w_up, amax_in_ptr, tile_amax_ptr, res_ptr, out_ptr, z_ptr,
+                      y_ptr, sg_ptr, alpha_ptr, layer, E, F, a_se, a_sf, LMAX, CF, FIRST_BLOCK, A_EDGE_MAJOR, AMAX_IN,
+                      ALPHA_ON_A, STORE_Z, GATE, RESIDUAL, ALPHA_ON_OUT, OUT_EDGE_MAJOR, STORE_OUT, STORE_Y, AMAX_OUT,
+                      BLOCK_M, BLOCK_N, BLOCK_K, False)
     else:
-        _tma_tile(tl.program_id(0), f, a_desc, whi_desc, wlo_desc, res_ptr, out_ptr, z_ptr, y_ptr, sg_ptr, alpha_ptr,
-                  wup_ptr, amax_in_ptr, amax_out_ptr, layer, E, F, a_se, a_sf, LMAX, CF, FIRST_BLOCK, A_EDGE_MAJOR,
-                  ALPHA_ON_A, STORE_Z, GATE, RESIDUAL, ALPHA_ON_OUT, OUT_EDGE_MAJOR, STORE_OUT, STORE_Y, AMAX_IN,
-                  AMAX_OUT, BLOCK_M, BLOCK_N, BLOCK_K, True)
+        _tma_tile(tl.program_id(0), f, a_desc, whi_desc, wlo_desc, w_up, amax_in_ptr, tile_amax_ptr, res_ptr,
+                  out_ptr, z_ptr, y_ptr, sg_ptr, alpha_ptr, layer, E, F, a_se, a_sf, LMAX, CF, FIRST_BLOCK,
+                  A_EDGE_MAJOR, AMAX_IN, ALPHA_ON_A, STORE_Z, GATE, RESIDUAL, ALPHA_ON_OUT, OUT_EDGE_MAJOR, STORE_OUT,
+                  STORE_Y, AMAX_OUT, BLOCK_M, BLOCK_N, BLOCK_K, SPECIALISE)
 
 
 @triton.jit
-def _tma_tile(tile, f, a_desc, whi_desc, wlo_desc, res_ptr, out_ptr, z_ptr, y_ptr, sg_ptr, alpha_ptr, wup_ptr,
-              amax_in_ptr, amax_out_ptr, layer, E, F, a_se, a_sf,
-              LMAX: tl.constexpr, CF: tl.constexpr, FIRST_BLOCK: tl.constexpr, A_EDGE_MAJOR: tl.constexpr,
-              ALPHA_ON_A: tl.constexpr, STORE_Z: tl.constexpr, GATE: tl.constexpr, RESIDUAL: tl.constexpr,
-              ALPHA_ON_OUT: tl.constexpr, OUT_EDGE_MAJOR: tl.constexpr, STORE_OUT: tl.constexpr,
-              STORE_Y: tl.constexpr, AMAX_IN: tl.constexpr, AMAX_OUT: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPECIALISE_K: tl.constexpr):
+def _tma_tile(tile, f, a_desc, whi_desc, wlo_desc, w_up, amax_in_ptr, tile_amax_ptr, res_ptr, out_ptr, z_ptr, y_ptr,
+              sg_ptr, alpha_ptr, layer, E, F, a_se, a_sf, LMAX: tl.constexpr, CF: tl.constexpr,
+              FIRST_BLOCK: tl.constexpr, A_EDGE_MAJOR: tl.constexpr, AMAX_IN: tl.constexpr, ALPHA_ON_A: tl.constexpr,
+              STORE_Z: tl.constexpr, GATE: tl.constexpr, RESIDUAL: tl.constexpr, ALPHA_ON_OUT: tl.constexpr,
+              OUT_EDGE_MAJOR: tl.constexpr, STORE_OUT: tl.constexpr, STORE_Y: tl.constexpr, AMAX_OUT: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPECIALISE_K: tl.constexpr):
     """One ``(E tile, N tile)`` of ``tma_block_gemm_kernel``: the products and the epilogue."""
-    M0: tl.constexpr = (LMAX + 1) * CF
-    M1: tl.constexpr = 2 * LMAX * CF
-    ROW: tl.constexpr = M0 + M1
-    G: tl.constexpr = LMAX * CF
-    SECOND: tl.constexpr = FIRST_BLOCK == 1
-    NT: tl.constexpr = ((M1 if SECOND else M0) + BLOCK_N - 1) // BLOCK_N
-    COL0: tl.constexpr = M0 if SECOND else 0
-    KDIM: tl.constexpr = M1 if SECOND else M0
+    M0: tl.constexpr = m0_width(LMAX, CF)
+    ROW: tl.constexpr = row_width(LMAX, CF)
+    COL0: tl.constexpr = M0 if FIRST_BLOCK == 1 else 0
+    KDIM: tl.constexpr = ROW - M0 if FIRST_BLOCK == 1 else M0
+    NT: tl.constexpr = (KDIM + BLOCK_N - 1) // BLOCK_N
     pid_m = tile // NT
     pid_n = tile % NT
     row0 = pid_m * BLOCK_M
     e = row0.to(tl.int64) + tl.arange(0, BLOCK_M).to(tl.int64)
-    e_mask = e < E
-    if A_EDGE_MAJOR:
-        a_rows = e * a_se + f * a_sf
-    else:
-        a_rows = (f * E + e) * ROW
-    if ALPHA_ON_A or ALPHA_ON_OUT:
-        alpha = tl.load(alpha_ptr + e * F + f, mask=e_mask, other=0.0)
-    else:
-        alpha = e_mask     # unused
+    e_mask, a_rows, alpha = gemm_rows(e, f, E, F, a_se, a_sf, alpha_ptr, ROW, A_EDGE_MAJOR, ALPHA_ON_A or ALPHA_ON_OUT)
     n0 = pid_n * BLOCK_N
     n = n0 + tl.arange(0, BLOCK_N)
-    n_mask = n < KDIM
-    w_up = tl.load(wup_ptr + (layer * F + f) * 2 + FIRST_BLOCK)
     if AMAX_IN:
         amax = tl.load(amax_in_ptr + (f * E + e) * 2 + FIRST_BLOCK, mask=e_mask, other=0.0)
     else:
         amax = alpha     # unused: the kernel's pre-pass finds it
-    acc = tma_compensated_dot(a_desc, row0, COL0, whi_desc, wlo_desc, w_up, n0, KDIM, SECOND, alpha, amax,
-                              LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, ALPHA_ON_A, AMAX_IN, SPECIALISE_K)
-
-    col = COL0 + n
-    mask = e_mask[:, None] & n_mask[None, :]
-    if STORE_Z:
-        z_rows = ((layer * F + f) * E + e) * ROW     # int64 before the multiply by E
-        tl.store(z_ptr + z_rows[:, None] + col[None, :], acc, mask=mask)
-    val = acc
-    if GATE:
-        gcol = ((n // CF) % LMAX) * CF + n % CF
-        sg = tl.load(sg_ptr + ((f * E + e) * G)[:, None] + gcol[None, :], mask=mask, other=0.0)
-        val = val * sg
-    if RESIDUAL:
-        res = tl.load(res_ptr + a_rows[:, None] + col[None, :], mask=mask, other=0.0)
-        if ALPHA_ON_A:
-            res = res * alpha[:, None]
-        val = res + val
-    if OUT_EDGE_MAJOR:
-        out_rows = (e * F + f) * ROW
-    else:
-        out_rows = (f * E + e) * ROW
-    if STORE_Y:
-        tl.store(y_ptr + out_rows[:, None] + col[None, :], val, mask=mask)
-    if ALPHA_ON_OUT:
-        val = val * alpha[:, None]
-    if STORE_OUT:
-        tl.store(out_ptr + out_rows[:, None] + col[None, :], val, mask=mask)
+    acc = tma_compensated_dot(a_desc, row0, COL0, whi_desc, wlo_desc, w_up, n0, KDIM, FIRST_BLOCK == 1, alpha,
+                              amax, LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, ALPHA_ON_A, AMAX_IN, SPECIALISE_K)
+    val, mask = gemm_epilogue(acc, e, e_mask, f, n, n < KDIM, COL0 + n, a_rows, alpha, layer, E, F, res_ptr,
+                              out_ptr, z_ptr, y_ptr, sg_ptr, LMAX, CF, ALPHA_ON_A, STORE_Z, GATE, RESIDUAL,
+                              ALPHA_ON_OUT, OUT_EDGE_MAJOR, STORE_OUT, STORE_Y)
     if AMAX_OUT:     # the result is the next compensated GEMM's operand: its rows' maxima, per N tile
-        tl.store(amax_out_ptr + (f * E + e) * NT + pid_n, row_amax(val, mask), mask=e_mask)
+        tl.store(tile_amax_ptr + (f * E + e) * NT + pid_n, row_amax(val, mask), mask=e_mask)
 
 
 @triton.jit

@@ -43,6 +43,7 @@ from .activations import gate_grad, gate_logit_grad, silu
 from .compensated import pow2_scales, split_fp16, split_products, split_result
 from .curvature import gate_logit_curvature, tangent_logits
 from .gate import gate_sigmoids
+from .rows import degree_cols, edge_tile, load_degree_cols, m0_width, row_width
 
 
 @triton.jit
@@ -70,9 +71,9 @@ def wgrad_kernel(
     gradient, whose F stride may be 0).  (Scaling ``B`` by alpha in here, per K step, took 255
     registers and spilled 360 bytes for sm_90 with 3 stages, 95 registers unpipelined; the
     launchers scale it outside.)"""
-    M0: tl.constexpr = (LMAX + 1) * CF
-    M1: tl.constexpr = 2 * LMAX * CF
-    ROW: tl.constexpr = M0 + M1
+    M0: tl.constexpr = m0_width(LMAX, CF)
+    ROW: tl.constexpr = row_width(LMAX, CF)
+    M1: tl.constexpr = ROW - M0
     SIZE: tl.constexpr = M0 * M0 + M1 * M1
     TN0: tl.constexpr = (M0 + BLOCK_N - 1) // BLOCK_N
     TN1: tl.constexpr = (M1 + BLOCK_N - 1) // BLOCK_N
@@ -138,8 +139,7 @@ def gate_wgrad_kernel(
     ``h_layer``) and the saved ``z`` (at ``layer``); with ``CURVATURE`` plus
     ``s^T gl_curv + s_dot^T gl``, ``s_dot`` the scalar columns of ``z_dot`` (``(F, E, ROW)``).
     Gate columns ``GC`` at a time (the outer loop), the chunk's edges ``BLOCK_M`` at a time."""
-    M0: tl.constexpr = (LMAX + 1) * CF
-    ROW: tl.constexpr = M0 + 2 * LMAX * CF
+    ROW: tl.constexpr = row_width(LMAX, CF)
     G: tl.constexpr = LMAX * CF
     R: tl.constexpr = CF // GC
     chunk = tl.program_id(0).to(tl.int64)
@@ -154,9 +154,7 @@ def gate_wgrad_kernel(
     unused = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for t in tl.range(0, LMAX * R):              # gate columns, GC at a time, in degree order
         gcol = t * GC + cg
-        col_m0 = (CF + gcol)[None, :]
-        col_neg = (M0 + gcol)[None, :]
-        col_pos = (M0 + G + gcol)[None, :]
+        col_m0, col_neg, col_pos = degree_cols(gcol, LMAX, CF)
         acc = tl.zeros((CP, GC), dtype=tl.float32)
         for r0 in tl.range(0, n_rows, BLOCK_M):
             e = e_start + r0 + r
@@ -167,21 +165,15 @@ def gate_wgrad_kernel(
             h2 = (((h_layer * F + f) * E + e) * ROW)[:, None]
             sg = gate_sigmoids(z_ptr + z_rows, mask, unused, unused, gw_base, gw_base, 1.0, gcol,
                                G, GC, R, BLOCK_M, False)
-            h_m0 = tl.load(h_ptr + h2 + col_m0, mask=mask, other=0.0)
-            h_neg = tl.load(h_ptr + h2 + col_neg, mask=mask, other=0.0)
-            h_pos = tl.load(h_ptr + h2 + col_pos, mask=mask, other=0.0)
-            z_m0 = tl.load(z_ptr + z2 + col_m0, mask=mask, other=0.0)
-            z_neg = tl.load(z_ptr + z2 + col_neg, mask=mask, other=0.0)
-            z_pos = tl.load(z_ptr + z2 + col_pos, mask=mask, other=0.0)
+            h_m0, h_neg, h_pos = load_degree_cols(h_ptr, h2, col_m0, col_neg, col_pos, mask)
+            z_m0, z_neg, z_pos = load_degree_cols(z_ptr, z2, col_m0, col_neg, col_pos, mask)
             gsg = gate_grad(h_m0, z_m0, h_neg, z_neg, h_pos, z_pos)
             gl = gate_logit_grad(gsg, sg)
             s = tl.load(z_ptr + z2 + c[None, :], mask=full, other=0.0)
             if CURVATURE:
                 d_rows = (f * E + e) * ROW
                 d2 = d_rows[:, None]
-                zd_m0 = tl.load(zd_ptr + d2 + col_m0, mask=mask, other=0.0)
-                zd_neg = tl.load(zd_ptr + d2 + col_neg, mask=mask, other=0.0)
-                zd_pos = tl.load(zd_ptr + d2 + col_pos, mask=mask, other=0.0)
+                zd_m0, zd_neg, zd_pos = load_degree_cols(zd_ptr, d2, col_m0, col_neg, col_pos, mask)
                 t_dot = tangent_logits(zd_ptr + d_rows, mask, gw_base, gcol, G, GC, R, BLOCK_M)
                 gl_curv = gate_logit_curvature(gate_grad(h_m0, zd_m0, h_neg, zd_neg, h_pos, zd_pos), gsg,
                                                t_dot, sg)
@@ -222,15 +214,13 @@ def layer_input_kernel(
     """``out[out_layer] = u[u_layer] + a(z[layer])``: the input of gated layer ``layer + 1`` from
     that of ``layer`` and its saved pre-activations (``(n, F, E, ROW)`` surfaces), gate columns
     ``GC`` at a time as the forward's gate kernel."""
-    M0: tl.constexpr = (LMAX + 1) * CF
-    ROW: tl.constexpr = M0 + 2 * LMAX * CF
+    M0: tl.constexpr = m0_width(LMAX, CF)
+    ROW: tl.constexpr = row_width(LMAX, CF)
     G: tl.constexpr = LMAX * CF
     R: tl.constexpr = CF // GC
-    pid = tl.program_id(0).to(tl.int64)
-    f = tl.program_id(1).to(tl.int64)
-    e = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    f, e, e_in = edge_tile(E, BLOCK_M)
     cg = tl.arange(0, GC)
-    mask = (e < E)[:, None]
+    mask = e_in[:, None]
     u2 = (((u_layer * F + f) * E + e) * ROW)[:, None]
     o2 = (((out_layer * F + f) * E + e) * ROW)[:, None]
     z_rows = ((layer * F + f) * E + e) * ROW

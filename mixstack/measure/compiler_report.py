@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..conv import launchers as conv_launchers
-from ..stack import launchers, training
+from ..stack import gemm, launchers, training
 
 # SASS opcodes summed by the report (the first dotted part of each instruction).
 COUNTED = ("FFMA", "HMMA", "HGMMA", "LDS", "STS", "LDSM", "LDG", "STG", "LDGSTS", "BAR", "SHFL", "MUFU")
@@ -89,7 +89,7 @@ def record_launches(run, *args, **kwargs) -> list[Launch]:
                 return call
         return _Grid()
 
-    modules = (launchers, training, conv_launchers)
+    modules = (launchers, gemm, training, conv_launchers)
     real = [m.wrap_triton for m in modules]
     for m in modules:
         m.wrap_triton = recorder

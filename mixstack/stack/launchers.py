@@ -24,21 +24,17 @@ from ..core.layout import StackLayout
 from ..kernels.compensated import split_weights_kernel
 from ..kernels.fused import fused_backward_kernel
 from ..kernels.gate import gate_backward_kernel, gate_kernel
-from ..kernels.gemm import block_gemm_kernel
-from ..kernels.gemm_tma import fold_tile_amax_kernel, tma_block_gemm_kernel
 from ..kernels.reduce import alpha_grad_kernel
 from ..tuning.configs import (
     ALPHA_GRAD_CONFIG,
     FUSED_PROGRAMS_PER_SM,
-    INTERPRETER_PROGRAMS,
     block_k,
-    default_gemm_config,
     gate_chunk,
     gate_config,
-    gemm_block_k,
     pointwise_config,
     pointwise_recomputes_gate,
 )
+from .gemm import BlockWeights, Epilogue, Operand, block_gemm, persistent_programs
 
 
 def _is_empty(n) -> bool:
@@ -64,104 +60,6 @@ def split_weights(w0, w1):
     w0_hi, w0_lo, up0 = split_matrices(w0)
     w1_hi, w1_lo, up1 = split_matrices(w1)
     return w0_hi, w0_lo, w1_hi, w1_lo, torch.stack((up0, up1), -1)
-
-
-def _weight_args(w0, w1, split):
-    """The weight pointers a GEMM-phase kernel takes, ``(w0, w0_lo, w1, w1_lo, up)``: with
-    ``split`` (level 3) its heads, tails and scales; without, ``w0`` fills the unused ones."""
-    return split if split is not None else (w0, w0, w1, w0, w0)
-
-
-def block_gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, *, blocks, res=None, out=None, z=None,
-               y=None, sg=None, alpha=None, a_edge_major=False, alpha_on_a=False,
-               gate=False, alpha_on_out=False, out_edge_major=False, split=None, amax_in=None,
-               amax_out=None):
-    """Launch ``block_gemm_kernel`` over ``blocks`` (``(0,)``, ``(1,)`` or ``(0, 1)``);
-    ``split`` (level 3): ``split_weights(w0, w1)``, run the compensated products,
-    with ``amax_in`` ``(F, E, 2)`` the rows' per-block maxima of ``a`` as its writer
-    recorded them (``None``: the kernel finds them), and ``amax_out`` (zeroed) where
-    ``out`` is the next compensated GEMM's operand.
-    An edge-major ``a`` (``a_edge_major``) is read through its E and F strides.  A level-3
-    config with ``TMA_FIELD`` set runs ``gemm_tma.tma_block_gemm_kernel`` instead, one launch
-    per block, where ``tma_fits(a)``."""
-    cfg = gemm_cfg or default_gemm_config(layout)
-    use_tma = bool(split is not None and cfg.get(TMA_FIELD) and tma_fits(a, a_edge_major))
-    if use_tma and len(blocks) == 2:
-        # One launch per block: Triton 3.6's Hopper pass specialises the K loop's warps only
-        # where the block (and with it the trip count) is a compile-time constant.
-        for block in blocks:
-            block_gemm(a, w0, w1, layer, n_edges, n_focus, layout, gemm_cfg, blocks=(block,), res=res, out=out,
-                       z=z, y=y, sg=sg, alpha=alpha, a_edge_major=a_edge_major, alpha_on_a=alpha_on_a, gate=gate,
-                       alpha_on_out=alpha_on_out, out_edge_major=out_edge_major, split=split, amax_in=amax_in,
-                       amax_out=amax_out)
-        return
-    # Pointers the constexpr flags leave unused get a weight tensor, never an
-    # activation surface, so no surface reaches a compiler as several aliased
-    # arguments for nothing.  (On the H200 the compiled level-2 model frame,
-    # which passed the activation as these placeholders, held ~6 surfaces more
-    # at its peak than level 3, which passed weights; with weights here both
-    # levels' frames peak alike, 11589 vs 11584 MiB at cu-bcc-4394.)
-    w0, w0lo, w1, w1lo, wup = _weight_args(w0, w1, split)
-    unused = w0
-    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], gemm_block_k(layout, cfg)
-    widths = {0: layout.m0, 1: layout.m1}
-    n_tiles = sum(triton.cdiv(widths[b], bn) for b in blocks)
-    grid = ((n_edges + bm - 1) // bm * n_tiles, n_focus)
-    kernel, tile_amax, extra = block_gemm_kernel, None, {}
-    if use_tma:
-        kernel = tma_block_gemm_kernel
-        ensure_allocator()
-        extra = {"PERSISTENT": bool(cfg.get(PERSISTENT_FIELD))}
-        if extra["PERSISTENT"]:           # one program per SM, shared among the focus streams
-            grid = (max(1, min(grid[0], persistent_programs(a, grid[0] * n_focus, 1) // n_focus)), n_focus)
-        if amax_out is not None:       # the TMA kernel stores each N tile's row maxima; folded below
-            tile_amax = amax_out.new_empty((n_focus, n_edges, n_tiles))
-    wrap_triton(kernel)[grid](
-        a, w0, w1, unused if res is None else res, unused if out is None else out,
-        unused if z is None else z, unused if y is None else y, unused if sg is None else sg,
-        unused if alpha is None else alpha,
-        w0lo, w1lo, wup, unused if amax_in is None else amax_in,
-        unused if amax_out is None else (amax_out if tile_amax is None else tile_amax),
-        layer, n_edges, n_focus, a.stride(0) if a_edge_major else 0, a.stride(1) if a_edge_major else 0,
-        LMAX=layout.lmax, CF=layout.focus_dim,
-        FIRST_BLOCK=blocks[0], BOTH_BLOCKS=len(blocks) == 2,
-        A_EDGE_MAJOR=a_edge_major, ALPHA_ON_A=alpha_on_a,
-        STORE_Z=z is not None, GATE=gate, RESIDUAL=res is not None,
-        ALPHA_ON_OUT=alpha_on_out, OUT_EDGE_MAJOR=out_edge_major, STORE_OUT=out is not None,
-        STORE_Y=y is not None, COMPENSATED=split is not None,
-        AMAX_IN=amax_in is not None, AMAX_OUT=amax_out is not None,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **extra,
-    )
-    if tile_amax is not None:
-        rows = n_focus * n_edges
-        wrap_triton(fold_tile_amax_kernel)[(triton.cdiv(rows, FOLD_BLOCK),)](
-            tile_amax, amax_out, rows, NT=n_tiles, SLOT=blocks[0], BLOCK=FOLD_BLOCK)
-
-
-FOLD_BLOCK = 256
-TMA_FIELD = "TMA"      # a level-3 GEMM config with this set runs ``gemm_tma`` (docs/contract.md §4)
-PERSISTENT_FIELD = "persistent"     # ... and with this set too, its persistent form
-
-
-def tma_fits(a, a_edge_major: bool) -> bool:
-    """Whether a TMA descriptor can read ``a``'s rows: a 16-byte aligned start and row stride
-    (the whole surfaces the stack allocates always are; a caller's offset view may not be)."""
-    row_stride = a.stride(0) if a_edge_major else a.shape[-1]
-    return a.storage_offset() % 4 == 0 and row_stride % 4 == 0 and (not a_edge_major or a.stride(1) % 4 == 0)
-
-
-def _scratch(size: int, alignment: int, stream):
-    """Global scratch for the TMA kernel's device-side descriptors, from torch's allocator."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def ensure_allocator() -> None:
-    """Give Triton an allocator for kernels' global scratch where none is set (its default
-    raises at launch); one the caller set is kept."""
-    from triton.runtime import _allocation
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_scratch)
 
 
 def _gate_weights(gw, gate_split):
@@ -219,11 +117,11 @@ def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
     for k in range(n_gated):
         u_next = buffers[k % 2]
         amax_next = maxima[k % 2].zero_() if record else None
-        block_gemm(u, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(0,), z=z, split=split,
-              amax_in=amax)
+        a = Operand(u, amax=amax)
+        block_gemm(a, BlockWeights(w0, w1, k, layout, (0,), split), Epilogue(z=z), gemm_cfg)
         gate(z, gw, k, sg, n_edges, n_focus, layout, u=u, u_next=u_next, amax=amax_next)
-        block_gemm(u, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(1,), z=z, sg=sg, gate=True,
-              res=u, out=u_next, split=split, amax_in=amax, amax_out=amax_next)
+        block_gemm(a, BlockWeights(w0, w1, k, layout, (1,), split),
+                   Epilogue(z=z, sg=sg, res=u, out=u_next, amax_out=amax_next), gemm_cfg)
         u, amax = u_next, amax_next
     if n_gated:
         # The result is allocated only now, once the sigmoids and the ping-pong buffer that
@@ -233,9 +131,9 @@ def stack_forward(u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
         if record:
             del maxima
     out = u0.new_empty((n_edges, n_focus, row))
-    block_gemm(u, w0, w1, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=u, out=out,
-          y=y if apply_alpha else None, alpha=alpha if apply_alpha else None,
-          alpha_on_out=apply_alpha, out_edge_major=True, split=split, amax_in=amax)
+    block_gemm(Operand(u, amax=amax), BlockWeights(w0, w1, n_gated, layout, split=split),
+               Epilogue(res=u, out=out, y=y if apply_alpha else None, alpha=alpha if apply_alpha else None,
+                        alpha_on_out=apply_alpha, out_edge_major=True), gemm_cfg)
     return out, z, y
 
 
@@ -304,15 +202,15 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
         return h if chain is None or k < 0 else chain[k]
 
     top_out = h_of(n_gated - 1)
+    top_weights = BlockWeights(w0t, w1t, n_gated, layout, split=split)
     if g_top is None and grad_out is None:
         top_out.zero_()
     elif g_top is None:
-        block_gemm(grad_out, w0t, w1t, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1),
-                   res=grad_out, out=top_out, alpha=alpha if apply_alpha else None, a_edge_major=True,
-                   alpha_on_a=apply_alpha, split=split, amax_in=amax if apply_alpha else None)
+        block_gemm(Operand(grad_out, edge_major=True, amax=amax if apply_alpha else None), top_weights,
+                   Epilogue(res=grad_out, out=top_out, alpha=alpha if apply_alpha else None,
+                            alpha_on_a=apply_alpha), gemm_cfg)
     else:
-        block_gemm(g_top, w0t, w1t, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1),
-                   res=g_top, out=top_out, split=split)
+        block_gemm(Operand(g_top), top_weights, Epilogue(res=g_top, out=top_out), gemm_cfg)
     if n_gated and fused_cfg is None:
         fold = pointwise_recomputes_gate(layout, compensated)
         sg = None if fold else h.new_empty((n_focus, n_edges, layout.gate_width))
@@ -335,8 +233,8 @@ def stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply
             gz.add_(grad_z[k])
         if on_gz is not None:
             on_gz(k, h_in, gz)
-        block_gemm(gz, w0t, w1t, k, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=h_in, out=h_out,
-                   split=split, amax_in=amax)
+        block_gemm(Operand(gz, amax=amax), BlockWeights(w0t, w1t, k, layout, split=split),
+                   Epilogue(res=h_in, out=h_out), gemm_cfg)
     return h, grad_alpha
 
 
@@ -364,17 +262,8 @@ def relay_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, s
     """One gated layer of the relay: ``relay_gz``, then ``h += gz @ W^T`` over both blocks
     (``split``: the compensated products)."""
     relay_gz(h, z, gw, layer, n_edges, n_focus, layout, sg, gz, amax=amax, gate_split=gate_split, fold=fold)
-    block_gemm(gz, w0t, w1t, layer, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), res=h, out=h,
-               split=split, amax_in=amax)
-
-
-def persistent_programs(t, n_tiles: int, per_sm: int) -> int:
-    """Programs of a persistent launch over ``n_tiles`` tiles: ``per_sm`` on each SM of ``t``'s
-    GPU, a few under the interpreter (so that the tile loop is exercised)."""
-    if t.device.type == "cuda":
-        sms = torch.cuda.get_device_properties(t.device).multi_processor_count
-        return max(1, min(n_tiles, sms * per_sm))
-    return max(1, min(n_tiles, INTERPRETER_PROGRAMS))
+    block_gemm(Operand(gz, amax=amax), BlockWeights(w0t, w1t, layer, layout, split=split),
+               Epilogue(res=h, out=h), gemm_cfg)
 
 
 def fused_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, cfg, scratch, split=None):
@@ -385,7 +274,7 @@ def fused_layer(h, z, gw, w0t, w1t, layer, n_edges, n_focus, layout, cfg, scratc
     bm = cfg["BLOCK_M"]
     n_tiles = (n_edges + bm - 1) // bm * n_focus
     programs = scratch.shape[0]
-    w0t, w0lo, w1t, w1lo, wup = _weight_args(w0t, w1t, split)
+    w0t, w0lo, w1t, w1lo, wup = BlockWeights(w0t, w1t, layer, layout, split=split).pointers()
     for segment in (0, 1):
         wrap_triton(fused_backward_kernel)[(programs,)](
             h, z, gw, w0t, w1t, scratch, w0lo, w1lo, wup, layer, n_edges, n_focus, n_tiles,

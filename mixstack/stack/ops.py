@@ -45,7 +45,7 @@ from ..core.layout import StackLayout
 from ..dispatch.guards import kernels_can_run, unsupported_reason
 from ..dispatch.log import record
 from ..tuning import configs
-from . import launchers, reference, training
+from . import gemm, launchers, reference, training
 
 
 def _kernels_for(t: Tensor, layout: StackLayout) -> bool:
@@ -228,7 +228,7 @@ def _compensated(t: Tensor, n_focus: int, layout: StackLayout, apply_alpha: bool
     tma = tuning.find("stack_compensated_tma", key, device_name=tuning.device_name(t.device))
     if tma is not None and tma[1]["config"] is not None:      # measured faster: the TMA-fed kernel
         record("level3:tma")
-        return dict(tma[1]["config"], **{launchers.TMA_FIELD: True})
+        return dict(tma[1]["config"], **{gemm.TMA_FIELD: True})
     return dict(cfg)
 
 

@@ -45,6 +45,7 @@ from ..tuning.configs import (
     training_pointwise_config,
 )
 from . import launchers
+from .gemm import BlockWeights, Epilogue, Operand, block_gemm
 
 
 @dataclass(frozen=True)
@@ -248,8 +249,7 @@ def double_backward(v, w, grad_out, y, z, chain, alpha, w0, w1, gw, layout: Stac
     cfg = training_pointwise_config(layout)
     grid = (triton.cdiv(n_edges, cfg["BLOCK_M"]), n_focus)
     for k in range(n_gated):
-        launchers.block_gemm(u_dot, w0, w1, k, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1), out=z_dot,
-                             split=split)
+        block_gemm(Operand(u_dot), BlockWeights(w0, w1, k, layout, split=split), Epilogue(out=z_dot), gemm_cfg)
         if weights:
             # gz lives in d_z[k] until the tangent step overwrites it (every column): the
             # reductions read it first, and the double backward's peak holds one surface less
@@ -271,8 +271,8 @@ def double_backward(v, w, grad_out, y, z, chain, alpha, w0, w1, gw, layout: Stac
     if need_grad_out or need_alpha:
         # y_dot, edge-major and unscaled, straight into d_grad_out where that is wanted
         y_dot = d_grad_out if need_grad_out else grad_out.new_empty((n_edges, n_focus, row))
-        launchers.block_gemm(u_dot, w0, w1, n_gated, n_edges, n_focus, layout, gemm_cfg, blocks=(0, 1),
-                             res=u_dot, out=y_dot, out_edge_major=True, split=split)
+        block_gemm(Operand(u_dot), BlockWeights(w0, w1, n_gated, layout, split=split),
+                   Epilogue(res=u_dot, out=y_dot, out_edge_major=True), gemm_cfg)
         del u_dot
         if need_alpha:
             acfg = ALPHA_GRAD_CONFIG

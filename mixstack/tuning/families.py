@@ -30,8 +30,8 @@ from .configs import block_k as layout_block_k
 from .keys import ShapeKey
 
 GEMM_FIELDS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
-TMA_FIELDS = GEMM_FIELDS + ("persistent",)       # the TMA kernel's tiled or persistent form
-FLAG_FIELDS = ("persistent",)                     # fields that hold a bool, not a positive int
+TMA_FIELDS = GEMM_FIELDS + ("persistent", "specialised")   # the TMA kernel's form, and its warps' roles
+FLAG_FIELDS = ("persistent", "specialised")                # fields that hold a bool, not a positive int
 FUSED_FIELDS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 
 # Hand-picked (BLOCK_M, BLOCK_N, num_warps, num_stages) around the H200 winners
@@ -181,11 +181,12 @@ def _compensated_candidates(key: ShapeKey) -> list[dict]:
 
 
 def _compensated_tma_candidates(key: ShapeKey) -> list[dict]:
-    return [dict(cfg, persistent=p) for cfg in _split_tiles(key, _COMPENSATED_TMA) for p in (False, True)]
+    return [dict(cfg, persistent=p, specialised=w) for cfg in _split_tiles(key, _COMPENSATED_TMA)
+            for p in (False, True) for w in (False, True)]
 
 
 def _quick_compensated_tma_candidates(key: ShapeKey) -> list[dict]:
-    return [dict(M64_N64, persistent=p) for p in (False, True)]
+    return [dict(M64_N64, persistent=p, specialised=w) for p in (False, True) for w in (False, True)]
 
 
 def _wgrad_sensible(bm: int, bn: int, warps: int, stages: int, key: ShapeKey, fp16: bool) -> bool:

@@ -11,7 +11,7 @@ import torch
 from helpers import Case
 
 from mixstack import tuning
-from mixstack.tuning.families import CONTRACT
+from mixstack.tuning.families import CONTRACT, GEMM_FIELDS
 
 pytestmark = [
     pytest.mark.gpu,
@@ -73,7 +73,8 @@ def test_gpu_the_tma_gemms_meet_the_contract_and_match_the_pointer_kernel(case):
     built = 0
     # every candidate at the first case, the quick set (tiled and persistent) at the others
     for cfg in tuning.candidates("stack_compensated_tma", _key(case), quick=case is not CASES[0]):
-        with tuning.registration("stack_compensated", _key(case), cfg):
+        tile = {f: cfg[f] for f in GEMM_FIELDS}                  # the pointer kernel at the same tile
+        with tuning.registration("stack_compensated", _key(case), tile):
             pointer = helpers.run_stack(case, 3, inputs, grad_out)
             try:
                 with tuning.registration("stack_compensated_tma", _key(case), cfg):

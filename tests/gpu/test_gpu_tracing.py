@@ -103,7 +103,7 @@ def test_gpu_compiled_level3_on_the_tma_kernel_gives_the_eager_bits(persistent):
     torch._dynamo.reset()
     mod = _Stack()
     with mixstack.use_level(3), tuning.registration("stack_compensated", key, tile), \
-            tuning.registration("stack_compensated_tma", key, dict(tile, persistent=persistent)):
+            tuning.registration("stack_compensated_tma", key, dict(tile, persistent=persistent, specialised=True)):
         try:
             with mixstack.dispatch_log() as log:
                 want = _fwd_bwd(mod, CASE, 3)

@@ -14,7 +14,7 @@ from helpers import Case
 import mixstack
 from mixstack import tuning
 from mixstack.core.layout import StackLayout
-from mixstack.stack import launchers
+from mixstack.stack import gemm, launchers
 from mixstack.tuner.probes import StackProbe
 from mixstack.tuner.sweep import contract_difference
 from mixstack.tuning.families import CONTRACT
@@ -65,9 +65,8 @@ def test_level3_without_an_entry_runs_level2_and_says_so():
 def _block_gemm(a, w0, w1, layout, split):
     """``a @ blockdiag(w0[0], w1[0])`` through the stack's GEMM kernel, one focus stream."""
     out = torch.empty_like(a)
-    launchers.block_gemm(a, w0, w1, 0, a.shape[1], 1, layout, {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4,
-                                                         "num_stages": 1},
-                 blocks=(0, 1), out=out, split=split)
+    gemm.block_gemm(gemm.Operand(a), gemm.BlockWeights(w0, w1, 0, layout, split=split), gemm.Epilogue(out=out),
+                    {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1})
     return out
 
 
@@ -147,8 +146,8 @@ def test_the_writers_record_exactly_the_row_maxima_of_what_they_wrote(case):
     u_next = torch.full_like(u0, float("nan"))
     amax = torch.zeros(case.F, case.E, 2)
     launchers.gate(z, gw, 0, sg, case.E, case.F, lay, u=u0, u_next=u_next, amax=amax)
-    launchers.block_gemm(u0, w0, w1, 0, case.E, case.F, lay, COMP, blocks=(1,), z=torch.empty_like(z), sg=sg,
-                 gate=True, res=u0, out=u_next, split=launchers.split_weights(w0, w1), amax_out=amax)
+    gemm.block_gemm(gemm.Operand(u0), gemm.BlockWeights(w0, w1, 0, lay, (1,), launchers.split_weights(w0, w1)),
+                    gemm.Epilogue(z=torch.empty_like(z), sg=sg, res=u0, out=u_next, amax_out=amax), COMP)
     assert torch.equal(amax[..., 0], u_next[..., :m0].abs().amax(-1))
     assert torch.equal(amax[..., 1], u_next[..., m0:].abs().amax(-1))
 
@@ -174,10 +173,10 @@ def test_the_alpha_gradient_records_the_row_maxima_of_the_scaled_incoming_gradie
     seen = {}
     real_gemm = launchers.block_gemm
 
-    def spy(a, *args, amax_in=None, **kw):
-        if "a_edge_major" in kw and amax_in is not None:
-            seen["amax"] = amax_in.clone()
-        return real_gemm(a, *args, amax_in=amax_in, **kw)
+    def spy(a, weights, epilogue, config=None):
+        if a.edge_major and a.amax is not None:
+            seen["amax"] = a.amax.clone()
+        return real_gemm(a, weights, epilogue, config)
 
     _, z, y = launchers.stack_forward(*inputs, lay, True)
     try:

@@ -14,7 +14,7 @@ from helpers import Case
 
 from mixstack import tuning
 from mixstack.core.layout import StackLayout
-from mixstack.stack import launchers
+from mixstack.stack import gemm, launchers
 
 TILE = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
 
@@ -31,12 +31,14 @@ def _key(case: Case):
 
 def _launched(monkeypatch) -> list[str]:
     """The names of the kernels the launchers launch from now on (they still run)."""
-    names, real = [], launchers.wrap_triton
+    names = []
+    for module in (launchers, gemm):
+        real = module.wrap_triton
 
-    def recording(kernel):
-        names.append(kernel.fn.__name__)
-        return real(kernel)
-    monkeypatch.setattr(launchers, "wrap_triton", recording)
+        def recording(kernel, real=real):
+            names.append(kernel.fn.__name__)
+            return real(kernel)
+        monkeypatch.setattr(module, "wrap_triton", recording)
     return names
 
 
@@ -47,7 +49,7 @@ def test_the_tma_gemms_give_the_pointer_kernels_bits_through_the_stack(case, per
     with tuning.registration("stack_compensated", _key(case), TILE):
         pointer = helpers.run_stack(case, 3, inputs, grad_out)
         launched = _launched(monkeypatch)
-        with tuning.registration("stack_compensated_tma", _key(case), dict(TILE, persistent=persistent)):
+        with tuning.registration("stack_compensated_tma", _key(case), dict(TILE, persistent=persistent, specialised=True)):
             tma = helpers.run_stack(case, 3, inputs, grad_out)
     assert pointer["log"] == {"fwd:compensated": 1, "bwd:compensated": 1}
     assert tma["log"] == {"fwd:compensated": 1, "bwd:compensated": 1, "level3:tma": 2}
@@ -73,8 +75,9 @@ def test_the_folded_row_maxima_are_the_atomic_ones(blocks, persistent):
     got = {}
     for tma in (False, True):
         out, amax = torch.zeros_like(a), start.clone()
-        cfg = dict(TILE, **({launchers.TMA_FIELD: True, launchers.PERSISTENT_FIELD: persistent} if tma else {}))
-        launchers.block_gemm(a, w0, w1, 0, 41, 2, layout, cfg, blocks=blocks, out=out, split=split, amax_out=amax)
+        cfg = dict(TILE, **({gemm.TMA_FIELD: True, gemm.PERSISTENT_FIELD: persistent} if tma else {}))
+        gemm.block_gemm(gemm.Operand(a), gemm.BlockWeights(w0, w1, 0, layout, blocks, split),
+                        gemm.Epilogue(out=out, amax_out=amax), cfg)
         got[tma] = (out, amax)
     assert torch.equal(got[False][0], got[True][0]) and torch.equal(got[False][1], got[True][1])
     assert not torch.equal(got[True][1], start)                # the fold wrote something
@@ -86,14 +89,15 @@ def test_an_operand_a_descriptor_cannot_read_falls_back_to_pointer_loads(monkeyp
     g = torch.Generator().manual_seed(7)
     base = torch.randn(1 * 9 * layout.row + 1, generator=g)
     a = base[1:].view(1, 9, layout.row)                        # starts 4 bytes in
-    assert not launchers.tma_fits(a, False) and launchers.tma_fits(a.clone(), False)
+    assert not gemm.tma_fits(gemm.Operand(a)) and gemm.tma_fits(gemm.Operand(a.clone()))
     w0 = torch.randn(1, 1, layout.m0, layout.m0, generator=g)
     w1 = torch.randn(1, 1, layout.m1, layout.m1, generator=g)
     split = launchers.split_weights(w0, w1)
     launched = _launched(monkeypatch)
     outs = []
-    for cfg in (TILE, dict(TILE, **{launchers.TMA_FIELD: True})):
+    for cfg in (TILE, dict(TILE, **{gemm.TMA_FIELD: True})):
         out = torch.empty_like(a)
-        launchers.block_gemm(a, w0, w1, 0, 9, 1, layout, cfg, blocks=(0, 1), out=out, split=split)
+        gemm.block_gemm(gemm.Operand(a), gemm.BlockWeights(w0, w1, 0, layout, split=split), gemm.Epilogue(out=out),
+                        cfg)
         outs.append(out)
     assert "tma_block_gemm_kernel" not in launched and torch.equal(outs[0], outs[1])

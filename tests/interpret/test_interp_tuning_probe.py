@@ -87,8 +87,10 @@ def test_the_weight_reduction_probe_returns_and_times_the_weight_gradients():
                                     pytest.param("stack_compensated", marks=pytest.mark.slow), "stack_wgrad",
                                     pytest.param("stack_wgrad_compensated", marks=pytest.mark.slow)])
 def test_a_familys_validity_hash_covers_every_kernel_its_runs_launch(family, monkeypatch):
-    """An entry stays valid while the kernel modules its family names are unchanged, so a
-    module its runs launch but the family does not name would let a stale entry stand."""
+    """An entry stays valid while the kernels its family names (and what they reach) are
+    unchanged, so a kernel its runs launch but the family does not name would let a stale entry
+    stand."""
+    import mixstack.stack.gemm
     import mixstack.stack.launchers
     import mixstack.stack.training
     from mixstack.tuning import families, kernel_hash
@@ -100,6 +102,7 @@ def test_a_familys_validity_hash_covers_every_kernel_its_runs_launch(family, mon
         return real(kernel)
     monkeypatch.setattr(mixstack.stack.launchers, "wrap_triton", spy)
     monkeypatch.setattr(mixstack.stack.training, "wrap_triton", spy)
+    monkeypatch.setattr(mixstack.stack.gemm, "wrap_triton", spy)
     probe = StackProbe(family, KEY, edges=33, partial_edges=17)
     fam = families.family(family)
     with tuning.saved_registrations(), mixstack.use_level(fam.candidate_level):
