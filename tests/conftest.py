@@ -12,6 +12,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if _TESTS_DIR not in sys.path:
@@ -28,6 +29,47 @@ from tuning_fakes import tuning_env  # noqa: E402,F401  (the tuning tests' priva
 
 import mixstack  # noqa: E402
 from mixstack.dispatch import levels  # noqa: E402
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _numpy_blas() -> str:
+    """numpy's BLAS as built (name, version, configuration) and, with threadpoolctl, as loaded."""
+    import numpy
+    try:
+        blas = numpy.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        text = f"{blas.get('name')} {blas.get('version')}"
+        if blas.get("openblas configuration"):
+            text += f" (build: {blas['openblas configuration']})"
+    except Exception:      # an older numpy, or a build without the dict
+        text = "unknown"
+    try:
+        import threadpoolctl
+    except ImportError:
+        return text + "; threadpoolctl not installed (no run-time BLAS core)"
+    loaded = [f"{i.get('internal_api')} {i.get('version')} {i.get('architecture', '')} {i.get('num_threads')} threads"
+              for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
+    return text + "; loaded: " + ("; ".join(loaded) or "none")
+
+
+def pytest_report_header(config):
+    """Which machine ran the suite: the interpreter's bitwise tests once depended on its BLAS."""
+    import numpy
+    import triton
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return [f"cpu: {_cpu_model()}, {os.cpu_count()} cores ({usable} usable)",
+            f"numpy {numpy.__version__}, BLAS {_numpy_blas()}",
+            f"torch {torch.__version__}, triton {triton.__version__}"]
 
 
 @pytest.fixture(autouse=True)

@@ -4,14 +4,21 @@ Triton reads ``TRITON_INTERPRET`` when a kernel is decorated, i.e. when
 ``mixstack.kernels`` is first imported, so it must be set for the whole pytest
 process: ``TRITON_INTERPRET=1 python -m pytest tests/interpret``.  Without it
 every test here is skipped (compiled kernels cannot take CPU tensors).
+
+Every interpreted ``tl.dot`` of this process runs ``exact_dot.exact_create_dot``: exact
+products summed in a fixed order, so the bitwise tests do not depend on the host's BLAS
+(tests/exact_dot.py says why); the kernels themselves are untouched.
 """
 
 from __future__ import annotations
 
+import exact_dot
 import pytest
 
 import mixstack.kernels.gemm
 from mixstack.core import config
+
+exact_dot.install()      # before any kernel runs; raises if this Triton's interpreter changed
 
 KERNELS_INTERPRETED = type(mixstack.kernels.gemm.block_gemm_kernel).__name__ == "InterpretedFunction"
 SKIP_REASON = ("Triton kernels were not created under the interpreter: run this directory as "
