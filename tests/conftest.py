@@ -73,6 +73,15 @@ def pytest_report_header(config):
 
 
 @pytest.fixture(autouse=True)
+def _no_level3_verdicts_leak():
+    """Level 3's first-use verdicts live for the process: one test's must not decide another's."""
+    from mixstack.stack import level3
+    level3.forget()
+    yield
+    level3.forget()
+
+
+@pytest.fixture(autouse=True)
 def _restore_process_level():
     """A test that calls ``set_level`` must not change the level other tests see."""
     saved = levels.process_level()         # the set_level default (None: env / default)

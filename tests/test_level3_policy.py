@@ -12,7 +12,7 @@ from tuning_fakes import DEVICE, FakeProbe, entry_for, write_table
 from mixstack import tuning
 from mixstack.stack import level3
 from mixstack.tuner import tune
-from mixstack.tuning import families, policy, registry, store
+from mixstack.tuning import families, policy, registry
 
 pytestmark = pytest.mark.usefixtures("tuning_env")
 COMP = "stack_compensated"
@@ -27,8 +27,10 @@ def key(cf, lmax, f=1):
 @pytest.fixture(autouse=True)
 def _fresh_verdicts():
     policy.forget_verdicts()
+    level3.forget()
     yield
     policy.forget_verdicts()
+    level3.forget()
 
 
 @pytest.mark.parametrize("cf, lmax, f, engages", [
@@ -81,7 +83,7 @@ def test_a_policy_entry_does_not_cover_a_key_for_the_sweep(tuning_env):
     assert tuning.covered(COMP, key(32, 3), device_name=DEVICE)
 
 
-def test_prepare_records_the_verdict_once_and_only_where_the_policy_is_sure(tuning_env, monkeypatch):
+def test_prepare_checks_once_keeps_the_verdict_in_the_process_and_writes_no_table(tuning_env, monkeypatch):
     import torch
     calls = []
 
@@ -90,36 +92,42 @@ def test_prepare_records_the_verdict_once_and_only_where_the_policy_is_sure(tuni
         return {"ok": k.lmax != 5, "why": None if k.lmax != 5 else "output 0: relative error 3e-5", "edges": [1]}
     monkeypatch.setattr(level3, "validate", fake_validate)
     monkeypatch.setattr(level3.validity, "device_name", lambda device=None: DEVICE)
+    assert level3.resolve(key(32, 2), DEVICE).source == "unchecked"
     u0 = torch.empty(1, 4, 7 * 32)
     level3.prepare(u0, focus_dim=32, lmax=2, apply_alpha=True)
-    level3.prepare(u0, focus_dim=32, lmax=2, apply_alpha=True)           # cached: no second validation
+    level3.prepare(u0, focus_dim=32, lmax=2, apply_alpha=True)           # kept: no second check
     assert len(calls) == 1
-    hit = tuning.find(COMP, key(32, 2), device_name=DEVICE)
-    assert hit[0] == "user" and hit[1]["source"] == "policy" and hit[1]["config"] == policy.M64_N64
-    assert hit[1]["kernel_hash"] == tuning.kernel_source_hash(family=COMP)
+    plan = level3.resolve(key(32, 2), DEVICE)
+    assert plan.config == policy.M64_N64 and plan.source == "policy" and plan.pending is None
+    assert tuning.find(COMP, key(32, 2), device_name=DEVICE) is None      # no table written
+    assert not os.path.exists(tuning_env.user_file)
     level3.prepare(torch.empty(1, 4, 4 * 16), focus_dim=16, lmax=1, apply_alpha=True)   # unsure: nothing
-    assert len(calls) == 1 and tuning.find(COMP, key(16, 1), device_name=DEVICE) is None
+    assert len(calls) == 1 and level3.resolve(key(16, 1), DEVICE).source == "level2"
     with pytest.warns(UserWarning, match="failed the float64 check"):
         level3.prepare(torch.empty(1, 4, 16 * 32), focus_dim=32, lmax=5, apply_alpha=True)
-    failed = tuning.find(COMP, key(32, 5), device_name=DEVICE)
-    assert failed[1]["config"] is None and "3e-5" in failed[1]["validation"]["why"]
+    failed = level3.resolve(key(32, 5), DEVICE)
+    assert failed.config is None and "3e-5" in failed.reason
+    level3.forget()                                                      # a new process checks again
+    assert level3.resolve(key(32, 2), DEVICE).source == "unchecked"
 
 
-def test_a_verdict_is_voided_like_any_entry_when_the_kernels_change(tuning_env, monkeypatch):
+def test_a_table_entry_decides_before_any_verdict(tuning_env, monkeypatch):
     import torch
-    calls = []
-    monkeypatch.setattr(level3, "validate", lambda k, cfg, device, edges=None: calls.append(k) or
-                        {"ok": True, "why": None, "edges": [1]})
+    monkeypatch.setattr(level3, "validate", lambda k, cfg, device, edges=None: {"ok": True, "why": None, "edges": [1]})
     monkeypatch.setattr(level3.validity, "device_name", lambda device=None: DEVICE)
-    u0 = torch.empty(2, 4, 10 * 64)
-    level3.prepare(u0, focus_dim=64, lmax=3, apply_alpha=True)
-    real = store.validity.current
-    monkeypatch.setattr(store.validity, "current", lambda fam: {**real(fam), "kernel_hash": "edited"})
+    level3.prepare(torch.empty(2, 4, 10 * 64), focus_dim=64, lmax=3, apply_alpha=True)
+    assert level3.resolve(key(64, 3, 2), DEVICE).config is not None
+    write_table(tuning_env.user_file, {(COMP, key(64, 3, 2)): entry_for(None, family=COMP)})
     registry.reload()
-    with pytest.warns(tuning.TuningTableWarning, match="other kernel sources"):
-        assert tuning.find(COMP, key(64, 3, 2), device_name=DEVICE) is None
-        level3.prepare(u0, focus_dim=64, lmax=3, apply_alpha=True)
-    assert len(calls) == 2
+    plan = level3.resolve(key(64, 3, 2), DEVICE)
+    assert plan.config is None and plan.source == "table"
+    tma = dict(policy.M64_N64, persistent=False, specialised=False)
+    write_table(tuning_env.user_file, {(COMP, key(64, 3, 2)): entry_for(policy.M64_N64, family=COMP),
+                                       ("stack_compensated_tma", key(64, 3, 2)):
+                                           entry_for(tma, family="stack_compensated_tma")})
+    registry.reload()
+    plan = level3.resolve(key(64, 3, 2), DEVICE)
+    assert plan.config == policy.M64_N64 and plan.tma == tma
 
 
 # ----------------------------------------------------------------- the quick sweep

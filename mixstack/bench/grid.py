@@ -128,11 +128,11 @@ class GridConfig:
 
 
 def level3_unsure(shape: BenchShape, device=None) -> bool:
-    """Whether level 3 at ``shape``'s key would run level 2: no ``stack_compensated`` entry and
-    a policy that names no config (a key the grid measures with ``"3r"`` too)."""
+    """Whether level 3 at ``shape``'s key would run level 2 with no table entry deciding so: the
+    policy names no config (a key the grid measures with ``"3r"`` too)."""
     from ..tuning import validity
-    decision = level3.unswept_decision(shape.tuning_key(), validity.device_name(env.resolve_device(device)))
-    return decision is not None and decision.config is None
+    plan = level3.resolve(shape.tuning_key(), validity.device_name(env.resolve_device(device)))
+    return plan.source == "level2"
 
 
 def key_name(cf: int, lmax: int, focus: int) -> str:
@@ -250,8 +250,7 @@ def key_launches(cfg: GridConfig, cf: int, lmax: int, focus: int, device) -> lis
         if key == "3r":                                     # the rule's config, forced once validated
             validated = rule_config(shape.tuning_key())
         elif key == "3":                                    # the policy's, where it engages
-            decision = level3.pending(shape.tuning_key(), validity.device_name(device))
-            validated = decision.config if decision is not None else None
+            validated = level3.pending(shape.tuning_key(), validity.device_name(device))
         else:
             scope = stack_bench._scope(key, shape, device)
         if validated is not None:

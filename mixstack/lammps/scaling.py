@@ -215,18 +215,15 @@ def level3_runs_level2(model: str, device: str) -> str | None:
 
     from ..core.layout import StackLayout
     from ..dispatch.guards import unsupported_reason
-    from ..tuning import policy, registry, shape_key, validity
+    from ..stack import level3
+    from ..tuning import shape_key, validity
     cfg = model_config(model)
     reason = unsupported_reason(StackLayout(cfg["lmax"], cfg["focus_dim"]), getattr(torch, cfg["dtype"]))
     if reason:
         return reason
     key = shape_key(focus_dim=cfg["focus_dim"], lmax=cfg["lmax"], n_focus=cfg["n_focus"], apply_alpha=True)
-    name = validity.device_name(torch.device(device))
-    hit = registry.find("stack_compensated", key, device_name=name)
-    if hit is not None:
-        return None if hit[1].get("config") is not None else f"the table's entry for {key.short()} is level 2"
-    decision = policy.decide(key, name)
-    return None if decision.config is not None else f"{key.short()}: {decision.reason}"
+    plan = level3.resolve(key, validity.device_name(torch.device(device)))
+    return None if plan.config is not None or plan.pending is not None else plan.reason
 
 
 def triage(points: list[Point], gpus: int, memory_limit: float | None,

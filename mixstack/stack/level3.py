@@ -1,20 +1,19 @@
-"""Level 3 at first use: validate the policy's config for a key nobody swept, and keep the verdict.
+"""Level 3's one decision: what a level-3 call on a key runs, and the policy's first-use check.
 
-At level 3 a key with a ``stack_compensated`` table entry runs what the entry says.
-A key without one asks ``tuning.policy.decide``; where the policy names a config,
-the first eager call validates it here, by the sweep's contract (docs/contract.md §3,
-§5): forward and backward (``u0`` and ``alpha``) on several seeded edge counts that
-include partial tiles, every output finite and within 2e-6 relative error of the
-float64 reference.  The verdict, the config or ``None`` (failed: level 2 runs), is
-written to the user's table as a ``stack_compensated`` entry with ``source:
-"policy"`` and the usual validity stamp (device, Triton version, kernel-source
-hash), so it is kept, looked up and voided like any entry; a sweep still measures
-the key (``registry.covered`` ignores such entries).  Where the policy is not sure,
-nothing is written and level 3 runs level 2 (``dispatch_log``: ``level3:level2``).
+``resolve(key, device)`` answers for the operators, the benches and LAMMPS alike: a
+``stack_compensated`` table entry decides where there is one (a config, or ``None``: level 2),
+with a ``stack_compensated_tma`` entry's config where the TMA-fed GEMMs measured faster; else a
+verdict this process reached; else the level-3 policy (``tuning.policy``), whose config must
+first pass the sweep's float64 check (docs/contract.md §3, §5): forward and backward (``u0``
+and ``alpha``) on seeded edge counts that include partial tiles, every output finite and within
+2e-6 relative error of the float64 reference.  ``prepare``, before an eager level-3 call, runs
+that check once per key and device and keeps the verdict in this process (a failed check: level 2
+runs, with a warning); nothing is written to any table on the forward path (``mixstack tune``
+measures and records).  Where the policy is not sure, level 3 runs level 2 (``dispatch_log``:
+``level3:level2``).
 
-Nothing here runs while a compiler traces (a traced call uses the verdict a
-previous eager call left, or level 2), and a call inside the validation never
-validates again (the config is registered while it runs).
+Nothing here validates while a compiler traces (a traced call uses a verdict an eager call left,
+or level 2), nor inside a validation (its config is the verdict under test).
 """
 
 from __future__ import annotations
@@ -22,18 +21,20 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from dataclasses import dataclass
 
 import torch
 
 from ..dispatch import levels
 from ..dispatch.log import unlogged, warn_once
-from ..tuning import families, policy, registry, store, validity
+from ..tuning import families, policy, registry, validity
 from ..tuning.keys import ShapeKey, as_key, shape_key
 from . import reference
 
 log = logging.getLogger(__name__)
 
 FAMILY = "stack_compensated"
+TMA_FAMILY = "stack_compensated_tma"
 VALIDATION_EDGES = (4099, 129, 1)        # partial tiles for every block size, and single rows
 INTERPRETER_EDGES = (37, 1)              # under TRITON_INTERPRET (CPU): small
 N_LAYERS = 3                             # two gated layers and the identity layer: every kernel runs
@@ -76,8 +77,7 @@ def validation_edges(device) -> tuple[int, ...]:
 def validate(key, cfg: dict, device, edges=None) -> dict:
     """Run ``cfg`` at level 3 on ``key`` against float64 (see the module doc):
     ``{"ok": bool, "why": str | None, "edges": [...]}``."""
-    from . import ops as stack  # noqa: F401  (registers the mixstack:: operators; needs Triton)
-    device = torch.device(device)
+    device = torch.device(device)      # the mixstack:: operators are registered by whoever calls at level 3
 
     def mixing_stack(u0, alpha, w0, w1, gw, *, lmax, focus_dim, apply_alpha):
         return torch.ops.mixstack.stack_forward(u0, alpha, w0, w1, gw, lmax, focus_dim, apply_alpha, 3, True)[0]
@@ -99,50 +99,86 @@ def validate(key, cfg: dict, device, edges=None) -> dict:
     return {"ok": why is None, "why": why, "edges": list(edges)}
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What a level-3 call on a key runs: ``config`` the compensated GEMMs' launch config
+    (``None``: level 2), ``tma`` a ``stack_compensated_tma`` config where the TMA-fed GEMMs
+    measured faster, ``source`` ("table", "policy": validated in this process, "unchecked":
+    the policy's ``pending`` config awaits its check, "level2"), and ``reason``."""
+
+    config: dict | None
+    source: str
+    reason: str
+    tma: dict | None = None
+    pending: dict | None = None
+
+
+_verdicts: dict[tuple[str, ShapeKey], Plan] = {}
+_lock = threading.Lock()
+
+
+def resolve(key, device: str) -> Plan:
+    """The level-3 decision for ``key`` on ``device`` (a device name; see the module doc)."""
+    key = as_key(key)
+    hit = registry.find(FAMILY, key, device_name=device)
+    if hit is not None:
+        cfg = hit[1]["config"]
+        if cfg is None:
+            return Plan(None, "table", f"the {hit[0]} table's entry for {key.short()} is level 2")
+        tma = registry.find(TMA_FAMILY, key, device_name=device)
+        tma_cfg = None if tma is None or tma[1]["config"] is None else dict(tma[1]["config"])
+        return Plan(dict(cfg), "policy" if hit[1].get("source") == "policy" else "table",
+                    f"the {hit[0]} table's entry for {key.short()}", tma_cfg)
+    with _lock:
+        verdict = _verdicts.get((device, key))
+    if verdict is not None:
+        return verdict
+    decision = policy.decide(key, device)
+    if decision.config is None:
+        return Plan(None, "level2", f"{key.short()}: {decision.reason}")
+    return Plan(None, "unchecked", decision.reason, pending=dict(decision.config))
+
+
 def unswept_decision(key, device: str) -> policy.Decision | None:
-    """The policy's decision for ``key`` on ``device`` (a device name) where the key has no
-    ``stack_compensated`` entry; ``None`` where it has one (the entry decides)."""
+    """The policy's decision for ``key`` on ``device`` where no table entry decides (``None``
+    where one does)."""
     key = as_key(key)
     if registry.find(FAMILY, key, device_name=device) is not None:
         return None
     return policy.decide(key, device)
 
 
-def pending(key, device: str) -> policy.Decision | None:
-    """The policy's decision that the next level-3 call on ``key`` would validate (``device``: a
-    device name), or ``None`` where it validates nothing (an entry exists, or no config)."""
-    decision = unswept_decision(key, device)
-    return decision if decision is not None and decision.config is not None else None
+def pending(key, device: str) -> dict | None:
+    """The policy's config that the next eager level-3 call on ``key`` would check, or ``None``."""
+    return resolve(key, device).pending
 
 
 def prepare(u0, *, focus_dim: int, lmax: int, apply_alpha: bool) -> None:
-    """Before a level-3 call on CUDA (or the interpreter): where the key has no
-    ``stack_compensated`` entry and the policy names a config, validate it and record the
-    verdict (once per key and table).  A no-op under a compiler's trace and inside a
-    validation."""
+    """Before an eager level-3 call: where ``resolve`` has the policy's config unchecked, check it
+    and keep the verdict for this process.  A no-op under a compiler's trace and inside a check."""
     if torch.compiler.is_compiling() or getattr(_busy, "on", False):
         return
     key = shape_key(focus_dim=focus_dim, lmax=lmax, n_focus=int(u0.shape[0]), apply_alpha=apply_alpha)
     device = validity.device_name(u0.device)
-    decision = pending(key, device)
-    if decision is None:
+    cfg = pending(key, device)
+    if cfg is None:
         return
     _busy.on = True
     try:
-        verdict = validate(key, decision.config, u0.device)
+        verdict = validate(key, cfg, u0.device)
     finally:
         _busy.on = False
-    cfg = decision.config if verdict["ok"] else None
-    if not verdict["ok"]:
-        warn_once(f"level3:{key}", f"mixstack: level 3 runs level 2 for {key.short()}: the policy's config "
-                                   f"{families.label(decision.config)} failed the float64 check ({verdict['why']})")
-    entry = {"config": cfg, **validity.stamp(device, FAMILY), "source": "policy", "policy": decision.source,
-             "reason": decision.reason, "winner": families.label(cfg), "validation": verdict}
-    try:
-        store.write_entry(device, FAMILY, key, entry)
-        registry.reload()
-    except OSError as exc:                    # a read-only cache: keep the verdict for this process
-        warn_once("level3:cache", f"mixstack: cannot write the level-3 verdicts to the user's table ({exc}); "
-                                  "they hold for this process only")
-        registry.register(FAMILY, key, cfg)
-    log.info("level 3 at first use, %s: %s (%s)", key.short(), families.label(cfg), decision.reason)
+    if verdict["ok"]:
+        plan = Plan(cfg, "policy", f"the policy's {families.label(cfg)}, checked against float64 at first use")
+    else:
+        plan = Plan(None, "level2", f"the policy's {families.label(cfg)} failed the float64 check ({verdict['why']})")
+        warn_once(f"level3:{key}", f"mixstack: level 3 runs level 2 for {key.short()}: {plan.reason}")
+    with _lock:
+        _verdicts[(device, key)] = plan
+    log.info("level 3 at first use, %s: %s", key.short(), plan.reason)
+
+
+def forget() -> None:
+    """Drop this process's verdicts (tests; a table that changed under it)."""
+    with _lock:
+        _verdicts.clear()

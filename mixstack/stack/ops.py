@@ -45,7 +45,7 @@ from ..core.layout import StackLayout
 from ..dispatch.guards import kernels_can_run, unsupported_reason
 from ..dispatch.log import record
 from ..tuning import configs
-from . import gemm, launchers, reference, training
+from . import gemm, launchers, level3, reference, training
 
 
 def _kernels_for(t: Tensor, layout: StackLayout) -> bool:
@@ -218,18 +218,16 @@ def _compensated(t: Tensor, n_focus: int, layout: StackLayout, apply_alpha: bool
     ``level3:tma``: a ``stack_compensated_tma`` entry runs the TMA-fed GEMMs with its config."""
     key = tuning.shape_key(focus_dim=layout.focus_dim, lmax=layout.lmax, n_focus=int(n_focus),
                            apply_alpha=apply_alpha)
-    hit = tuning.find("stack_compensated", key, device_name=tuning.device_name(t.device))
-    cfg = None if hit is None else hit[1]["config"]
-    if cfg is None:
+    plan = level3.resolve(key, tuning.device_name(t.device))
+    if plan.config is None:
         record("level3:level2")
         return None
-    if hit[1].get("source") == "policy":
+    if plan.source == "policy":
         record("level3:policy")
-    tma = tuning.find("stack_compensated_tma", key, device_name=tuning.device_name(t.device))
-    if tma is not None and tma[1]["config"] is not None:      # measured faster: the TMA-fed kernel
+    if plan.tma is not None:                                   # measured faster: the TMA-fed kernel
         record("level3:tma")
-        return dict(tma[1]["config"], **{gemm.TMA_FIELD: True})
-    return dict(cfg)
+        return dict(plan.tma, **{gemm.TMA_FIELD: True})
+    return plan.config
 
 
 def _setup_context(ctx, inputs, output):

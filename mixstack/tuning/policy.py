@@ -4,8 +4,7 @@ Level 3 runs compensated products only on configs validated against float64
 (docs/contract.md §3).  A swept ``stack_compensated`` entry is one way; this policy is
 the other, for keys without an entry: it predicts whether level 3 beats level 2 and
 names the config, and ``mixstack.stack.level3`` validates that config against float64 at
-the first eager call and records the verdict in the user's table (``source:
-"policy"``), where it is kept, and voided, like any entry.  Where the policy is not
+the first eager call and keeps the verdict for the process.  Where the policy is not
 sure, level 3 runs level 2 (``dispatch_log``: ``level3:level2``).
 
 The rule, from the last H200 table measured (18 keys swept at Cf 32 and 64, lmax 1-6,

@@ -1,6 +1,7 @@
 """Level 3 on a key nobody swept, through the interpreter: the policy's config is validated
-against float64 at the first call and kept in the user's table; where the policy is not
-sure, or the validation fails, level 3 runs level 2 and the dispatch log says so."""
+against float64 at the first call and the verdict kept for the process (no table is written);
+where the policy is not sure, or the validation fails, level 3 runs level 2 and the dispatch
+log says so."""
 
 import json
 
@@ -57,13 +58,14 @@ def test_the_policy_config_is_validated_at_first_use_and_kept(tables, monkeypatc
     assert res["log"].get("fwd:compensated", 0) and res["log"].get("bwd:compensated", 0) and res["log"].get("level3:policy", 0) == 2
     assert helpers.rel_err(res["out"], helpers.run_stack(CASE, 0, helpers.make_inputs(CASE),
                                                           helpers.make_grad_out(CASE))["out"]) < 2e-6
-    source, entry = tuning.find(COMP, _key(CASE), device_name=DEVICE)
-    assert source == "user" and entry["source"] == "policy" and entry["validation"]["ok"]
-    assert entry["validation"]["edges"] == list(level3.INTERPRETER_EDGES)
-    assert entry["config"] == policy.rule_config(_key(CASE))
-    registry.reload()                                  # a new process reads it back from the table
-    assert _run()["log"].get("level3:policy", 0) == 2 and len(calls) == 1
-    assert not tuning.covered(COMP, _key(CASE), device_name=DEVICE)     # a sweep still measures the key
+    assert tuning.find(COMP, _key(CASE), device_name=DEVICE) is None        # no table written
+    plan = level3.resolve(_key(CASE), DEVICE)
+    assert plan.source == "policy" and plan.config == policy.rule_config(_key(CASE))
+    assert len(calls) == 1
+    assert _run()["log"].get("level3:policy", 0) == 2 and len(calls) == 1   # kept: no second check
+    registry.reload()
+    level3.forget()                                    # a new process checks again
+    assert _run()["log"].get("level3:policy", 0) == 2 and len(calls) == 2
 
 
 def test_a_failed_validation_is_kept_and_level_3_runs_level_2(tables, monkeypatch):
@@ -73,8 +75,8 @@ def test_a_failed_validation_is_kept_and_level_3_runs_level_2(tables, monkeypatc
     with pytest.warns(UserWarning, match="failed the float64 check"):
         res = _run()
     assert res["log"].get("fwd:triton", 0) and res["log"].get("level3:level2", 0) == 2 and not res["log"].get("fwd:compensated", 0)
-    entry = tuning.find(COMP, _key(CASE), device_name=DEVICE)[1]
-    assert entry["config"] is None and "above the contract" in entry["validation"]["why"]
+    plan = level3.resolve(_key(CASE), DEVICE)
+    assert plan.config is None and "above the contract" in plan.reason
 
 
 def test_the_first_call_may_come_without_autograd(tables):
@@ -86,4 +88,4 @@ def test_the_first_call_may_come_without_autograd(tables):
     with mixstack.use_level(3), torch.inference_mode(), mixstack.dispatch_log() as log:
         mixstack.mixing_stack(u0, alpha, w0, w1, gw, lmax=CASE.lmax, focus_dim=CASE.Cf)
     assert log == {"fwd:compensated": 1, "level3:policy": 1}
-    assert tuning.find(COMP, _key(CASE), device_name=DEVICE)[1]["validation"]["ok"]
+    assert level3.resolve(_key(CASE), DEVICE).source == "policy"
