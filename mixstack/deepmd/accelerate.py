@@ -84,7 +84,7 @@ def accelerate(model: torch.nn.Module, *, level: int | None = None) -> Accelerat
             skipped.append(name or type(module).__name__)
 
     report = AccelerationReport(level, tuple(convs), tuple(skipped))
-    logger.info("%s", report)
+    logger.debug("%s", report)
     return report
 
 
