@@ -65,13 +65,14 @@ def accelerate(model: torch.nn.Module, *, level: int | None = None) -> Accelerat
             continue
         if type(module) is MixstackSO2Convolution:
             module.__class__ = SO2Convolution                 # re-check from deepmd-kit's class
+        name = name or type(module).__name__                  # the model itself: its class
         reason = unsupported_reason(module)
         if reason is None:
             module.__class__ = MixstackSO2Convolution
             module._mixstack_level = level
-            convs.append(ConvolutionReport(name or type(module).__name__, MIXSTACK))
+            convs.append(ConvolutionReport(name, MIXSTACK))
         else:
-            convs.append(ConvolutionReport(name or type(module).__name__, DEEPMD, reason))
+            convs.append(ConvolutionReport(name, DEEPMD, reason))
 
     skipped = []
     for name, module in model.named_modules():

@@ -7,7 +7,8 @@ Each function here stands for one feature mixstack's operators do not have yet
 * ``edges_by_destination``: the edges sorted by destination for ``rotate_out_sum``;
 * ``unit_radial`` / ``degree_radial``: SeZM's per-degree radial weights in ``rotate_in``'s
   ``(E, F, 2*lmax+1, C)`` form;
-* ``mixer_kernel`` / ``degree_mix``: SeZM's dynamic radial degree mixer after ``rotate_in``;
+* ``mixer_kernel`` / ``degree_mix``: SeZM's dynamic radial degree mixer after ``rotate_in``
+  (``DegreeKernel``);
 * ``focus_major`` / ``channel_major``: per-stream channel blocks in and kept-apart streams out
   (``rotate_in`` and ``rotate_out_sum`` run once over all ``F * Cf`` channels, and the stack's
   focus-major rows are re-laid between them), with the per-head attention weights.
@@ -105,36 +106,57 @@ def degree_radial(rad: torch.Tensor, lmax: int) -> torch.Tensor:
     return torch.cat((rad, rad[:, 1:]), 1).unsqueeze(1)
 
 
-def mixer_kernel(mixer, rad: torch.Tensor) -> torch.Tensor:
-    """SeZM's per-edge degree kernel ``(E, K, C)`` (or ``(E, K, 1)``, shared by the channels, in
-    ``"degree"`` mode) from its ``DynamicRadialDegreeMixer`` and the per-degree radial features
-    ``rad (E, lmax+1, C)``; ``K = (lmax+1)^2 + lmax^2``: the m = 0 block's entries ``(l_in,
-    l_out)``, row-major, then the |m| = 1 block's (shared by m = -1 and m = +1)."""
+class DegreeKernel(NamedTuple):
+    """SeZM's per-edge degree kernel: channel ``c`` mixes with ``sum_r compact[e, k, r] *
+    basis[r, c]``; ``basis`` ``None`` means ``R = 1`` (one kernel for every channel) or ``R = C``
+    (one per channel, ``compact[e, k, c]``).  ``K = (lmax+1)^2 + lmax^2``: the m = 0 block's
+    entries ``(l_in, l_out)`` row-major, then the |m| = 1 block's (shared by m = -1 and m = +1)."""
+
+    compact: torch.Tensor
+    basis: torch.Tensor | None
+
+
+def mixer_kernel(mixer, rad: torch.Tensor) -> DegreeKernel:
+    """The degree kernel of SeZM's ``DynamicRadialDegreeMixer`` on the per-degree radial features
+    ``rad (E, lmax+1, C)``: ``"degree"`` mode (``R = 1``), ``"degree_channel"`` with a rank
+    (``R = rank``, the mixer's channel basis) or without (``R = C``)."""
     n_edges = rad.shape[0]
-    compact = rad.reshape(n_edges, -1) @ mixer.weight                 # (E, K * R)
-    k = mixer.degree_kernel_size
-    if mixer.mode == "degree":
-        return compact.view(n_edges, k, 1)
-    if mixer.rank > 0:
-        return compact.view(n_edges, k, mixer.rank) @ mixer.channel_basis
-    return compact.view(n_edges, k, mixer.channels)
+    compact = (rad.reshape(n_edges, -1) @ mixer.weight).view(n_edges, mixer.degree_kernel_size, -1)
+    basis = mixer.channel_basis if mixer.mode == "degree_channel" and mixer.rank > 0 else None
+    return DegreeKernel(compact, basis)
 
 
-def degree_mix(u: torch.Tensor, kernel: torch.Tensor, lmax: int) -> torch.Tensor:
-    """``y[e, l_out, c] = sum_l_in kernel[e, (l_in, l_out), c] * u[e, l_in, c]`` within each
-    order block of the m-major rows ``u (E, 3*lmax+1, C)`` (m = 0: degrees ``0..lmax``; m = -1
-    and m = +1: degrees ``1..lmax``, one kernel for both), as SeZM's degree mixer."""
+def degree_mix(u: torch.Tensor, kernel: DegreeKernel, lmax: int) -> torch.Tensor:
+    """``y[e, l_out, c] = sum_l_in W[e, (l_in, l_out), c] * u[e, l_in, c]`` within each order
+    block of the m-major rows ``u (E, 3*lmax+1, C)`` (m = 0: degrees ``0..lmax``; m = -1 and
+    m = +1: degrees ``1..lmax``, one kernel for both), ``W`` from ``kernel``, as SeZM's degree
+    mixer.  A shared or low-rank kernel runs as ``R`` batched products of ``(l_out, l_in)``
+    matrices per edge (the ``(E, K, C)`` per-channel kernel is never made); a full per-channel
+    kernel as elementwise products."""
+    n_edges, _, channels = u.shape
     n0 = lmax + 1
-    k0 = kernel[:, :n0 * n0].unflatten(1, (n0, n0))                   # (E, l_in, l_out, C)
-    k1 = kernel[:, n0 * n0:].unflatten(1, (lmax, lmax))
-
-    def block(k, x):
-        out = k[:, 0] * x[:, :1]
-        for i in range(1, x.shape[1]):
-            out = out + k[:, i] * x[:, i:i + 1]
-        return out
-
-    return torch.cat((block(k0, u[:, :n0]), block(k1, u[:, n0:n0 + lmax]), block(k1, u[:, n0 + lmax:])), 1)
+    compact, basis = kernel
+    k0 = compact[:, :n0 * n0].unflatten(1, (n0, n0))                   # (E, l_in, l_out, R)
+    k1 = compact[:, n0 * n0:].unflatten(1, (lmax, lmax))
+    x0 = u[:, :n0]
+    x1 = u[:, n0:].unflatten(1, (2, lmax))                              # (E, m = -1 | +1, l, C)
+    if basis is None and compact.shape[2] == channels and channels > 1:
+        def mixed(k, x):                                                # k (E, l_in, l_out, C), x (E, l_in, C)
+            out = k[:, 0] * x[:, :1]
+            for i in range(1, x.shape[1]):
+                out = out + k[:, i] * x[:, i:i + 1]
+            return out
+        y0, y1 = mixed(k0, x0), torch.stack((mixed(k1, x1[:, 0]), mixed(k1, x1[:, 1])), 1)
+    else:
+        y0 = y1 = None
+        for r in range(compact.shape[2]):
+            t0 = torch.matmul(k0[..., r].transpose(1, 2), x0)
+            t1 = torch.matmul(k1[..., r].transpose(1, 2).unsqueeze(1), x1)
+            if basis is not None:
+                t0, t1 = t0 * basis[r], t1 * basis[r]
+            y0 = t0 if y0 is None else y0 + t0
+            y1 = t1 if y1 is None else y1 + t1
+    return torch.cat((y0, y1.reshape(n_edges, 2 * lmax, channels)), 1)
 
 
 def focus_major(u: torch.Tensor, n_focus: int) -> torch.Tensor:

@@ -7,7 +7,7 @@ The math (docs/deepmd.md, "The value path"):
 
     W      = SeZM's rows m = -1, 0, +1 of each edge's Wigner matrices      (glue.sezm_wigner)
     u      = rotate_in(x, W, radial, src)                                  (per-degree radial, or 1)
-    u      = degree_mix(u, kernel(radial))                                 (SeZM's degree mixer)
+    u      = degree_mix(u, degree kernel(radial))                          (SeZM's degree mixer)
     alpha  = SeZM's focus competition on u's l = 0 channels, times the attention weight (one head)
     y      = mixing_stack(u, alpha, w0, w1, gw)
     agg    = rotate_out_sum(y * attention weights (2+ heads), W, dst, edge_weight) * rescale
