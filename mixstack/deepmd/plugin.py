@@ -25,6 +25,9 @@ _MARK = "_mixstack_accelerates"
 
 def install() -> None:
     """Accelerate every SeZM descriptor built from now on (idempotent)."""
+    from .compat import deepmd_pt
+
+    deepmd_pt()                  # inside deepmd.pt's own import (the entry point): the module as it stands
     from deepmd.pt.model.descriptor.sezm import DescrptSeZM
 
     init = DescrptSeZM.__init__
