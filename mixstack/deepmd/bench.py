@@ -149,8 +149,12 @@ def run_case(config_name: str, system: str, atoms: int, variants, args, device) 
     ref_model.load_state_dict(state)
     coord, atype, box = make_frame(atoms, seed=args.seed)
     inputs64 = tuple(None if t is None else t.to(device) for t in (coord, atype, box))
-    ref = {k: v.detach() for k, v in _frame(ref_model.to(device).eval(), inputs64).items()}
-    del ref_model
+    ref = {k: v.detach() for k, v in _frame(ref_model.to(device).eval(), inputs64).items()
+           if k in ("energy", "force", "virial")}
+    del ref_model, inputs64
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()                           # the float64 frame's memory, before the variants
     inputs = (coord.float().to(device), atype.to(device), None if box is None else box.float().to(device))
     record = {"config": config_name, "system": system, "atoms": int(atype.numel()), "variants": {}}
     tasks, models = {}, {}

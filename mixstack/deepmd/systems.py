@@ -44,9 +44,9 @@ def water(n_atoms: int, *, seed: int = 0, periodic: bool = True, dtype=torch.flo
 
 def rocksalt(n_atoms: int, *, seed: int = 0, jitter: float = 0.1, dtype=torch.float64):
     """A periodic rock-salt crystal (type 0 on one sublattice, type 1 on the other) of
-    ``8 * k^3`` atoms, the cube nearest ``n_atoms`` from above, each atom displaced by
-    ``jitter`` Å (Gaussian)."""
-    k = max(1, math.ceil((n_atoms / 8) ** (1 / 3) - 1e-9))
+    ``8 * k^3`` atoms, the cube nearest ``n_atoms``, each atom displaced by ``jitter`` Å
+    (Gaussian)."""
+    k = max(1, round((n_atoms / 8) ** (1 / 3)))
     half = ROCKSALT_A / 2
     gen = torch.Generator().manual_seed(seed)
     pos, types = [], []
