@@ -66,7 +66,9 @@ def test_isolated_atom_gets_exactly_what_deepmd_gives_it():
     assert torch.equal(out["force"][0, -1], ref["force"][0, -1])
 
 
-def test_frames_are_bitwise_run_to_run():
+def test_frames_at_level_0_are_bitwise_run_to_run_on_one_thread():
+    """(Levels 1-3: the interpreter's test.  At level 0 with several threads, mixstack's reference
+    rotate_in's backward is not: docs/deepmd.md, "Determinism".)"""
     model = make_model("two_stream", "float32")
     fast, _ = accelerated_copy(model, level=0)
     frame = cast_frame(FRAMES["periodic"], torch.float32)
