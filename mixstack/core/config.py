@@ -5,6 +5,7 @@
 | ``MIXSTACK_LEVEL`` | process default level 0..3 | ``mixstack.set_level`` |
 | ``MIXSTACK_CACHE_DIR`` | where tuning results persist | ``mixstack.core.config.set_cache_dir`` |
 | ``MIXSTACK_CONV_KERNELS`` | ``0``: the convolution's operators run their reference at every level | — |
+| ``MIXSTACK_DEEPMD`` | ``1``: deepmd-kit's commands run SeZM (DPA4) models through ``mixstack.deepmd`` | ``mixstack.deepmd.accelerate`` |
 
 ``TRITON_INTERPRET`` (Triton's own switch) is read here too: with it set, the
 Triton levels run on CPU tensors through the interpreter.
@@ -39,6 +40,15 @@ def conv_kernels_enabled() -> bool:
     raw = os.environ.get("MIXSTACK_CONV_KERNELS", "1").strip()
     if raw not in {"0", "1"}:
         raise ValueError(f"MIXSTACK_CONV_KERNELS must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
+def deepmd_enabled() -> bool:
+    """True when ``MIXSTACK_DEEPMD=1``: the ``deepmd.pt`` entry point (``mixstack.deepmd.plugin``)
+    accelerates every SeZM descriptor deepmd-kit builds (``dp --pt train``, ``dp --pt test``, ...)."""
+    raw = os.environ.get("MIXSTACK_DEEPMD", "0").strip()
+    if raw not in {"", "0", "1"}:
+        raise ValueError(f"MIXSTACK_DEEPMD must be 0 or 1, got {raw!r}")
     return raw == "1"
 
 

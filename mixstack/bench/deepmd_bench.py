@@ -1,0 +1,273 @@
+"""deepmd-kit's own levels against the accelerated model, on one device in one run.
+
+``python -m mixstack.bench.deepmd_bench --atoms 500 2000 4000 --out DIR`` (``mixstack bench deepmd``
+later).  A frame is deepmd-kit's own forward of a SeZM model: ``model(coord, atype, box)`` in
+evaluation, energy, forces and virial (its neighbour list included).  Variants:
+
+* ``dp0``, ``dp2``, ``dp3``: deepmd-kit at ``DP_TRITON_INFER`` 0, 2, 3 (read when a model is
+  built, so each variant is its own model with the same weights);
+* ``ms2``, ``ms3`` (any ``msN``): ``mixstack.deepmd.accelerate`` at mixstack level N, on a model
+  built at ``DP_TRITON_INFER`` ``--rest-level`` (deepmd-kit's kernels for the rest of the model);
+* a ``g`` suffix (``dp2g``, ``ms3g``): the frame replayed from a CUDA graph, where it captures
+  (deepmd-kit's frame builds its neighbour list and edge index with host synchronisation, so
+  the record says why where it does not).
+
+Per case (config x system x size): the median frame time of interleaved rounds in rotating
+order after warm-up (``mixstack.bench.timing``, CUDA events), peak memory above the resident
+models, and energy, forces and virial against the float64 model (deepmd-kit's path, same
+weights); with ``--breakdown``, each variant's device time per stage, forward and backward
+(``deepmd_ranges``: the value path apart from the rest).  Results: ``deepmd_bench.json``,
+``.md`` and ``.csv``.  The models are untrained: weights perturbed (``configs.perturb``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import os
+import sys
+
+import torch
+
+from ..deepmd import configs, systems
+from ..measure import env, report
+from ..measure.timing import Task, clock_for, time_interleaved
+from . import breakdown
+from .deepmd_ranges import STAGES
+
+SYSTEMS = {"water": (systems.water, ["O", "H"]), "rocksalt": (systems.rocksalt, ["Ni", "O"])}
+DEFAULT_VARIANTS = ("dp0", "dp2", "dp3", "ms2", "ms3")
+
+
+def parse_variant(key: str) -> tuple[str, int, bool]:
+    """``"dp2g"`` -> ``("dp", 2, True)``: who runs the value path, the level, CUDA-graphed."""
+    graphed = key.endswith("g")
+    body = key[:-1] if graphed else key
+    if body[:2] not in ("dp", "ms") or not body[2:].isdigit() or int(body[2:]) > 3:
+        raise ValueError(f"variant must be dpN or msN (N in 0..3), optionally with a g suffix, got {key!r}")
+    return body[:2], int(body[2:]), graphed
+
+
+@contextlib.contextmanager
+def _dp_triton_infer(level: int):
+    saved = os.environ.get("DP_TRITON_INFER")
+    os.environ["DP_TRITON_INFER"] = str(level)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("DP_TRITON_INFER", None)
+        else:
+            os.environ["DP_TRITON_INFER"] = saved
+
+
+def build_variant(key: str, config: dict, state: dict, device, rest_level: int):
+    """The model of variant ``key``: ``config`` built at its ``DP_TRITON_INFER``, ``state`` loaded,
+    on ``device`` in evaluation (accelerated for ``ms``); returns ``(model, report or None)``."""
+    who, level, _ = parse_variant(key)
+    with _dp_triton_infer(level if who == "dp" else rest_level):
+        model = configs.build_model(config)
+    model.load_state_dict(state)
+    model = model.to(device).eval()
+    if who == "dp":
+        return model, None
+    from ..deepmd.accelerate import accelerate
+    return model, accelerate(model, level=level)
+
+
+def _frame(model, inputs):
+    coord, atype, box = inputs
+    return model(coord, atype, box)
+
+
+def _graphed(model, inputs):
+    """A CUDA graph of one frame, or the reason it does not capture."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                _frame(model, inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = _frame(model, inputs)
+        return (lambda: graph.replay()), out, None
+    except Exception as err:                               # the capture's own error is the reason
+        torch.cuda.synchronize()
+        return None, None, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+
+
+def _deviation(out, ref) -> dict:
+    dev = {}
+    for key in ("energy", "force", "virial"):
+        diff = (out[key].detach().double() - ref[key].detach().double()).abs().max().item()
+        scale = ref[key].detach().abs().max().item()
+        dev[f"{key}_max_abs"], dev[f"{key}_rel"] = diff, diff / scale if scale else None
+    return dev
+
+
+def _peak_memory(fn, device) -> int | None:
+    if torch.device(device).type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    gc.collect()
+    resident = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - resident
+
+
+def _stage_times(model, inputs, device, rounds: int) -> dict:
+    from .deepmd_ranges import ranges
+
+    cuda = torch.device(device).type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with ranges(model), torch.profiler.profile(activities=activities) as prof:
+        for _ in range(rounds):
+            _frame(model, inputs)
+            if cuda:
+                torch.cuda.synchronize(device)
+    times, _, total = breakdown.attribute(prof.events(), "cuda" if cuda else "cpu")
+    per = 1e-3 / rounds
+    stages = {s: {f"{p}_ms": times.get((s, p), 0.0) * per for p in breakdown.PASSES}
+              for s in (*STAGES, breakdown.OTHER)}
+    return {"device_time": "CUDA kernel time" if cuda else "CPU time of the operators",
+            "busy_ms": total * per, "stages": stages}
+
+
+def run_case(config_name: str, system: str, atoms: int, variants, args, device) -> dict:
+    """One config on one system size: every variant timed, its memory and accuracy."""
+    make_frame, type_map = SYSTEMS[system]
+    config = configs.model_config(config_name, type_map=type_map, **({"rcut": args.rcut} if args.rcut else {}))
+    with _dp_triton_infer(0):
+        base = configs.perturb(configs.build_model(config), seed=args.seed)
+    state = base.state_dict()
+    ref_model = configs.build_model(configs.model_config(config_name, type_map=type_map, precision="float64",
+                                                         **({"rcut": args.rcut} if args.rcut else {})))
+    ref_model.load_state_dict(state)
+    coord, atype, box = make_frame(atoms, seed=args.seed)
+    inputs64 = tuple(None if t is None else t.to(device) for t in (coord, atype, box))
+    ref = {k: v.detach() for k, v in _frame(ref_model.to(device).eval(), inputs64).items()
+           if k in ("energy", "force", "virial")}
+    del ref_model, inputs64
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()                           # the float64 frame's memory, before the variants
+    inputs = (coord.float().to(device), atype.to(device), None if box is None else box.float().to(device))
+    record = {"config": config_name, "system": system, "atoms": int(atype.numel()), "variants": {}}
+    tasks, models = {}, {}
+    for key in variants:
+        model, acc_report = build_variant(key, config, state, device, args.rest_level)
+        entry = {"accelerated": None if acc_report is None else [c.runs_on for c in acc_report]}
+        run = lambda m=model: _frame(m, inputs)                # noqa: E731
+        if parse_variant(key)[2]:
+            if torch.device(device).type != "cuda":
+                entry["not_run"] = "CUDA graphs need a CUDA device"
+                record["variants"][key] = entry
+                continue
+            run, out, why = _graphed(model, inputs)
+            if run is None:
+                entry["not_run"] = why
+                record["variants"][key] = entry
+                continue
+        out = _frame(model, inputs)
+        entry["accuracy"] = _deviation(out, ref)
+        entry["peak_memory_bytes"] = _peak_memory(run, device)
+        tasks[key], models[key] = Task(run=run), model
+        record["variants"][key] = entry
+    if tasks:
+        samples = time_interleaved(tasks, rounds=args.rounds, warmup=args.warmup, clock=clock_for(device))
+        for key, s in samples.items():
+            record["variants"][key]["time"] = s.to_dict()
+    if args.breakdown:
+        for key, model in models.items():
+            if not parse_variant(key)[2]:
+                record["variants"][key]["breakdown"] = _stage_times(model, inputs, device, args.breakdown_rounds)
+    return record
+
+
+def markdown(record: dict) -> str:
+    lines = ["# deepmd-kit SeZM: deepmd-kit's levels against mixstack", ""]
+    lines += [f"- {line}" for line in report.header_lines(record)] + [""]
+    lines += ["| config | system | atoms | variant | median ms | p20-p80 ms | peak MiB | force max abs | "
+              "energy rel | Wigner to aggregation, fwd+bwd ms |", "|" + "---|" * 10]
+    for case in record["cases"]:
+        for key, v in case["variants"].items():
+            t = v.get("time")
+            acc = v.get("accuracy", {})
+            stages = v.get("breakdown", {}).get("stages")
+            value = None if not stages else sum(stages[s]["forward_ms"] + stages[s]["backward_ms"]
+                                                for s in ("wigner", "value_path"))
+            peak = v.get("peak_memory_bytes")
+            cells = [case["config"], case["system"], str(case["atoms"]), key,
+                     v.get("not_run", "—") if t is None else f"{t['median_ms']:.2f}",
+                     "—" if t is None else f"{t['p20_ms']:.2f}-{t['p80_ms']:.2f}",
+                     report.fmt(None if peak is None else peak / 2 ** 20, ".0f"),
+                     report.fmt(acc.get("force_max_abs")), report.fmt(acc.get("energy_rel")), report.fmt(value, ".2f")]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def long_rows(record: dict) -> list[dict]:
+    rows = []
+    cols = report.env_columns(record)
+    for case in record["cases"]:
+        for key, v in case["variants"].items():
+            row = {"config": case["config"], "system": case["system"], "atoms": case["atoms"], "variant": key,
+                   "median_ms": v.get("time", {}).get("median_ms"), "peak_memory_bytes": v.get("peak_memory_bytes"),
+                   **{k: val for k, val in v.get("accuracy", {}).items()}, "not_run": v.get("not_run"), **cols}
+            for stage, t in v.get("breakdown", {}).get("stages", {}).items():
+                row[f"{stage}_forward_ms"], row[f"{stage}_backward_ms"] = t["forward_ms"], t["backward_ms"]
+            rows.append(row)
+    return rows
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m mixstack.bench.deepmd_bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--atoms", type=int, nargs="+", default=[500], help="system sizes (atoms, about)")
+    p.add_argument("--configs", default="water,two_stream", help="model configs (mixstack.deepmd.configs)")
+    p.add_argument("--systems", default="water,rocksalt", help=f"systems: {', '.join(SYSTEMS)}")
+    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help="dpN / msN, g suffix: CUDA graph")
+    p.add_argument("--rest-level", type=int, default=2, help="DP_TRITON_INFER of the accelerated models")
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--breakdown", action="store_true", help="device time per stage (profiler)")
+    p.add_argument("--breakdown-rounds", type=int, default=3)
+    p.add_argument("--rcut", type=float, default=None, help="override the configs' cutoff (tiny CPU runs)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    p.add_argument("--out", required=True, help="results folder")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = env.resolve_device(args.device)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    for key in variants:
+        parse_variant(key)
+    for name in args.systems.split(","):
+        if name not in SYSTEMS:
+            raise SystemExit(f"--systems: unknown system {name!r} (known: {', '.join(SYSTEMS)})")
+    from ..deepmd.compat import deepmd_pt
+    deepmd_pt()
+    import deepmd
+    record = {"env": {**env.collect(device), "deepmd_kit": deepmd.__version__},
+              "command": " ".join(["python -m mixstack.bench.deepmd_bench", *(sys.argv[1:] if argv is None else argv)]),
+              "rest_level": args.rest_level, "rounds": args.rounds, "warmup": args.warmup, "cases": []}
+    for config_name in args.configs.split(","):
+        for system in args.systems.split(","):
+            for atoms in args.atoms:
+                print(f"{config_name} / {system} / {atoms} atoms", file=sys.stderr, flush=True)
+                record["cases"].append(run_case(config_name, system, atoms, variants, args, device))
+    paths = report.write(record, args.out, with_plot=False, names=("deepmd_bench.json", "deepmd_bench.md", ""),
+                         render_markdown=markdown, render_rows=long_rows)
+    print("\n".join(str(p) for p in paths.values()), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+"""mixstack inside deepmd-kit: SeZM (DPA4) models run their SO(2) value path on mixstack.
+
+``accelerate(model, level=None) -> AccelerationReport`` routes every SeZM SO(2) convolution of
+a built deepmd-kit (>= 3.2, PyTorch backend) model that mixstack reproduces exactly through
+mixstack's operators, in place; ``restore(model)`` undoes it.  deepmd-kit's own commands reach
+it through the ``deepmd.pt`` entry point (``mixstack.deepmd.plugin``) with
+``MIXSTACK_DEEPMD=1``.  docs/deepmd.md says what runs where.  The extra is ``[deepmd]``;
+deepmd-kit is imported only when these are called.
+"""
+
+from __future__ import annotations
+
+from .accelerate import accelerate, restore
+from .report import AccelerationReport, ConvolutionReport
+
+__all__ = ["AccelerationReport", "ConvolutionReport", "accelerate", "restore"]

@@ -1,0 +1,88 @@
+"""Which SeZM ``SO2Convolution`` options mixstack reproduces exactly, and the one reason when not.
+
+Each check names the option in deepmd-kit's own spelling.  An option mixstack does not
+reproduce leaves the convolution on deepmd-kit's path; it is never approximated.  The last
+checks are a safety net on the modules themselves, so that a deepmd-kit version that builds the
+stack differently is refused rather than misread.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float32, torch.float64)
+
+
+def _option_reason(conv) -> str | None:
+    """The first option of ``conv`` that mixstack does not reproduce, or ``None``."""
+    if conv.edge_cartesian:
+        return "edge_cartesian: a Cartesian tensor product replaces the SO(2) value path"
+    if conv.mixing_layers == 0:
+        return "mixing_layers 0: no mixing stack (the radial scaling alone)"
+    if conv.mmax != 1:
+        return f"mmax {conv.mmax}: mixstack keeps the orders |m| <= 1"
+    if not 1 <= conv.lmax <= 6:
+        return f"lmax {conv.lmax}: mixstack takes 1..6"
+    if conv.so2_norm:
+        return "so2_norm: an RMS norm before each mixing layer"
+    if conv.use_so2_attn_res:
+        return f"so2_attn_res {conv.so2_attn_res_mode!r}: depth attention over the mixing layers"
+    if conv.layer_scale:
+        return "layer_scale: a learned scale on each residual branch"
+    if conv.mlp_bias:
+        return "mlp_bias: biases in the mixing layers, the gates and the focus competition"
+    if conv.s2_activation:
+        return "s2_activation: an S2-grid SwiGLU in place of the gated activation"
+    if conv.activation_function.lower() != "silu":
+        return f"activation_function {conv.activation_function!r}: mixstack's scalar activation is SiLU"
+    if conv.node_wise_grid_product is not None:
+        return "node_wise_s2 / node_wise_so3: a source-destination grid product inside the value path"
+    if conv.n_atten_head > 0 and conv.atten_f_mix:
+        return "atten_f_mix: attention over the merged focus streams"
+    if conv.attn_v_proj is not None:
+        return "atten_v_proj: a value projection before the attention aggregation"
+    if conv.attn_o_proj is not None:
+        return "atten_o_proj: an output projection after the attention aggregation"
+    if conv.dtype not in SUPPORTED_DTYPES or conv.compute_dtype != conv.dtype:
+        return f"precision {conv.precision}: mixstack's operators take float32 or float64"
+    return None
+
+
+def _structure_reason(conv) -> str | None:
+    """The safety net: the modules themselves are the ones the mapping reads."""
+    from deepmd.pt.model.descriptor.sezm_nn.activation import GatedActivation
+
+    cf = conv.so2_focus_dim
+    for k, linear in enumerate(conv.so2_linears):
+        if (linear.in_channels, linear.out_channels, linear.n_focus, linear.mmax) != (cf, cf, conv.n_focus, 1):
+            return f"so2_linears[{k}] is not a ({cf} -> {cf})-channel mmax 1 layer per focus stream"
+        if linear.bias0 is not None:
+            return f"so2_linears[{k}] has a bias"
+    for k, norm in enumerate(conv.so2_inter_norms):
+        if not isinstance(norm, torch.nn.Identity):
+            return f"so2_inter_norms[{k}] is {type(norm).__name__}, not Identity"
+    acts = list(conv.non_linearities)
+    for k, act in enumerate(acts[:-1]):
+        if type(act) is not GatedActivation:
+            return f"non_linearities[{k}] is {type(act).__name__}, not GatedActivation"
+        gate = act.gate_linear
+        if getattr(gate, "bias", None) is not None or act.lmax != conv.lmax or act.channels != cf:
+            return f"non_linearities[{k}] is not a bias-free degree gate of {cf} channels"
+    if not isinstance(acts[-1], torch.nn.Identity):
+        return f"non_linearities[{len(acts) - 1}] is {type(acts[-1]).__name__}: the last layer must be linear"
+    if conv.focus_compete and conv.n_focus > 1 and conv.focus_compete_bias is not None:
+        return "the focus competition has a bias"
+    return None
+
+
+def unsupported_reason(conv) -> str | None:
+    """``None`` when mixstack reproduces this SeZM ``SO2Convolution`` exactly, else the one
+    option (or module) it does not."""
+    from deepmd.pt.model.descriptor.sezm_nn.so2 import SO2Convolution
+
+    if not isinstance(conv, SO2Convolution):
+        return f"{type(conv).__name__} is not a SeZM SO2Convolution"
+    base = next(c for c in type(conv).__mro__ if c.__dict__.get("forward") is not None)
+    if base is not SO2Convolution and not getattr(base, "_mixstack", False):
+        return f"{type(conv).__name__} overrides SO2Convolution.forward"
+    return _option_reason(conv) or _structure_reason(conv)

@@ -1,0 +1,153 @@
+"""deepmd-kit's own commands reach mixstack: the ``deepmd.pt`` entry point, the
+``MIXSTACK_DEEPMD`` switch, the op-library stand-in, and (slow) ``dp --pt train`` and
+``dp --pt test`` end to end."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from deepmd_cases import one_torch_thread, require_deepmd  # noqa: F401
+
+from mixstack import config
+
+require_deepmd()
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_pyproject_declares_the_entry_point_and_the_extra():
+    tomllib = pytest.importorskip("tomllib")                      # Python >= 3.11
+    project = tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))["project"]
+    assert project["entry-points"]["deepmd.pt"] == {"mixstack": "mixstack.deepmd.plugin"}
+    assert any(req.startswith("deepmd-kit") for req in project["optional-dependencies"]["deepmd"])
+
+
+@pytest.mark.parametrize("raw, expect", [("", False), ("0", False), ("1", True), (" 1 ", True)])
+def test_the_switch_reads_mixstack_deepmd(monkeypatch, raw, expect):
+    monkeypatch.setenv("MIXSTACK_DEEPMD", raw)
+    assert config.deepmd_enabled() is expect
+
+
+def test_the_switch_names_a_bad_value(monkeypatch):
+    monkeypatch.setenv("MIXSTACK_DEEPMD", "yes")
+    with pytest.raises(ValueError, match="MIXSTACK_DEEPMD must be 0 or 1, got 'yes'"):
+        config.deepmd_enabled()
+
+
+@pytest.fixture
+def plugin():
+    from mixstack.deepmd import plugin as module
+
+    yield module
+    module.uninstall()
+
+
+def _conv_classes(model):
+    return [type(b.so2_conv).__name__ for b in model.atomic_model.descriptor.blocks]
+
+
+def test_deepmd_loader_runs_the_plugin_which_accelerates_what_deepmd_builds(monkeypatch, plugin):
+    """deepmd-kit's own loader (``load_entry_point("deepmd.pt")``), given mixstack's entry point as
+    the installed metadata would list it, imports the plugin; with ``MIXSTACK_DEEPMD=1`` every
+    SeZM model deepmd-kit builds from then on is accelerated, and without it none is."""
+    from deepmd.utils.entry_point import load_entry_point
+
+    from mixstack.deepmd.configs import build_model
+
+    listed = importlib.metadata.EntryPoint(name="mixstack", value="mixstack.deepmd.plugin", group="deepmd.pt")
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda **kw: importlib.metadata.EntryPoints([listed]) if kw.get("group") == "deepmd.pt"
+                        else real(**kw))
+    monkeypatch.setenv("MIXSTACK_DEEPMD", "0")
+    importlib.reload(plugin)
+    assert load_entry_point("deepmd.pt") == [plugin] and not plugin.installed()
+    assert _conv_classes(build_model("water", rcut=3.0)) == ["SO2Convolution"] * 2
+
+    monkeypatch.setenv("MIXSTACK_DEEPMD", "1")
+    importlib.reload(plugin)
+    assert plugin.installed()
+    assert _conv_classes(build_model("water", rcut=3.0)) == ["MixstackSO2Convolution"] * 2
+    plugin.install()                                     # idempotent: one wrapper, not two
+    from deepmd.pt.model.descriptor.sezm import DescrptSeZM
+    assert not hasattr(DescrptSeZM.__init__.__wrapped__, "__wrapped__")
+    plugin.uninstall()
+    assert not plugin.installed()
+    assert _conv_classes(build_model("water", rcut=3.0)) == ["SO2Convolution"] * 2
+
+
+def test_the_op_library_stands_in_only_when_it_cannot_load():
+    """Where deepmd-kit's compiled ops were built for another torch, ``deepmd.pt`` still imports
+    (the ops report absent); where they load, nothing stands in."""
+    from deepmd.env import GLOBAL_CONFIG
+    from packaging.version import Version
+
+    from mixstack.deepmd.compat import op_library_stood_in
+
+    built_for = GLOBAL_CONFIG.get("pt_version")
+    mismatch = built_for is not None and Version(torch.__version__).public != built_for
+    assert op_library_stood_in() == mismatch
+    if mismatch:
+        assert sys.modules["deepmd.pt.cxx_op"].ENABLE_CUSTOMIZED_OP is False
+
+
+def _write_system(path, seed):
+    import numpy as np
+
+    from mixstack.deepmd import systems
+
+    os.makedirs(os.path.join(path, "set.000"))
+    frames = [systems.water(9, seed=seed + i) for i in range(2)]
+    np.savetxt(os.path.join(path, "type.raw"), frames[0][1].reshape(-1).numpy(), fmt="%d")
+    with open(os.path.join(path, "type_map.raw"), "w") as f:
+        f.write("O\nH\n")
+    gen = np.random.default_rng(seed)
+    np.save(os.path.join(path, "set.000", "coord.npy"), np.stack([f[0].reshape(-1).numpy() for f in frames]))
+    np.save(os.path.join(path, "set.000", "box.npy"), np.stack([f[2].reshape(-1).numpy() for f in frames]))
+    np.save(os.path.join(path, "set.000", "energy.npy"), gen.normal(size=2))
+    np.save(os.path.join(path, "set.000", "force.npy"), gen.normal(size=(2, 27)))
+
+
+_DRIVER = """
+import sys
+from mixstack.deepmd import dp, plugin
+dp.main(["--pt", "train", "input.json", "--skip-neighbor-stat"])
+dp.main(["--pt", "test", "-m", "model.ckpt.pt", "-s", "data", "-n", "2", "-d", "fast"])
+plugin.uninstall()
+dp.main(["--pt", "test", "-m", "model.ckpt.pt", "-s", "data", "-n", "2", "-d", "deepmd"])
+"""
+
+
+@pytest.mark.slow
+def test_dp_train_and_dp_test_run_accelerated(tmp_path):
+    """``dp --pt train`` and ``dp --pt test`` with ``MIXSTACK_DEEPMD=1``: deepmd-kit's log shows
+    the report, and ``dp --pt test``'s predictions equal the unaccelerated model's."""
+    from mixstack.deepmd.configs import model_config
+
+    _write_system(str(tmp_path / "data"), seed=0)
+    config_ = {"model": model_config("water", rcut=3.0, n_blocks=1),
+               "learning_rate": {"type": "exp", "start_lr": 1e-3, "stop_lr": 1e-4, "decay_steps": 10},
+               "loss": {"type": "ener", "start_pref_e": 1, "limit_pref_e": 1, "start_pref_f": 1, "limit_pref_f": 1},
+               "training": {"training_data": {"systems": [str(tmp_path / "data")], "batch_size": 1},
+                            "numb_steps": 1, "save_freq": 1, "disp_freq": 1, "save_dir": "ckpt", "seed": 1}}
+    (tmp_path / "input.json").write_text(json.dumps(config_))
+    env = dict(os.environ, MIXSTACK_DEEPMD="1", OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    run = subprocess.run([sys.executable, "-c", _DRIVER], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    log = run.stdout + run.stderr
+    assert "mixstack.deepmd: 1 of 1 SO(2) convolutions on mixstack" in log
+    import numpy as np
+
+    for kind in ("e", "f"):
+        fast = np.loadtxt(tmp_path / f"fast.{kind}.out")
+        ref = np.loadtxt(tmp_path / f"deepmd.{kind}.out")
+        assert np.abs(ref[:, 1:]).max() > 0
+        np.testing.assert_allclose(fast, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
