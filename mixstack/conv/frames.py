@@ -189,11 +189,35 @@ def wigner_full(R: torch.Tensor, l: int) -> torch.Tensor:
     return wigner_rows(R, l, keep=l)[l]
 
 
-def edge_wigner_reference(vec: torch.Tensor, lmax: int, constants=None) -> torch.Tensor:
+CONVENTIONS = ("mixstack", "sezm")
+
+
+@functools.lru_cache(maxsize=None)
+def _sign_numbers(lmax: int) -> tuple[float, ...]:
+    cols = [1.0]
+    for l in range(1, lmax + 1):
+        cols += [float((-1) ** m) if m > 0 else float((-1) ** (-m + 1)) if m < 0 else 1.0 for m in range(-l, l + 1)]
+    return tuple(r * c for r in (1.0, 1.0, -1.0) for c in cols)
+
+
+def convention_signs(lmax: int, *, dtype=torch.float64, device=None) -> torch.Tensor:
+    """``(3, (lmax+1)^2)``: the packed rows in SeZM's (deepmd-kit's DPA4) convention are these
+    signs times mixstack's.  Column ``(l, m)``: ``(-1)^m`` for ``m > 0``, ``(-1)^(|m|+1)`` for
+    ``m < 0``, 1 for ``m = 0`` (the two real-harmonic conventions differ by these signs); the row
+    ``m = +1`` flips as well, so that SeZM's edge frame and mixstack's differ by a roll about the
+    edge only, which an SO(2) convolution's stack commutes with (docs/deepmd.md)."""
+    return torch.tensor(_sign_numbers(lmax), dtype=dtype, device=device).view(3, (lmax + 1) ** 2)
+
+
+def edge_wigner_reference(vec: torch.Tensor, lmax: int, constants=None, convention: str = "mixstack") -> torch.Tensor:
     """The packed rows ``(E, 3, (lmax+1)^2)`` of the edges ``vec (E, 3)`` in tensor ops:
     ``pack_rows(wigner_rows(edge_frames(vec), lmax, keep=1))`` (level 0 of
-    ``mixstack.edge_wigner``, and the oracle of its kernels)."""
-    return pack_rows(wigner_rows(edge_frames(vec), lmax, keep=1, constants=constants))
+    ``mixstack.edge_wigner``, and the oracle of its kernels), times ``convention_signs`` in
+    SeZM's convention."""
+    rows = pack_rows(wigner_rows(edge_frames(vec), lmax, keep=1, constants=constants))
+    if convention == "sezm":
+        rows = rows * vec.new_tensor(_sign_numbers(lmax)).view(3, (lmax + 1) ** 2)   # traces on fake tensors
+    return rows
 
 
 @functools.lru_cache(maxsize=None)

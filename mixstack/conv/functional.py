@@ -105,7 +105,7 @@ def edge_wigner_constants(lmax: int, device=None) -> torch.Tensor:
     return _wigner_ops.packed_steps(lmax).to(device)
 
 
-def edge_wigner(vec, lmax: int, *, constants=None):
+def edge_wigner(vec, lmax: int, *, constants=None, convention: str = "mixstack"):
     """The packed Wigner rows ``(E, 3, (lmax+1)^2)`` of the edges ``vec (E, 3)``: the ``wigner``
     argument of ``rotate_in`` and ``rotate_out_sum``.
 
@@ -115,15 +115,22 @@ def edge_wigner(vec, lmax: int, *, constants=None):
     Ivanic-Ruedenberg recursion (``mixstack.conv.frames``).  Differentiable in ``vec`` to any order.
     Levels 1-3 (float32, where the kernels run): one kernel forward, one backward; ``constants``
     is ``edge_wigner_constants(lmax, vec.device)`` (built and kept per device when not given).
+
+    ``convention="sezm"``: the rows in the real-harmonic signs of deepmd-kit's SeZM (DPA4),
+    ``mixstack.conv.frames.convention_signs(lmax) * `` mixstack's (the kernels fold the signs into
+    their stores: no extra pass); features rotated in and out with these rows follow SeZM's
+    basis (docs/deepmd.md).
     """
-    validate_edge_wigner(vec, lmax)
+    validate_edge_wigner(vec, lmax, convention)
     level = conv_level(vec, 1)
     if level == 0:
         record("wigner:reference")
-        out = edge_wigner_reference(vec, lmax)
+        out = edge_wigner_reference(vec, lmax, convention=convention)
         if out.requires_grad and not torch.compiler.is_compiling():
             out.register_hook(_record_backward("wigner_bwd:reference"))
         return out
     if constants is None:
         constants = _wigner_ops.steps_on(lmax, vec.device)
+    if convention == "sezm":
+        return torch.ops.mixstack.edge_wigner(vec, constants, lmax, level, True)
     return torch.ops.mixstack.edge_wigner(vec, constants, lmax, level)

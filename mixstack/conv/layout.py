@@ -148,10 +148,12 @@ def validate_rotate_out_sum(y, wigner, dst, n_atoms, edge_weight=None) -> tuple[
     return StackLayout(lmax, y.shape[2] // (3 * lmax + 1)), y.shape[1], n_edges
 
 
-def validate_edge_wigner(vec, lmax) -> int:
+def validate_edge_wigner(vec, lmax, convention: str = "mixstack") -> int:
     """Check ``edge_wigner``'s arguments; return the edge count.  Errors name the argument."""
     _check_tensor("vec", vec, 2, "(E, 3)")
     _check_size("vec", vec, (None, 3), "(E, 3)")
     if isinstance(lmax, bool) or not isinstance(lmax, int) or lmax not in LMAX_RANGE:
         raise ValueError(f"lmax must be an int in 1..6, got {lmax!r}")
+    if convention not in ("mixstack", "sezm"):
+        raise ValueError(f"convention must be 'mixstack' or 'sezm', got {convention!r}")
     return vec.shape[0]

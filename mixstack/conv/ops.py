@@ -89,7 +89,7 @@ def rotate_in_backward(grad_u: Tensor, x: Tensor, wigner: Tensor, radial: Tensor
                                      _unit_channel_stride(radial), src.contiguous(),
                                      *_scalar_pair(edge_scalar, scalar_weight),
                                      None if edge_weight is None else edge_weight.contiguous(),
-                                     _layout_of_x(x), needs)
+                                     _layout_of_x(x), needs)[:6]
     record("conv_in_bwd:reference")
     grads = conv_reference.rotate_in_backward(grad_u, x, wigner, radial, src, edge_scalar, scalar_weight,
                                               edge_weight)

@@ -2,9 +2,10 @@
 rows in one kernel, and back in one more (``kernels.wigner``); their constants, launchers and
 autograd.
 
-``edge_wigner(vec, steps, lmax, level) -> wigner (E, 3, (lmax+1)^2)`` is
-``mixstack.conv.frames.edge_wigner_reference``; ``edge_wigner_backward(grad_wigner, vec, steps, lmax,
-level) -> grad_vec (E, 3)`` its vector-Jacobian product.  ``steps`` is ``packed_steps(lmax)``
+``edge_wigner(vec, steps, lmax, level, sezm=False) -> wigner (E, 3, (lmax+1)^2)`` is
+``mixstack.conv.frames.edge_wigner_reference`` (in SeZM's signs with ``sezm``: the kernels fold
+them into their stores and loads); ``edge_wigner_backward(grad_wigner, vec, steps, lmax, level,
+sezm=False) -> grad_vec (E, 3)`` its vector-Jacobian product.  ``steps`` is ``packed_steps(lmax)``
 on ``vec``'s device: the recursion's constant matrices (``mixstack.conv.frames.step_matrices``) in
 float32, zero-padded to the kernels' register widths.  It is an argument, not a global, so a
 module keeps it as a buffer and a traced or exported graph sees it as an input.  A body runs the
@@ -85,17 +86,17 @@ def _grid(n: int) -> tuple:
     return ((n + BLOCK_E - 1) // BLOCK_E,)
 
 
-def launch_forward(vec: Tensor, steps: Tensor, lmax: int) -> Tensor:
-    """``wigner (E, 3, S)`` from ``vec (E, 3)`` (float32, contiguous)."""
+def launch_forward(vec: Tensor, steps: Tensor, lmax: int, sezm: bool = False) -> Tensor:
+    """``wigner (E, 3, S)`` from ``vec (E, 3)`` (float32, contiguous), in SeZM's signs with ``sezm``."""
     n_edges = vec.shape[0]
     w = vec.new_empty((n_edges, 3, (lmax + 1) ** 2))
     if n_edges > 0:
         wrap_triton(kw.edge_wigner_kernel)[_grid(n_edges)](vec, steps, w, n_edges, LMAX=lmax, BLOCK_E=BLOCK_E,
-                                                           num_warps=num_warps(lmax))
+                                                           SEZM=sezm, num_warps=num_warps(lmax))
     return w
 
 
-def launch_backward(grad_w: Tensor, vec: Tensor, steps: Tensor, lmax: int) -> Tensor:
+def launch_backward(grad_w: Tensor, vec: Tensor, steps: Tensor, lmax: int, sezm: bool = False) -> Tensor:
     """``grad_vec (E, 3)`` from ``grad_wigner (E, 3, S)`` and ``vec`` (float32, contiguous)."""
     n_edges = vec.shape[0]
     gv = vec.new_empty((n_edges, 3))
@@ -103,7 +104,8 @@ def launch_backward(grad_w: Tensor, vec: Tensor, steps: Tensor, lmax: int) -> Te
         row = scratch_row(lmax)
         scratch = vec.new_empty((n_edges, row))
         wrap_triton(kw.edge_wigner_grad_kernel)[_grid(n_edges)](
-            grad_w, vec, steps, scratch, gv, n_edges, row, LMAX=lmax, BLOCK_E=BLOCK_E, num_warps=num_warps(lmax))
+            grad_w, vec, steps, scratch, gv, n_edges, row, LMAX=lmax, BLOCK_E=BLOCK_E, SEZM=sezm,
+            num_warps=num_warps(lmax))
     return gv
 
 
@@ -113,53 +115,61 @@ def _kernels_for(vec: Tensor, level: int) -> bool:
     return level > 0 and kernels_can_run(vec) and vec.dtype == torch.float32
 
 
-def reference_grad(grad_w: Tensor, vec: Tensor, lmax: int, create_graph: bool = False) -> Tensor:
+def _convention(sezm: bool) -> str:
+    return "sezm" if sezm else "mixstack"
+
+
+def reference_grad(grad_w: Tensor, vec: Tensor, lmax: int, create_graph: bool = False, sezm: bool = False) -> Tensor:
     """``grad_vec`` by autograd through the tensor-op formulas; with ``create_graph`` through
     ``vec`` itself, so the result is differentiable again (in ``vec`` and ``grad_w``)."""
+    convention = _convention(sezm)
     if create_graph:
         with torch.enable_grad():
-            (g,) = torch.autograd.grad(edge_wigner_reference(vec, lmax), vec, grad_w, create_graph=True)
+            (g,) = torch.autograd.grad(edge_wigner_reference(vec, lmax, convention=convention), vec, grad_w,
+                                       create_graph=True)
         return g
     # torch.func.vjp, not torch.autograd.grad: an operator's body runs below autograd, where
     # requires_grad builds no graph; functorch's transform brings its own
-    _, vjp = torch.func.vjp(lambda v: edge_wigner_reference(v, lmax), vec)
+    _, vjp = torch.func.vjp(lambda v: edge_wigner_reference(v, lmax, convention=convention), vec)
     return vjp(grad_w)[0]
 
 
 @triton_op("mixstack::edge_wigner", mutates_args=())
-def edge_wigner(vec: Tensor, steps: Tensor, lmax: int, level: int) -> Tensor:
-    """The packed rows ``(E, 3, (lmax+1)^2)`` of the edges ``vec (E, 3)``."""
+def edge_wigner(vec: Tensor, steps: Tensor, lmax: int, level: int, sezm: bool = False) -> Tensor:
+    """The packed rows ``(E, 3, (lmax+1)^2)`` of the edges ``vec (E, 3)`` (SeZM's signs with ``sezm``)."""
     if _kernels_for(vec, level):
         record("wigner:triton")
-        return launch_forward(vec.contiguous(), steps.to(torch.float32).contiguous(), lmax)
+        return launch_forward(vec.contiguous(), steps.to(torch.float32).contiguous(), lmax, sezm)
     record("wigner:reference")
-    return edge_wigner_reference(vec, lmax)
+    return edge_wigner_reference(vec, lmax, convention=_convention(sezm))
 
 
 @triton_op("mixstack::edge_wigner_backward", mutates_args=())
-def edge_wigner_backward(grad_wigner: Tensor, vec: Tensor, steps: Tensor, lmax: int, level: int) -> Tensor:
+def edge_wigner_backward(grad_wigner: Tensor, vec: Tensor, steps: Tensor, lmax: int, level: int,
+                         sezm: bool = False) -> Tensor:
     """``grad_vec (E, 3)`` of ``edge_wigner``."""
     if _kernels_for(vec, level):
         record("wigner_bwd:triton")
-        return launch_backward(grad_wigner.contiguous(), vec.contiguous(), steps.to(torch.float32).contiguous(), lmax)
+        return launch_backward(grad_wigner.contiguous(), vec.contiguous(), steps.to(torch.float32).contiguous(), lmax,
+                               sezm)
     record("wigner_bwd:reference")
-    return reference_grad(grad_wigner, vec, lmax).contiguous()
+    return reference_grad(grad_wigner, vec, lmax, sezm=sezm).contiguous()
 
 
 def _setup(ctx, inputs, output):
-    vec, steps, lmax, level = inputs
+    vec, steps, lmax, level, sezm = inputs
     ctx.save_for_backward(vec, steps)
-    ctx.lmax, ctx.level = lmax, level
+    ctx.lmax, ctx.level, ctx.sezm = lmax, level, sezm
 
 
 def _backward(ctx, grad_w):
     vec, steps = ctx.saved_tensors
     if torch.is_grad_enabled():                 # a double backward: tensor ops autograd can follow
         record("wigner_bwd:reference")
-        g = reference_grad(grad_w, vec, ctx.lmax, create_graph=True)
+        g = reference_grad(grad_w, vec, ctx.lmax, create_graph=True, sezm=ctx.sezm)
     else:
-        g = torch.ops.mixstack.edge_wigner_backward(grad_w, vec, steps, ctx.lmax, ctx.level)
-    return g, None, None, None
+        g = torch.ops.mixstack.edge_wigner_backward(grad_w, vec, steps, ctx.lmax, ctx.level, ctx.sezm)
+    return g, None, None, None, None
 
 
 edge_wigner.register_autograd(_backward, setup_context=_setup)

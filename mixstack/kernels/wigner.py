@@ -17,7 +17,9 @@ product dropped; about 2^-21 relative per product): with exact fp32 FMA products
 (``"ieee"``) the backward took 3.5 ms at the bench model's 409,688 edges on the H200, five
 times the forward.
 The rows ``m = -1, 0, +1`` of every degree go to the packed layout ``W (E, 3, S)``:
-``W[e, k, l^2 + n] = D^l[k - 1, n]`` (degree 0: ``W[e, 1, 0] = 1``, its other rows zero).
+``W[e, k, l^2 + n] = D^l[k - 1, n]`` (degree 0: ``W[e, 1, 0] = 1``, its other rows zero);
+with ``SEZM`` each stored entry takes SeZM's sign (``_degree_places``), and the backward gives
+the incoming gradient the same signs as it reads it: no pass of its own.
 
 The backward recomputes the chain, keeps ``M_2 .. M_{lmax-1}`` per edge in a scratch buffer
 (``scratch_offset``; each program touches its own edges only), then walks back:
@@ -131,47 +133,62 @@ def _scaled_dot(acc, m, r, k_ptr, IJ: tl.constexpr, PIN: tl.constexpr, POUT: tl.
 
 
 @triton.jit
+def _row_step(acc, m, ri0, ri1, ri2, k_ptr, I: tl.constexpr, PIN: tl.constexpr, POUT: tl.constexpr):
+    """The three products ``j = 0, 1, 2`` of row ``i = I`` of ``recursion_step``, in order."""
+    acc = _scaled_dot(acc, m, ri0, k_ptr, 3 * I, PIN, POUT)
+    acc = _scaled_dot(acc, m, ri1, k_ptr, 3 * I + 1, PIN, POUT)
+    return _scaled_dot(acc, m, ri2, k_ptr, 3 * I + 2, PIN, POUT)
+
+
+@triton.jit
 def recursion_step(m, r00, r01, r02, r10, r11, r12, r20, r21, r22, k_ptr,
                    PIN: tl.constexpr, POUT: tl.constexpr, BLOCK_E: tl.constexpr):
     """``M_l = sum_ij R1[i, j] * (M_{l-1} @ K[i, j])``: ``(BLOCK_E, PIN) -> (BLOCK_E, POUT)``,
     the nine products summed in the order ``ij = 0..8``."""
     acc = tl.zeros((BLOCK_E, POUT), dtype=tl.float32)
-    acc = _scaled_dot(acc, m, r00, k_ptr, 0, PIN, POUT)
-    acc = _scaled_dot(acc, m, r01, k_ptr, 1, PIN, POUT)
-    acc = _scaled_dot(acc, m, r02, k_ptr, 2, PIN, POUT)
-    acc = _scaled_dot(acc, m, r10, k_ptr, 3, PIN, POUT)
-    acc = _scaled_dot(acc, m, r11, k_ptr, 4, PIN, POUT)
-    acc = _scaled_dot(acc, m, r12, k_ptr, 5, PIN, POUT)
-    acc = _scaled_dot(acc, m, r20, k_ptr, 6, PIN, POUT)
-    acc = _scaled_dot(acc, m, r21, k_ptr, 7, PIN, POUT)
-    acc = _scaled_dot(acc, m, r22, k_ptr, 8, PIN, POUT)
-    return acc
+    acc = _row_step(acc, m, r00, r01, r02, k_ptr, 0, PIN, POUT)
+    acc = _row_step(acc, m, r10, r11, r12, k_ptr, 1, PIN, POUT)
+    return _row_step(acc, m, r20, r21, r22, k_ptr, 2, PIN, POUT)
 
 
 @triton.jit
 def _degree_places(L: tl.constexpr, LMAX: tl.constexpr, PAD: tl.constexpr, S: tl.constexpr):
-    """``(dest, keep)``: where entry ``p`` of ``M_L`` goes in an edge's packed rows
-    (``k * S + L^2 + n`` for the row ``m = k - 1``), and whether it goes at all."""
+    """``(dest, keep, sign)``: where entry ``p`` of ``M_L`` goes in an edge's packed rows
+    (``k * S + L^2 + n`` for the row ``m = k - 1``), whether it goes at all, and its sign in
+    SeZM's convention (``mixstack.conv.frames.convention_signs``: ``(-1)^m`` for ``m > 0``,
+    ``(-1)^(|m|+1)`` for ``m < 0``, and the row ``m = +1`` negated)."""
     N: tl.constexpr = 2 * L + 1
     K: tl.constexpr = kept_rows(L, LMAX)
     p = tl.arange(0, PAD)
     row = p // N
+    k = row - (K - 1)
+    m = p % N - L
+    odd = (m % 2) != 0
+    col = tl.where(m > 0, tl.where(odd, -1.0, 1.0), tl.where(m < 0, tl.where(odd, 1.0, -1.0), 1.0))
     keep = (row >= K - 1) & (row <= K + 1) & (p < (2 * K + 1) * N)
-    return (row - (K - 1)) * S + L * L + p % N, keep
+    return k * S + L * L + p % N, keep, tl.where(k == 2, -col, col)
 
 
 @triton.jit
 def store_degree(w_ptr, w_rows, e_mask, m, L: tl.constexpr, LMAX: tl.constexpr, PAD: tl.constexpr,
-                 S: tl.constexpr):
-    dest, keep = _degree_places(L, LMAX, PAD, S)
+                 S: tl.constexpr, SEZM: tl.constexpr):
+    """Store degree ``L``'s kept rows of ``M_L``, in SeZM's signs with ``SEZM``."""
+    dest, keep, sign = _degree_places(L, LMAX, PAD, S)
+    if SEZM:
+        m = m * sign[None, :]
     tl.store(w_ptr + w_rows[:, None] + dest[None, :], m, mask=e_mask[:, None] & keep[None, :])
 
 
 @triton.jit
 def load_degree(w_ptr, w_rows, e_mask, L: tl.constexpr, LMAX: tl.constexpr, PAD: tl.constexpr,
-                S: tl.constexpr):
-    dest, keep = _degree_places(L, LMAX, PAD, S)
-    return tl.load(w_ptr + w_rows[:, None] + dest[None, :], mask=e_mask[:, None] & keep[None, :], other=0.0)
+                S: tl.constexpr, SEZM: tl.constexpr):
+    """The rows ``store_degree`` writes, read back into ``M_L``'s places (a gradient: the same
+    signs undone with ``SEZM``)."""
+    dest, keep, sign = _degree_places(L, LMAX, PAD, S)
+    g = tl.load(w_ptr + w_rows[:, None] + dest[None, :], mask=e_mask[:, None] & keep[None, :], other=0.0)
+    if SEZM:
+        g = g * sign[None, :]
+    return g
 
 
 @triton.jit
@@ -183,8 +200,9 @@ def _load_vec(vec_ptr, e, e_mask):
 
 
 @triton.jit
-def edge_wigner_kernel(vec_ptr, k_ptr, w_ptr, E, LMAX: tl.constexpr, BLOCK_E: tl.constexpr):
-    """``vec (E, 3)`` contiguous -> ``W (E, 3, (LMAX+1)^2)`` contiguous (module docstring)."""
+def edge_wigner_kernel(vec_ptr, k_ptr, w_ptr, E, LMAX: tl.constexpr, BLOCK_E: tl.constexpr, SEZM: tl.constexpr):
+    """``vec (E, 3)`` contiguous -> ``W (E, 3, (LMAX+1)^2)`` contiguous (module docstring), in SeZM's signs
+    with ``SEZM``."""
     S: tl.constexpr = (LMAX + 1) * (LMAX + 1)
     pid = tl.program_id(0).to(tl.int64)
     e = pid * BLOCK_E + tl.arange(0, BLOCK_E).to(tl.int64)
@@ -199,18 +217,29 @@ def edge_wigner_kernel(vec_ptr, k_ptr, w_ptr, E, LMAX: tl.constexpr, BLOCK_E: tl
     tl.store(w_ptr + w_rows + 2 * S, zero, mask=e_mask)
     # R1 = D^1: rows and columns (y, z, x) of R = (x; y; r)
     m = first_state(yy, yz, yx, ry, rz, rx, xy, xz, xx, state_pad(1, LMAX))
-    store_degree(w_ptr, w_rows, e_mask, m, 1, LMAX, state_pad(1, LMAX), S)
+    store_degree(w_ptr, w_rows, e_mask, m, 1, LMAX, state_pad(1, LMAX), S, SEZM)
     for l in tl.static_range(2, LMAX + 1):
         m = recursion_step(m, yy, yz, yx, ry, rz, rx, xy, xz, xx, k_ptr + step_offset(l, LMAX),
                            state_pad(l - 1, LMAX), state_pad(l, LMAX), BLOCK_E)
-        store_degree(w_ptr, w_rows, e_mask, m, l, LMAX, state_pad(l, LMAX), S)
+        store_degree(w_ptr, w_rows, e_mask, m, l, LMAX, state_pad(l, LMAX), S, SEZM)
 
 
 @triton.jit
-def _step_back(g, m_prev, r, gr, k_ptr, IJ: tl.constexpr, PIN: tl.constexpr, POUT: tl.constexpr):
-    """One ``[i, j]`` of a step's backward: ``(gM_{l-1} contribution, dR1[i, j] contribution)``."""
+def _step_back(gm, g, m_prev, r, gr, k_ptr, IJ: tl.constexpr, PIN: tl.constexpr, POUT: tl.constexpr):
+    """One ``[i, j]`` of a step's backward: ``gm`` plus its gradient of ``M_{l-1}``, and ``gr``
+    plus its ``dR1[i, j]``."""
     y = tl.dot(g, _k_tile_t(k_ptr, IJ, PIN, POUT), input_precision=STEP_PRECISION)
-    return r[:, None] * y, gr + tl.sum(m_prev * y, axis=1)
+    return gm + r[:, None] * y, gr + tl.sum(m_prev * y, axis=1)
+
+
+@triton.jit
+def _row_back(gm, g, m_prev, ri0, ri1, ri2, gi0, gi1, gi2, k_ptr, I: tl.constexpr, PIN: tl.constexpr,
+              POUT: tl.constexpr):
+    """Row ``i = I`` of ``step_backward``: its three ``[i, j]`` in the order ``j = 0, 1, 2``."""
+    gm, gi0 = _step_back(gm, g, m_prev, ri0, gi0, k_ptr, 3 * I, PIN, POUT)
+    gm, gi1 = _step_back(gm, g, m_prev, ri1, gi1, k_ptr, 3 * I + 1, PIN, POUT)
+    gm, gi2 = _step_back(gm, g, m_prev, ri2, gi2, k_ptr, 3 * I + 2, PIN, POUT)
+    return gm, gi0, gi1, gi2
 
 
 @triton.jit
@@ -219,24 +248,21 @@ def step_backward(g, m_prev, r00, r01, r02, r10, r11, r12, r20, r21, r22,
     """Back through ``recursion_step``: ``g (BLOCK_E, POUT)`` the gradient of ``M_l``, ``m_prev``
     ``M_{l-1}``; returns the gradient of ``M_{l-1}`` through the step and the nine ``dR1``
     accumulators, each ``[i, j]`` added in the order ``ij = 0..8``."""
-    gm, g00 = _step_back(g, m_prev, r00, g00, k_ptr, 0, PIN, POUT)
-    d, g01 = _step_back(g, m_prev, r01, g01, k_ptr, 1, PIN, POUT)
-    gm += d
-    d, g02 = _step_back(g, m_prev, r02, g02, k_ptr, 2, PIN, POUT)
-    gm += d
-    d, g10 = _step_back(g, m_prev, r10, g10, k_ptr, 3, PIN, POUT)
-    gm += d
-    d, g11 = _step_back(g, m_prev, r11, g11, k_ptr, 4, PIN, POUT)
-    gm += d
-    d, g12 = _step_back(g, m_prev, r12, g12, k_ptr, 5, PIN, POUT)
-    gm += d
-    d, g20 = _step_back(g, m_prev, r20, g20, k_ptr, 6, PIN, POUT)
-    gm += d
-    d, g21 = _step_back(g, m_prev, r21, g21, k_ptr, 7, PIN, POUT)
-    gm += d
-    d, g22 = _step_back(g, m_prev, r22, g22, k_ptr, 8, PIN, POUT)
-    gm += d
+    gm = tl.zeros(m_prev.shape, dtype=tl.float32)
+    gm, g00, g01, g02 = _row_back(gm, g, m_prev, r00, r01, r02, g00, g01, g02, k_ptr, 0, PIN, POUT)
+    gm, g10, g11, g12 = _row_back(gm, g, m_prev, r10, r11, r12, g10, g11, g12, k_ptr, 1, PIN, POUT)
+    gm, g20, g21, g22 = _row_back(gm, g, m_prev, r20, r21, r22, g20, g21, g22, k_ptr, 2, PIN, POUT)
     return gm, g00, g01, g02, g10, g11, g12, g20, g21, g22
+
+
+@triton.jit
+def _first_row_back(g, gi0, gi1, gi2, I: tl.constexpr, PAD: tl.constexpr):
+    """``M_1 = R1``: row ``i = I``'s entries ``3 i + j`` of ``M_1``'s gradient added to ``dR1[i, j]``."""
+    p1 = tl.arange(0, PAD)[None, :]
+    gi0 += tl.sum(tl.where(p1 == 3 * I, g, 0.0), axis=1)
+    gi1 += tl.sum(tl.where(p1 == 3 * I + 1, g, 0.0), axis=1)
+    gi2 += tl.sum(tl.where(p1 == 3 * I + 2, g, 0.0), axis=1)
+    return gi0, gi1, gi2
 
 
 @triton.jit
@@ -246,9 +272,10 @@ def _cross(ax, ay, az, bx, by, bz):
 
 @triton.jit
 def edge_wigner_grad_kernel(gw_ptr, vec_ptr, k_ptr, scratch_ptr, gv_ptr, E, SCRATCH_ROW,
-                            LMAX: tl.constexpr, BLOCK_E: tl.constexpr):
+                            LMAX: tl.constexpr, BLOCK_E: tl.constexpr, SEZM: tl.constexpr):
     """``dW (E, 3, S)``, ``vec (E, 3)`` contiguous -> ``dv (E, 3)``; ``scratch (E, SCRATCH_ROW)``
-    holds ``M_2 .. M_{LMAX-1}`` of this program's edges (module docstring)."""
+    holds ``M_2 .. M_{LMAX-1}`` of this program's edges (module docstring); ``dW`` of rows in
+    SeZM's signs with ``SEZM``."""
     S: tl.constexpr = (LMAX + 1) * (LMAX + 1)
     pid = tl.program_id(0).to(tl.int64)
     e = pid * BLOCK_E + tl.arange(0, BLOCK_E).to(tl.int64)
@@ -270,16 +297,9 @@ def edge_wigner_grad_kernel(gw_ptr, vec_ptr, k_ptr, scratch_ptr, gv_ptr, E, SCRA
     # the scratch rows were written by other threads than those that read them back
     tl.debug_barrier()
     # back through the recursion
-    g00 = tl.zeros((BLOCK_E,), tl.float32)
-    g01 = tl.zeros((BLOCK_E,), tl.float32)
-    g02 = tl.zeros((BLOCK_E,), tl.float32)
-    g10 = tl.zeros((BLOCK_E,), tl.float32)
-    g11 = tl.zeros((BLOCK_E,), tl.float32)
-    g12 = tl.zeros((BLOCK_E,), tl.float32)
-    g20 = tl.zeros((BLOCK_E,), tl.float32)
-    g21 = tl.zeros((BLOCK_E,), tl.float32)
-    g22 = tl.zeros((BLOCK_E,), tl.float32)
-    g = load_degree(gw_ptr, w_rows, e_mask, LMAX, LMAX, state_pad(LMAX, LMAX), S)
+    zero = tl.zeros((BLOCK_E,), tl.float32)
+    g00, g01, g02, g10, g11, g12, g20, g21, g22 = zero, zero, zero, zero, zero, zero, zero, zero, zero
+    g = load_degree(gw_ptr, w_rows, e_mask, LMAX, LMAX, state_pad(LMAX, LMAX), S, SEZM)
     for L in tl.static_range(LMAX, 1, -1):           # the step L - 1 -> L, L = LMAX .. 2
         if L - 1 == 1:
             mp = m1
@@ -290,18 +310,11 @@ def edge_wigner_grad_kernel(gw_ptr, vec_ptr, k_ptr, scratch_ptr, gv_ptr, E, SCRA
         gm, g00, g01, g02, g10, g11, g12, g20, g21, g22 = step_backward(
             g, mp, r00, r01, r02, r10, r11, r12, r20, r21, r22, g00, g01, g02, g10, g11, g12, g20, g21, g22,
             k_ptr + step_offset(L, LMAX), state_pad(L - 1, LMAX), state_pad(L, LMAX))
-        g = gm + load_degree(gw_ptr, w_rows, e_mask, L - 1, LMAX, state_pad(L - 1, LMAX), S)
+        g = gm + load_degree(gw_ptr, w_rows, e_mask, L - 1, LMAX, state_pad(L - 1, LMAX), S, SEZM)
     # M_1 = R1: entry 3 i + j
-    p1 = tl.arange(0, state_pad(1, LMAX))[None, :]
-    g00 += tl.sum(tl.where(p1 == 0, g, 0.0), axis=1)
-    g01 += tl.sum(tl.where(p1 == 1, g, 0.0), axis=1)
-    g02 += tl.sum(tl.where(p1 == 2, g, 0.0), axis=1)
-    g10 += tl.sum(tl.where(p1 == 3, g, 0.0), axis=1)
-    g11 += tl.sum(tl.where(p1 == 4, g, 0.0), axis=1)
-    g12 += tl.sum(tl.where(p1 == 5, g, 0.0), axis=1)
-    g20 += tl.sum(tl.where(p1 == 6, g, 0.0), axis=1)
-    g21 += tl.sum(tl.where(p1 == 7, g, 0.0), axis=1)
-    g22 += tl.sum(tl.where(p1 == 8, g, 0.0), axis=1)
+    g00, g01, g02 = _first_row_back(g, g00, g01, g02, 0, state_pad(1, LMAX))
+    g10, g11, g12 = _first_row_back(g, g10, g11, g12, 1, state_pad(1, LMAX))
+    g20, g21, g22 = _first_row_back(g, g20, g21, g22, 2, state_pad(1, LMAX))
     # R1[i, j] = R[(i+1)%3, (j+1)%3] with R = (x; y; r): the gradients of the rows y, r, x
     gyx, gyy, gyz = g02, g00, g01
     grx, gry, grz = g12, g10, g11

@@ -152,14 +152,22 @@ def conv_config(layout: StackLayout) -> dict:
     either way; BENCHMARKS.md, "CUDA graphs and rotate-in's launch"); its backward then spills
     8-32 bytes on the sm_90 compile at lmax 1-6.  Wider C keep ``wide // 8`` warps (at least
     4): spill-free at C 64 (241 registers at lmax 3), 24 bytes at C 128.
+
+    Rotate-in with a degree mix (``mix_block`` edges a program; ``NB0`` / ``NB1`` the padded
+    degrees of its m = 0 and |m| = 1 blocks, at least 2) holds three ``(BLOCK_E, NB, CP)``
+    accumulators (the backward: the three blocks of the mixed rows' gradient): sized, like the
+    segment step, for about 16 floats a thread each at 4 warps.  Edges are independent there,
+    so this block changes no result.
     """
     cp = next_power_of_2(layout.focus_dim)
     np_ = next_power_of_2(2 * layout.lmax + 1)
+    nb0, nb1 = max(2, next_power_of_2(layout.lmax + 1)), max(2, next_power_of_2(layout.lmax))
     wide = max(16, cp)
     return {"edge_block": max(4, min(64, 512 // cp)),
             "segment_block": max(2, min(32, 4096 // (np_ * cp))),
             "CP": cp, "NP": np_, "num_warps": 4,
-            "linear_block": 16, "linear_warps": 2 if wide <= 32 else max(4, wide // 8)}
+            "linear_block": 16, "linear_warps": 2 if wide <= 32 else max(4, wide // 8),
+            "mix_block": max(2, min(64, 2048 // (nb0 * cp))), "NB0": nb0, "NB1": nb1}
 
 
 # Weight gradients (``kernels.wgrad``).  The chunk of edges each program sums and the edges per
