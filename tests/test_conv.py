@@ -100,7 +100,7 @@ def _bad(inp, **changes):
 @pytest.mark.parametrize("change, error, match", [
     (lambda i: _bad(i, x=i["x"][:, :3]), ValueError, "x's dimension 1 must hold"),
     (lambda i: _bad(i, wigner=i["wigner"][:, :2]), ValueError, "wigner must have shape"),
-    (lambda i: _bad(i, radial=i["radial"][:, :, :2]), ValueError, "radial must have shape"),
+    (lambda i: _bad(i, radial=i["radial"][:, :, :1]), ValueError, "radial must have shape"),
     (lambda i: _bad(i, src=i["src"].float()), TypeError, "src must have dtype int64"),
     (lambda i: _bad(i, src=i["src"][:-1]), ValueError, "src must have shape"),
     (lambda i: _bad(i, edge_scalar=None), ValueError, "edge_scalar and scalar_weight go together"),

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from .layout import LinearRadial, validate_rotate_in, validate_rotate_out_sum
+from .layout import DegreeMix, LinearRadial, validate_rotate_in, validate_rotate_out_sum
 
 
 def linear_radial_weights(radial: LinearRadial, lmax: int, with_scalar: bool):
@@ -31,25 +31,64 @@ def linear_radial_weights(radial: LinearRadial, lmax: int, with_scalar: bool):
     return parts[0], (parts[1] if with_scalar else None)
 
 
-def rotate_in(x, wigner, radial, src, *, edge_scalar=None, scalar_weight=None, edge_weight=None):
+def rotate_in(x, wigner, radial, src, *, edge_scalar=None, scalar_weight=None, edge_weight=None, streams=None,
+              degree_mix=None):
     """``u (F, E, ROW)``: ``u[f, e, sub(k, l), c] = ew[e] * (radial[e, f, r(k, l), c] *
-    rot_k[e, l, c] + [k = 1] * sw[e, f, l, c] * h[e, c])``, ``rot_k[e, l] = W[e, k, l^2 .. l^2+2l]
+    rot_k[e, l, q] + [k = 1] * sw[e, f, l, c] * h[e, c])``, ``rot_k[e, l] = W[e, k, l^2 .. l^2+2l]
     @ x[src[e], l^2 .. l^2+2l]`` (rows ``k = 0, 1, 2`` are m = -1, 0, +1; degree 0 has row 1 only;
-    ``h = edge_scalar``, ``sw = scalar_weight``).  ``radial`` may be a ``LinearRadial``
-    (``linear_radial_weights`` makes the weights)."""
-    lay, n_focus, n_edges = validate_rotate_in(x, wigner, radial, src, edge_scalar, scalar_weight, edge_weight)
-    lmax = lay.lmax
+    ``h = edge_scalar``, ``sw = scalar_weight``); ``q = c``, or ``q = f*C + c`` with ``streams``
+    (``x`` holds a channel block per stream).  ``r(1, l) = l``, ``r(0, l) = r(2, l) = lmax + l``, or
+    ``l`` for per-degree ``radial (E, F, lmax+1, C)``; ``radial=None``: no scaling.  ``radial``
+    may be a ``LinearRadial`` (``linear_radial_weights`` makes the weights).  ``degree_mix``
+    (``DegreeMix``) then mixes the degrees of each order block (``degree_mixed``)."""
+    lay, n_focus, n_edges = validate_rotate_in(x, wigner, radial, src, edge_scalar, scalar_weight, edge_weight,
+                                               streams, degree_mix)
+    lmax, c = lay.lmax, lay.focus_dim
     if isinstance(radial, LinearRadial):
         radial, scalar_weight = linear_radial_weights(radial, lmax, edge_scalar is not None)
-    rn, r0, rp = _rotated(x[src], wigner, lmax)
-    a0, a1 = radial[:, :, :lmax + 1], radial[:, :, lmax + 1:]
-    first = a0 * r0[:, None]
+    rn, r0, rp = _rotated(x.index_select(0, src), wigner, lmax)
+    if streams is not None:                     # (E, rows, F*C) -> (E, F, rows, C)
+        rn, r0, rp = (t.unflatten(2, (n_focus, c)).transpose(1, 2) for t in (rn, r0, rp))
+    else:
+        rn, r0, rp = rn[:, None], r0[:, None], rp[:, None]
+    first, mid, last = r0, rn, rp
+    if radial is not None:
+        a0 = radial[:, :, :lmax + 1]
+        a1 = radial[:, :, 1:] if radial.shape[2] == lmax + 1 else radial[:, :, lmax + 1:]
+        first, mid, last = a0 * r0, a1 * rn, a1 * rp
     if edge_scalar is not None:
         first = first + scalar_weight * edge_scalar[:, None, None]
-    u = torch.cat((first, a1 * rn[:, None], a1 * rp[:, None]), 2)
+    u = torch.cat([t.expand(n_edges, n_focus, t.shape[2], c) for t in (first, mid, last)], 2)
     if edge_weight is not None:
         u = u * edge_weight[:, None, None, None]
+    if degree_mix is not None:
+        u = degree_mixed(u, degree_mix, lmax)
     return u.reshape(n_edges, n_focus, lay.row).transpose(0, 1).contiguous()
+
+
+def mix_weights(degree_mix: DegreeMix, wide: int):
+    """``Wm (E, K, wide)``: the degree mix's per-channel kernel, ``kernel @ basis``, the one
+    kernel of ``R = 1`` for every channel, or the per-channel kernel as it is."""
+    kernel, basis = degree_mix
+    if basis is not None:
+        return torch.einsum("ekr,rq->ekq", kernel, basis)
+    return kernel.expand(kernel.shape[0], kernel.shape[1], wide)
+
+
+def degree_mixed(u, degree_mix: DegreeMix, lmax: int):
+    """``u (E, F, 3*lmax+1, C)`` mixed within each order block: ``y[e, f, sub(b, o), c] = sum_i
+    Wm[e, first(b) + i*n_b + o, f*C + c] * u[e, f, sub(b, i), c]`` (m = 0: ``n_b = lmax+1``
+    degrees from 0, kernel rows from 0; m = -1 and m = +1: ``n_b = lmax`` from 1, rows from
+    ``(lmax+1)^2``, one kernel for both)."""
+    n_edges, n_focus, _, c = u.shape
+    n0 = lmax + 1
+    wm = mix_weights(degree_mix, n_focus * c).unflatten(2, (n_focus, c))            # (E, K, F, C)
+    k0 = wm[:, :n0 * n0].unflatten(1, (n0, n0))                                     # (E, i, o, F, C)
+    k1 = wm[:, n0 * n0:].unflatten(1, (lmax, lmax))
+    y0 = torch.einsum("eiofc,efic->efoc", k0, u[:, :, :n0])
+    yn = torch.einsum("eiofc,efic->efoc", k1, u[:, :, n0:n0 + lmax])
+    yp = torch.einsum("eiofc,efic->efoc", k1, u[:, :, n0 + lmax:])
+    return torch.cat((y0, yn, yp), 2)
 
 
 def rotate_out_from_sum(ys, wigner, dst, n_atoms: int, *, lmax: int, edge_weight=None):
@@ -62,11 +101,34 @@ def rotate_out_from_sum(ys, wigner, dst, n_atoms: int, *, lmax: int, edge_weight
     return msg.new_zeros((n_atoms,) + tuple(msg.shape[1:])).index_add(0, dst, msg)
 
 
-def rotate_out_sum(y, wigner, dst, n_atoms: int, *, edge_weight=None):
+def rotate_out_sum(y, wigner, dst, n_atoms: int, *, edge_weight=None, streams: str = "sum", order=None,
+                   degree_scale=None):
     """``out (n_atoms, S, C)``: ``out[i, l^2 + n] = sum_{e: dst[e] = i} ew[e] * sum_k W[e, k,
-    l^2 + n] * ys_k[e, l]``, ``ys = y.sum(1)`` the focus streams' sum in the row layout."""
-    lay, _, _ = validate_rotate_out_sum(y, wigner, dst, n_atoms, edge_weight)
-    return rotate_out_from_sum(y.sum(1), wigner, dst, n_atoms, lmax=lay.lmax, edge_weight=edge_weight)
+    l^2 + n] * ys_k[e, l]``, ``ys = y.sum(1)`` the focus streams' sum in the row layout; with
+    ``streams="blocks"`` the streams kept apart, ``(n_atoms, S, F*C)`` with stream ``f`` in
+    channels ``[f*C, (f+1)*C)`` and ``edge_weight`` ``(E,)``, ``(E, F)`` or ``(E, F, H)`` (head
+    ``h`` of a stream scales its channels ``[h*C/H, (h+1)*C/H)``); times ``degree_scale[l^2 + n]``.
+    ``order`` (``EdgeOrder``) is checked, not needed: the sum at each atom runs over ``dst``."""
+    lay, _, _ = validate_rotate_out_sum(y, wigner, dst, n_atoms, edge_weight, streams, order, degree_scale)
+    return rotate_out_formula(y, wigner, dst, n_atoms, lay.lmax, edge_weight, streams == "blocks", degree_scale)
+
+
+def rotate_out_formula(y, wigner, dst, n_atoms: int, lmax: int, edge_weight, blocks: bool, degree_scale):
+    """``rotate_out_sum`` on valid inputs (``edge_weight (E, F)`` given as ``(E, F, 1)`` or not)."""
+    if not blocks:
+        out = rotate_out_from_sum(y.sum(1), wigner, dst, n_atoms, lmax=lmax, edge_weight=edge_weight)
+    else:
+        n_edges, n_focus, row = y.shape
+        rows, c = 3 * lmax + 1, row // (3 * lmax + 1)
+        v = y.reshape(n_edges, n_focus, rows, c)
+        if edge_weight is not None and edge_weight.dim() == 1:
+            v = v * edge_weight[:, None, None, None]
+        elif edge_weight is not None:
+            weight = edge_weight.reshape(n_edges, n_focus, 1, -1, 1)
+            v = (v.unflatten(3, (weight.shape[3], c // weight.shape[3])) * weight).flatten(3)
+        out = rotate_out_from_sum(v.transpose(1, 2).reshape(n_edges, rows * n_focus * c), wigner, dst, n_atoms,
+                                  lmax=lmax)
+    return out if degree_scale is None else out * degree_scale[:, None]
 
 
 def _rotated(x_rows, wigner, lmax: int):

@@ -157,7 +157,7 @@ def edge_wigner_backward(grad_wigner: Tensor, vec: Tensor, steps: Tensor, lmax: 
 
 
 def _setup(ctx, inputs, output):
-    vec, steps, lmax, level, sezm = inputs
+    vec, steps, lmax, level, sezm = tuple(inputs) + (False,) * (5 - len(inputs))   # a call may leave sezm out
     ctx.save_for_backward(vec, steps)
     ctx.lmax, ctx.level, ctx.sezm = lmax, level, sezm
 
@@ -169,7 +169,7 @@ def _backward(ctx, grad_w):
         g = reference_grad(grad_w, vec, ctx.lmax, create_graph=True, sezm=ctx.sezm)
     else:
         g = torch.ops.mixstack.edge_wigner_backward(grad_w, vec, steps, ctx.lmax, ctx.level, ctx.sezm)
-    return g, None, None, None, None
+    return (g, None, None, None, None)[:len(ctx.needs_input_grad)]
 
 
 edge_wigner.register_autograd(_backward, setup_context=_setup)

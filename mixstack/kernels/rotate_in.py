@@ -43,7 +43,7 @@ features' gradient over the edges grouped by source atom, in a fixed order.
 import triton
 import triton.language as tl
 
-from .rotation import edge_tile, lanes, load_subtiles, rotate_degree, store_subtiles, wigner_grad_degree
+from .rotation import edge_tile, lanes, rotate_degree, store_subtiles, wigner_grad_degree
 
 # The linear radial layer's products run on tensor cores as three TF32 products (a split of
 # each float32 operand into a TF32 head and tail; the tail x tail product is dropped): about
@@ -76,44 +76,55 @@ def weight_row(at, stride, row, hid, lw_ptr, lb_ptr, fs, made_row, chan, lane_ma
 
 
 @triton.jit
-def degree_weights(rad_at, rad_sr, sw_at, sw_sl, hid, lw_ptr, lb_ptr, fs, chan, lane_mask, j, mask,
-                   L: tl.constexpr, LMAX: tl.constexpr, C: tl.constexpr, H: tl.constexpr, NRAD: tl.constexpr,
-                   HAS_RAD: tl.constexpr, RAD_DEG: tl.constexpr, HAS_SCALAR: tl.constexpr, LINEAR: tl.constexpr):
-    """``(a0, a1, sw)``: degree ``L``'s radial weights of its m = 0 row and its |m| = 1 pair (row
-    ``LMAX + L``, or ``L`` with ``RAD_DEG``), and the edge scalar's weight; ``1.0`` / ``0.0``
-    where absent (then never used)."""
+def m0_weights(rad_at, rad_sr, sw_at, sw_sl, hid, lw_ptr, lb_ptr, fs, chan, lane_mask, j, mask,
+               L: tl.constexpr, LMAX: tl.constexpr, C: tl.constexpr, H: tl.constexpr, NRAD: tl.constexpr,
+               HAS_RAD: tl.constexpr, HAS_SCALAR: tl.constexpr, LINEAR: tl.constexpr):
+    """``(a0, sw)``: degree ``L``'s radial weight of its m = 0 row and the edge scalar's weight;
+    ``1.0`` / ``0.0`` where absent (then never used)."""
     a0 = 1.0
-    a1 = 1.0
     sw = 0.0
     if HAS_RAD:
         a0 = weight_row(rad_at, rad_sr, L, hid, lw_ptr, lb_ptr, fs, L, chan, lane_mask, j, mask, LINEAR, NRAD, C, H)
-        if L > 0:
-            if RAD_DEG:
-                a1 = a0
-            else:
-                a1 = weight_row(rad_at, rad_sr, LMAX + L, hid, lw_ptr, lb_ptr, fs, LMAX + L, chan, lane_mask, j,
-                                mask, LINEAR, NRAD, C, H)
     if HAS_SCALAR:
         sw = weight_row(sw_at, sw_sl, L, hid, lw_ptr, lb_ptr, fs, 2 * LMAX + 1 + L, chan, lane_mask, j, mask,
                         LINEAR, NRAD, C, H)
-    return a0, a1, sw
+    return a0, sw
 
 
 @triton.jit
-def pre_values(rn, r0, rp, a0, a1, sw, h, L: tl.constexpr, HAS_RAD: tl.constexpr, HAS_SCALAR: tl.constexpr):
-    """``(v_-1, v_0, v_+1)`` before the edge weight: the rotated degree ``L`` scaled by its radial
-    weights, plus the edge scalar's term on m = 0."""
-    vn = rn
+def pair_weight(rad_at, rad_sr, a0, hid, lw_ptr, lb_ptr, fs, chan, lane_mask, j, mask, L: tl.constexpr,
+                LMAX: tl.constexpr, C: tl.constexpr, H: tl.constexpr, NRAD: tl.constexpr, HAS_RAD: tl.constexpr,
+                RAD_DEG: tl.constexpr, LINEAR: tl.constexpr):
+    """The radial weight of degree ``L``'s |m| = 1 pair (``L > 0``): row ``LMAX + L``, or ``a0``
+    with per-degree weights (``RAD_DEG``); ``1.0`` without radial weights.  Made after the m = 0
+    part where the backward needs it, so the two are not live together."""
+    a1 = 1.0
+    if HAS_RAD:
+        if RAD_DEG:
+            a1 = a0
+        else:
+            a1 = weight_row(rad_at, rad_sr, LMAX + L, hid, lw_ptr, lb_ptr, fs, LMAX + L, chan, lane_mask, j, mask,
+                            LINEAR, NRAD, C, H)
+    return a1
+
+
+@triton.jit
+def pre_m0(r0, a0, sw, h, HAS_RAD: tl.constexpr, HAS_SCALAR: tl.constexpr):
+    """The m = 0 subtile before the edge weight: ``a0 * r0 (+ sw * h)``."""
     v0 = r0
-    vp = rp
     if HAS_RAD:
         v0 = a0 * r0
-        if L > 0:
-            vn = a1 * rn
-            vp = a1 * rp
     if HAS_SCALAR:
         v0 += sw * h
-    return vn, v0, vp
+    return v0
+
+
+@triton.jit
+def pre_pair(rn, rp, a1, HAS_RAD: tl.constexpr):
+    """The |m| = 1 subtiles before the edge weight: ``a1 * r_-1``, ``a1 * r_+1``."""
+    if HAS_RAD:
+        return a1 * rn, a1 * rp
+    return rn, rp
 
 
 @triton.jit
@@ -218,9 +229,15 @@ def rotate_in_kernel(x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr, ew_ptr, u_pt
             fs = f + stream
             rad_at = rad_ptr + (e * rad_se)[:, None] + (fs * rad_sf + chan)[None, :]
             sw_at = sw_ptr + (e * sw_se)[:, None] + (fs * sw_sf + chan)[None, :]
-            a0, a1, sw = degree_weights(rad_at, rad_sr, sw_at, sw_sl, hid, lw_ptr, lb_ptr, fs, chan, lane_mask, j,
-                                        mask, l, LMAX, C, H, NRAD, HAS_RAD, RAD_DEG, HAS_SCALAR, LINEAR)
-            vn, v0, vp = pre_values(rn, r0, rp, a0, a1, sw, h, l, HAS_RAD, HAS_SCALAR)
+            a0, sw = m0_weights(rad_at, rad_sr, sw_at, sw_sl, hid, lw_ptr, lb_ptr, fs, chan, lane_mask, j, mask, l,
+                                LMAX, C, H, NRAD, HAS_RAD, HAS_SCALAR, LINEAR)
+            v0 = pre_m0(r0, a0, sw, h, HAS_RAD, HAS_SCALAR)
+            vn = rn
+            vp = rp
+            if l > 0:
+                a1 = pair_weight(rad_at, rad_sr, a0, hid, lw_ptr, lb_ptr, fs, chan, lane_mask, j, mask, l, LMAX, C,
+                                 H, NRAD, HAS_RAD, RAD_DEG, LINEAR)
+                vn, vp = pre_pair(rn, rp, a1, HAS_RAD)
             if HAS_EW:
                 v0 = v0 * ew
                 vn = vn * ew
@@ -295,40 +312,25 @@ def rotate_in_grad_kernel(gu_ptr, x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr,
             if MIX > 0:                     # the gradient before the mix: Wm^T times the mixed one
                 d0 = tl.sum(mix_weights(mk_ptr, mb_ptr, e, e_mask, lane, lane_mask, l * N0, N0, NB0, K, CW, MIX,
                                         MIX_R) * gm0, axis=1)
-                dn = tl.zeros((BLOCK_E, CP), dtype=tl.float32)
-                dp = tl.zeros((BLOCK_E, CP), dtype=tl.float32)
-                if l > 0:
-                    wm = mix_weights(mk_ptr, mb_ptr, e, e_mask, lane, lane_mask, N0 * N0 + (l - 1) * LMAX, LMAX,
-                                     NB1, K, CW, MIX, MIX_R)
-                    dn = tl.sum(wm * gmn, axis=1)
-                    dp = tl.sum(wm * gmp, axis=1)
             else:
-                dn, d0, dp = load_subtiles(gu_ptr + rows, l, mask, LMAX, C)
+                d0 = tl.load(gu_ptr + rows + l * C, mask=mask, other=0.0)
             rad_at = rad_ptr + (e * rad_se)[:, None] + (fs * rad_sf + chan)[None, :]
             sw_at = sw_ptr + (e * sw_se)[:, None] + (fs * sw_sf + chan)[None, :]
             gr_at = grad_rad_ptr + ((e * NS)[:, None] + fs[None, :]) * (GR_ROWS * C) + chan[None, :]
-            a0, a1, sw = degree_weights(rad_at, rad_sr, sw_at, sw_sl, hid, lw_ptr, lb_ptr, fs, chan, lane_mask, j,
-                                        mask, l, LMAX, C, H, NRAD, HAS_RAD, RAD_DEG, HAS_SCALAR, LINEAR)
+            a0, sw = m0_weights(rad_at, rad_sr, sw_at, sw_sl, hid, lw_ptr, lb_ptr, fs, chan, lane_mask, j, mask, l,
+                                LMAX, C, H, NRAD, HAS_RAD, HAS_SCALAR, LINEAR)
+            # the m = 0 subtile
             if GRAD_EW or GRAD_MIX:
-                pn, p0, pp = pre_values(rn, r0, rp, a0, a1, sw, h, l, HAS_RAD, HAS_SCALAR)
+                p0 = pre_m0(r0, a0, sw, h, HAS_RAD, HAS_SCALAR)
             if GRAD_EW:
                 ew_acc += d0 * p0
-                if l > 0:
-                    ew_acc += dn * pn + dp * pp
             if GRAD_MIX:
                 if HAS_EW:
                     p0 = p0 * ew
-                    pn = pn * ew
-                    pp = pp * ew
                 store_mix_grad(grad_mk_ptr, mb_ptr, p0[:, None, :] * gm0, e, e_mask, lane, lane_mask, l * N0, N0,
                                NB0, K, CW, MIX, MIX_R)
-                if l > 0:
-                    store_mix_grad(grad_mk_ptr, mb_ptr, pn[:, None, :] * gmn + pp[:, None, :] * gmp, e, e_mask,
-                                   lane, lane_mask, N0 * N0 + (l - 1) * LMAX, LMAX, NB1, K, CW, MIX, MIX_R)
             if HAS_EW:
                 d0 = d0 * ew
-                dn = dn * ew
-                dp = dp * ew
             if HAS_RAD:
                 g0 += d0 * a0
             else:
@@ -339,15 +341,40 @@ def rotate_in_grad_kernel(gu_ptr, x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr,
                     tl.store(grad_sw_ptr + ((e * NS)[:, None] + fs[None, :]) * ((LMAX + 1) * C) + l * C
                              + chan[None, :], d0 * h, mask=mask)
             if GRAD_RAD:
-                if RAD_DEG and l > 0:
-                    tl.store(gr_at + l * C, d0 * r0 + (dn * rn + dp * rp), mask=mask)
-                else:
-                    tl.store(gr_at + l * C, d0 * r0, mask=mask)
                 if LINEAR and HAS_SCALAR:
                     tl.store(gr_at + (2 * LMAX + 1 + l) * C, d0 * h, mask=mask)
-                if l > 0 and not RAD_DEG:
-                    tl.store(gr_at + (LMAX + l) * C, dn * rn + dp * rp, mask=mask)
+                if l == 0 or not RAD_DEG:
+                    tl.store(gr_at + l * C, d0 * r0, mask=mask)
+            # the |m| = 1 pair
             if l > 0:
+                if MIX > 0:
+                    wm = mix_weights(mk_ptr, mb_ptr, e, e_mask, lane, lane_mask, N0 * N0 + (l - 1) * LMAX, LMAX,
+                                     NB1, K, CW, MIX, MIX_R)
+                    dn = tl.sum(wm * gmn, axis=1)
+                    dp = tl.sum(wm * gmp, axis=1)
+                else:
+                    dn = tl.load(gu_ptr + rows + (LMAX + l) * C, mask=mask, other=0.0)
+                    dp = tl.load(gu_ptr + rows + (2 * LMAX + l) * C, mask=mask, other=0.0)
+                a1 = pair_weight(rad_at, rad_sr, a0, hid, lw_ptr, lb_ptr, fs, chan, lane_mask, j, mask, l, LMAX, C,
+                                 H, NRAD, HAS_RAD, RAD_DEG, LINEAR)
+                if GRAD_EW or GRAD_MIX:
+                    pn, pp = pre_pair(rn, rp, a1, HAS_RAD)
+                if GRAD_EW:
+                    ew_acc += dn * pn + dp * pp
+                if GRAD_MIX:
+                    if HAS_EW:
+                        pn = pn * ew
+                        pp = pp * ew
+                    store_mix_grad(grad_mk_ptr, mb_ptr, pn[:, None, :] * gmn + pp[:, None, :] * gmp, e, e_mask,
+                                   lane, lane_mask, N0 * N0 + (l - 1) * LMAX, LMAX, NB1, K, CW, MIX, MIX_R)
+                if HAS_EW:
+                    dn = dn * ew
+                    dp = dp * ew
+                if GRAD_RAD:
+                    if RAD_DEG:
+                        tl.store(gr_at + l * C, d0 * r0 + (dn * rn + dp * rp), mask=mask)
+                    else:
+                        tl.store(gr_at + (LMAX + l) * C, dn * rn + dp * rp, mask=mask)
                 if HAS_RAD:
                     gn += dn * a1
                     gp += dp * a1

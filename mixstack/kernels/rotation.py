@@ -41,6 +41,8 @@ def lanes(C: tl.constexpr, CW: tl.constexpr, CP: tl.constexpr):
     """``(lane, stream, chan, lane_mask)``, each ``(CP,)``: lane ``q`` is channel ``chan = q % C``
     of stream ``q // C`` among ``CW`` channels (``CP`` the power of two above)."""
     lane = tl.arange(0, CP)
+    if CW == C:                             # one stream: no division, a stream index the compiler sees is 0
+        return lane, tl.zeros_like(lane), lane, lane < CW
     return lane, lane // C, lane % C, lane < CW
 
 
@@ -161,9 +163,11 @@ def edge_weights(ew_ptr, e, e_mask, stream, chan, mask, EW: tl.constexpr, HEADS:
     edge, stream and head (``(E, F, HEADS)`` contiguous, ``NG = F * HEADS``; head ``h`` of a
     stream covers its channels ``[h*C/HEADS, (h+1)*C/HEADS)``), ``(BLOCK_E, CP)``."""
     if EW == 1:
-        return tl.load(ew_ptr + e, mask=e_mask, other=0.0)[:, None]
-    group = stream * HEADS + chan // (C // HEADS)
-    return tl.load(ew_ptr + (e * NG)[:, None] + group[None, :], mask=mask, other=0.0)
+        ew = tl.load(ew_ptr + e, mask=e_mask, other=0.0)[:, None]
+    else:
+        group = stream * HEADS + chan // (C // HEADS)
+        ew = tl.load(ew_ptr + (e * NG)[:, None] + group[None, :], mask=mask, other=0.0)
+    return ew
 
 
 @triton.jit

@@ -150,7 +150,7 @@ def conv_config(layout: StackLayout) -> dict:
     bench model's frame (C 32, lmax 3, 409,688 edges, H200) forward + backward ran 4.88 ms a
     block against 5.19 with four warps (the backward kernel is latency-bound at 19% occupancy
     either way; BENCHMARKS.md, "CUDA graphs and rotate-in's launch"); its backward then spills
-    8-32 bytes on the sm_90 compile at lmax 1-6.  Wider C keep ``wide // 8`` warps (at least
+    0-32 bytes on the sm_90 compile at lmax 1-6.  Wider C keep ``wide // 8`` warps (at least
     4): spill-free at C 64 (241 registers at lmax 3), 24 bytes at C 128.
 
     Rotate-in with a degree mix (``mix_block`` edges a program; ``NB0`` / ``NB1`` the padded
