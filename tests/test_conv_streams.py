@@ -258,3 +258,33 @@ def test_the_backward_operators_reference_bodies_are_autograds_gradients():
                                                      True, True, 1, True, out_inp["degree_scale"])
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_the_double_backward_takes_partial_derivatives_where_one_input_depends_on_another():
+    """Force-loss training: the stack's result ``y`` is computed from the Wigner rows that rotate it
+    back.  The operators' graph-building backward must give the partial derivative in each input
+    (not also the path through ``y``): the second-order gradients equal the reference formulas'
+    under plain autograd."""
+    cin, cout = InCase(N=3, E=6, F=2, C=2, lmax=1, mix="basis1", radial=None), TINY_OUT
+    inp, out_inp = in_inputs(cin, dtype=F64), out_inputs(cout, dtype=F64)
+
+    def second(rotate_in, rotate_out):
+        x, wigner = inp["x"].clone().requires_grad_(), inp["wigner"].clone().requires_grad_()
+        u = rotate_in(x, wigner)                                                  # (F, E, ROW)
+        y = u.transpose(0, 1).tanh()                                              # y from the Wigner rows
+        out = rotate_out(y, wigner)
+        gx, gw = torch.autograd.grad(out.square().sum(), (x, wigner), create_graph=True)
+        return torch.autograd.grad(gx.square().sum() + gw.square().sum(), (x, wigner))
+
+    mix = (inp["kernel"], inp["basis"])
+    order = mixstack.edge_order(out_inp["dst"], cout.N)
+    got = second(lambda x, w: torch.ops.mixstack.rotate_in(x, w, None, inp["src"], None, None, None, 1, 2, *mix),
+                 lambda y, w: torch.ops.mixstack.rotate_out_sum(y, w, out_inp["dst"], out_inp["edge_weight"], cout.N,
+                                                                False, 1, True, *order, out_inp["degree_scale"])[0])
+    want = second(lambda x, w: conv_reference.rotate_in(x, w, None, inp["src"], streams=2,
+                                                        degree_mix=mixstack.DegreeMix(*mix)),
+                  lambda y, w: conv_reference.rotate_out_sum(y, w, out_inp["dst"], cout.N, streams="blocks",
+                                                             edge_weight=out_inp["edge_weight"],
+                                                             degree_scale=out_inp["degree_scale"]))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-11, atol=1e-11)

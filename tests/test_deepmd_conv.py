@@ -67,8 +67,7 @@ def test_convolution_and_its_input_gradients_match_deepmd(case):
 
 @pytest.mark.parametrize("heads", [0, 1])
 def test_source_gate_and_sorted_destinations(heads):
-    """SeZM's source gate (bridging mode) weights each message; destinations already in order
-    take the path that sorts nothing."""
+    """SeZM's source gate (bridging mode) weights each message; destinations in any order."""
     conv = make_conv(n_atten_head=heads).eval()
     fast = accelerated_conv(conv)
     for sorted_dst in (False, True):

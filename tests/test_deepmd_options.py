@@ -7,6 +7,8 @@ import pytest
 import torch
 from deepmd_cases import FLOAT64_RTOL, make_conv, max_rel, one_torch_thread, require_deepmd  # noqa: F401
 
+import mixstack
+from mixstack.conv.reference import degree_mixed
 from mixstack.deepmd import accelerate, glue
 from mixstack.deepmd.options import unsupported_reason
 
@@ -64,7 +66,7 @@ def test_sezm_wigner_rows_are_deepmd_rows_up_to_a_roll_about_the_edge():
     lmax = 4
     vec = torch.randn(9, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     d_full, _ = WignerDCalculator(lmax, dtype=torch.float64)(build_edge_quaternion(vec, eps=1e-7))
-    ours = glue.sezm_wigner(vec, lmax)
+    ours = mixstack.edge_wigner(vec, lmax, convention="sezm")
     turns = []
     for l in range(1, lmax + 1):
         cols = slice(l * l, (l + 1) ** 2)
@@ -94,34 +96,21 @@ def test_degree_mix_is_deepmd_radial_degree_mixer(mode, rank):
     rad = torch.randn(n_edges, lmax + 1, channels, generator=gen, dtype=torch.float64)
     degree_index = torch.tensor(list(range(lmax + 1)) + 2 * list(range(1, lmax + 1)))
     ref = mixer(u, rad[:, degree_index])
-    out = glue.degree_mix(u, glue.mixer_kernel(mixer, rad), lmax)
+    out = degree_mixed(u[:, None], glue.degree_mix(mixer, rad, detach=False), lmax)[:, 0]
     assert max_rel(out, ref) < FLOAT64_RTOL
 
 
-def test_focus_and_channel_layouts_invert_each_other():
-    """The stack's focus-major rows and SeZM's channel blocks are one permutation apart."""
-    gen = torch.Generator().manual_seed(3)
-    n_edges, rows, n_focus, cf = 5, 7, 2, 4
-    u = torch.randn(n_edges, rows, n_focus * cf, generator=gen)
-    u0 = glue.focus_major(u, n_focus)
-    assert u0.shape == (n_focus, n_edges, rows * cf)
-    assert torch.equal(u0[1, 3].view(rows, cf), u[3, :, cf:])
-    back = glue.channel_major(u0.transpose(0, 1), rows)
-    assert torch.equal(back.view(n_edges, rows, n_focus * cf), u)
-    weight = torch.rand(n_edges, n_focus, 2, generator=gen)
-    weighted = glue.channel_major(u0.transpose(0, 1), rows, weight).view(n_edges, rows, n_focus, 2, cf // 2)
-    assert torch.equal(weighted, u.view(n_edges, rows, n_focus, 2, cf // 2) * weight[:, None, :, :, None])
-
-
-def test_destination_order_is_stable_and_skipped_when_already_sorted():
+def test_the_frames_wigner_rows_and_destination_order_are_built_once():
+    """The first convolution of a frame builds the Wigner rows and the destination order in the
+    edge cache's per-frame dict; the next reads them; a cache without the dict builds its own."""
     from deepmd_cases import conv_inputs
 
     conv = make_conv(channels=16)
-    _, cache, radial = conv_inputs(conv, sorted_dst=False)
-    edges = glue.edges_by_destination(cache, radial)
-    order = torch.argsort(cache.dst, stable=True)
-    assert torch.equal(edges.dst, cache.dst[order]) and torch.equal(edges.src, cache.src[order])
-    assert torch.equal(edges.radial, radial[order]) and torch.equal(edges.vec, cache.edge_vec[order])
-    _, cache, radial = conv_inputs(conv, sorted_dst=True)
-    edges = glue.edges_by_destination(cache, radial)
-    assert edges.src is cache.src and edges.radial is radial
+    _, cache, _ = conv_inputs(conv)
+    first = glue.frame_edges(cache, conv.lmax, torch.float64, 7)
+    again = glue.frame_edges(cache, conv.lmax, torch.float64, 7)
+    assert again.wigner is first.wigner and again.order.perm is first.order.perm
+    assert torch.equal(first.order.perm, torch.argsort(cache.dst, stable=True))
+    assert first.src is cache.src and first.dst is cache.dst                      # no edge tensor copied
+    alone = glue.frame_edges(cache._replace(D_to_m_cache=None), conv.lmax, torch.float64, 7)
+    assert alone.wigner is not first.wigner and torch.equal(alone.wigner, first.wigner)

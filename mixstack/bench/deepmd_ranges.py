@@ -9,9 +9,9 @@ backward, to the innermost range it ran in:
   only its own value path reads (an accelerated descriptor no longer builds them);
 * ``value_path``: on deepmd-kit's path ``SO2Convolution.so2_message`` (rotation, radial degree
   mixer, stack, competition, and the rotation back unless its fused attention aggregation runs)
-  and that aggregation (``_flash_atten_fn``); on mixstack's, ``value_path.aggregate`` (Wigner
-  rows to aggregation, all of it) and the destination sort of the edges
-  (``glue.edges_by_destination``);
+  and that aggregation (``_flash_atten_fn``); on mixstack's, ``value_path.aggregate`` (rotate-in
+  to aggregation, all of it) and the frame's Wigner rows and destination order
+  (``glue.frame_edges``, built by the frame's first convolution);
 * ``convolution``: the rest of each ``SO2Convolution`` (channel mixes, attention logits and
   gates, grid products, and deepmd-kit's unfused aggregation);
 * everything else is ``other`` (the embedding, the FFNs, the readout, the neighbour list).
@@ -60,7 +60,7 @@ def ranges(model):
                 wrap(module, "so2_message", "value_path")
                 if module._flash_atten_fn is not None:
                     wrap(module, "_flash_atten_fn", "value_path")
-    for module, attr in ((value_path, "aggregate"), (glue, "edges_by_destination")):
+    for module, attr in ((value_path, "aggregate"), (glue, "frame_edges")):
         old = getattr(module, attr)
         setattr(module, attr, _ranged(old, "value_path"))
         undo.append(functools.partial(setattr, module, attr, old))

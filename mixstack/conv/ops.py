@@ -200,6 +200,11 @@ def reference_grads(forward, inputs, needs, cotangent, create_graph: bool, in_au
     chosen = [inputs[i] for i in wanted]
     if in_autograd and not create_graph:
         chosen = [t.detach().requires_grad_() for t in chosen]
+    elif create_graph:
+        # a view of each input, a node of its own: the gradient is the partial derivative through
+        # this use of the input alone, where the input itself could also reach another input
+        # (y computed from the Wigner rows), and it stays differentiable in the input
+        chosen = [t.view_as(t) for t in chosen]
     if create_graph or in_autograd:
         with torch.enable_grad():
             got = torch.autograd.grad(chosen_forward(*chosen), chosen, cotangent, create_graph=create_graph,

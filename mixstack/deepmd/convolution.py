@@ -65,8 +65,8 @@ class MixstackSO2Convolution(SO2Convolution):
         ``SO2Convolution.forward``."""
         n_node = x.shape[0]
         x = self.pre_focus_mix(x.unsqueeze(2)).squeeze(2)                # (N, D, F*Cf)
-        edges = glue.edges_by_destination(edge_cache, radial_feat)
-        rad = edges.radial if self.radial_hidden_proj is None else self.radial_hidden_proj(edges.radial)
+        edges = glue.frame_edges(edge_cache, self.lmax, self.compute_dtype, n_node, self._mixstack_level)
+        rad = radial_feat if self.radial_hidden_proj is None else self.radial_hidden_proj(radial_feat)
         attention = self._attention_weights(x, rad, edges, n_node) if self.n_atten_head > 0 else None
         agg = value_path.aggregate(self, x, rad, edges, n_node, attention, level=self._mixstack_level)
         if attention is None:

@@ -73,6 +73,7 @@ def _model_check(name, frame, **descriptor):
     with mixstack.dispatch_log() as log:
         first = model_outputs(fast, frame32)
     assert all(log[p] == len(report) for p in ("fwd:triton", "conv_in:triton", "conv_out:triton")), dict(log)
+    assert log["wigner:triton"] == 1, dict(log)          # the frame's Wigner rows, shared by its blocks
     for key in KEYS:
         tol = fp32_tolerance(ref32[key], ref64[key])
         assert (first[key].double() - ref32[key].double()).abs().max().item() <= tol, key
