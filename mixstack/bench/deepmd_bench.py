@@ -16,8 +16,11 @@ Per case (config x system x size): the median frame time of interleaved rounds i
 order after warm-up (``mixstack.bench.timing``, CUDA events), peak memory above the resident
 models, and energy, forces and virial against the float64 model (deepmd-kit's path, same
 weights); with ``--breakdown``, each variant's device time per stage, forward and backward
-(``deepmd_ranges``: the value path apart from the rest).  Results: ``deepmd_bench.json``,
-``.md`` and ``.csv``.  The models are untrained: weights perturbed (``configs.perturb``).
+(``deepmd_ranges``: the value path apart from the rest); with ``--md-steps N``, each variant's
+NVE throughput through deepmd-kit's ASE calculator (``deepmd_md``: steps per second, ns per day,
+energy drift; the variants run one after another, not interleaved).  Results:
+``deepmd_bench.json``, ``.md`` and ``.csv``.  The models are untrained: weights perturbed
+(``configs.perturb``).
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ import contextlib
 import gc
 import os
 import sys
+import tempfile
 
 import torch
 
 from ..deepmd import configs, systems
 from ..measure import env, report
 from ..measure.timing import Task, clock_for, time_interleaved
-from . import breakdown
+from . import breakdown, deepmd_md
 from .deepmd_ranges import STAGES
 
 SYSTEMS = {"water": (systems.water, ["O", "H"]), "rocksalt": (systems.rocksalt, ["Ni", "O"])}
@@ -138,6 +142,35 @@ def _stage_times(model, inputs, device, rounds: int) -> dict:
             "busy_ms": total * per, "stages": stages}
 
 
+def _free(device) -> None:
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def md_runs(config: dict, model, frame, type_map, variants, args, device) -> dict:
+    """``{variant: md record}``: NVE through deepmd-kit's ASE calculator on ``model``'s weights
+    (written as a checkpoint), one variant after another (CUDA-graphed variants left out: the
+    calculator runs deepmd-kit's frame)."""
+    atoms = deepmd_md.atoms_of(frame, type_map)
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.pt")
+        deepmd_md.save_checkpoint(model, config, path)
+        for key in variants:
+            who, level, graphed = parse_variant(key)
+            if graphed:
+                continue
+            with _dp_triton_infer(level if who == "dp" else args.rest_level):
+                calc, acc_report = deepmd_md.load_calculator(path, None if who == "dp" else level)
+            record = deepmd_md.md_throughput(calc, atoms, steps=args.md_steps, warmup=args.md_warmup,
+                                             dt_fs=args.md_dt, device=device)
+            out[key] = {**record, "accelerated": None if acc_report is None else [c.runs_on for c in acc_report]}
+            del calc
+            _free(device)
+    return out
+
+
 def run_case(config_name: str, system: str, atoms: int, variants, args, device) -> dict:
     """One config on one system size: every variant timed, its memory and accuracy."""
     make_frame, type_map = SYSTEMS[system]
@@ -153,9 +186,7 @@ def run_case(config_name: str, system: str, atoms: int, variants, args, device) 
     ref = {k: v.detach() for k, v in _frame(ref_model.to(device).eval(), inputs64).items()
            if k in ("energy", "force", "virial")}
     del ref_model, inputs64
-    gc.collect()
-    if torch.device(device).type == "cuda":
-        torch.cuda.empty_cache()                           # the float64 frame's memory, before the variants
+    _free(device)                                          # the float64 frame's memory, before the variants
     inputs = (coord.float().to(device), atype.to(device), None if box is None else box.float().to(device))
     record = {"config": config_name, "system": system, "atoms": int(atype.numel()), "variants": {}}
     tasks, models = {}, {}
@@ -186,29 +217,58 @@ def run_case(config_name: str, system: str, atoms: int, variants, args, device) 
         for key, model in models.items():
             if not parse_variant(key)[2]:
                 record["variants"][key]["breakdown"] = _stage_times(model, inputs, device, args.breakdown_rounds)
+    if args.md_steps > 0:
+        tasks = models = model = run = out = None           # noqa: F841  (the timed models' memory, before MD)
+        _free(device)
+        for key, md in md_runs(config, base, (coord, atype, box), type_map, variants, args, device).items():
+            record["variants"][key]["md"] = md
     return record
+
+
+def _stage_sum(stages, names) -> float | None:
+    return None if not stages else sum(stages[s]["forward_ms"] + stages[s]["backward_ms"] for s in names)
+
+
+def _stage_rows(record: dict) -> list[str]:
+    """Where each variant's device time goes: the value path (Wigner rows to aggregation) apart
+    from the rest of the convolution and of the model, forward / backward."""
+    lines = ["", "Device time per stage (ms a frame, forward / backward; `deepmd_ranges`):", "",
+             "| config | system | atoms | variant | wigner | value path | rest of convolution | rest of model |",
+             "|" + "---|" * 8]
+    for case in record["cases"]:
+        for key, v in case["variants"].items():
+            stages = v.get("breakdown", {}).get("stages")
+            if not stages:
+                continue
+            cells = [f"{stages[s]['forward_ms']:.2f} / {stages[s]['backward_ms']:.2f}"
+                     for s in (*STAGES, breakdown.OTHER)]
+            lines.append("| " + " | ".join([case["config"], case["system"], str(case["atoms"]), key, *cells]) + " |")
+    return lines if len(lines) > 5 else []
 
 
 def markdown(record: dict) -> str:
     lines = ["# deepmd-kit SeZM: deepmd-kit's levels against mixstack", ""]
     lines += [f"- {line}" for line in report.header_lines(record)] + [""]
     lines += ["| config | system | atoms | variant | median ms | p20-p80 ms | peak MiB | force max abs | "
-              "energy rel | Wigner to aggregation, fwd+bwd ms |", "|" + "---|" * 10]
+              "energy rel | Wigner to aggregation, fwd+bwd ms | rest, fwd+bwd ms | MD steps/s | MD ns/day |",
+              "|" + "---|" * 13]
     for case in record["cases"]:
         for key, v in case["variants"].items():
             t = v.get("time")
             acc = v.get("accuracy", {})
             stages = v.get("breakdown", {}).get("stages")
-            value = None if not stages else sum(stages[s]["forward_ms"] + stages[s]["backward_ms"]
-                                                for s in ("wigner", "value_path"))
+            md = v.get("md", {})
             peak = v.get("peak_memory_bytes")
             cells = [case["config"], case["system"], str(case["atoms"]), key,
                      v.get("not_run", "—") if t is None else f"{t['median_ms']:.2f}",
                      "—" if t is None else f"{t['p20_ms']:.2f}-{t['p80_ms']:.2f}",
                      report.fmt(None if peak is None else peak / 2 ** 20, ".0f"),
-                     report.fmt(acc.get("force_max_abs")), report.fmt(acc.get("energy_rel")), report.fmt(value, ".2f")]
+                     report.fmt(acc.get("force_max_abs")), report.fmt(acc.get("energy_rel")),
+                     report.fmt(_stage_sum(stages, ("wigner", "value_path")), ".2f"),
+                     report.fmt(_stage_sum(stages, ("convolution", breakdown.OTHER)), ".2f"),
+                     report.fmt(md.get("steps_per_s"), ".2f"), report.fmt(md.get("ns_per_day"), ".3f")]
             lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _stage_rows(record)) + "\n"
 
 
 def long_rows(record: dict) -> list[dict]:
@@ -221,6 +281,8 @@ def long_rows(record: dict) -> list[dict]:
                    **{k: val for k, val in v.get("accuracy", {}).items()}, "not_run": v.get("not_run"), **cols}
             for stage, t in v.get("breakdown", {}).get("stages", {}).items():
                 row[f"{stage}_forward_ms"], row[f"{stage}_backward_ms"] = t["forward_ms"], t["backward_ms"]
+            for field in ("steps_per_s", "ns_per_day", "drift_mev_atom_ps"):
+                row[f"md_{field}"] = v.get("md", {}).get(field)
             rows.append(row)
     return rows
 
@@ -236,6 +298,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--breakdown", action="store_true", help="device time per stage (profiler)")
     p.add_argument("--breakdown-rounds", type=int, default=3)
+    p.add_argument("--md-steps", type=int, default=0, help="NVE steps through deepmd-kit's ASE calculator (0: none)")
+    p.add_argument("--md-warmup", type=int, default=3, help="untimed NVE steps first")
+    p.add_argument("--md-dt", type=float, default=0.5, help="NVE time step, fs")
     p.add_argument("--rcut", type=float, default=None, help="override the configs' cutoff (tiny CPU runs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")

@@ -24,42 +24,54 @@ FS_PER_NS = 1e6
 SECONDS_PER_DAY = 86400.0
 
 
-def run_md(model, atoms, level: int, *, compiled: bool, steps: int, cuda_graphs: bool = False, warmup: int = 5, dt_fs: float = 1.0,
-           temperature_K: float = 300.0, seed: int = 0, skin: float = 1.0, device=None) -> dict:
-    """NVE of ``atoms`` (not modified) with ``model`` at ``level``; the record described above."""
+def nve(atoms, *, steps: int, warmup: int = 5, dt_fs: float = 1.0, temperature_K: float = 300.0, seed: int = 0,
+        before=None) -> dict:
+    """NVE of ``atoms`` (its calculator set; modified) through ASE's velocity Verlet: Maxwell-Boltzmann
+    velocities (seeded, no net momentum), ``warmup`` untimed steps, then ``steps`` timed ones;
+    the throughput and energy-drift fields of the record described above.  ``before()`` runs
+    after the warm-up (a counter's starting value)."""
     from ase import units
     from ase.md import velocitydistribution as vd
     from ase.md.verlet import VelocityVerlet
 
-    from ..potential.calculator import MixstackCalculator
-    atoms = atoms.copy()
-    atoms.calc = calc = MixstackCalculator(model, device=device, skin=skin, compile=compiled,
-                                                      cuda_graphs=cuda_graphs)
     thermalize = getattr(vd, "thermalize_momenta", None) or vd.MaxwellBoltzmannDistribution   # ASE >= 3.29 / older
     thermalize(atoms, temperature_K=temperature_K, rng=np.random.default_rng(seed))
     vd.Stationary(atoms)
     md = VelocityVerlet(atoms, timestep=dt_fs * units.fs)
     n = len(atoms)
-    with use_level(level):
-        md.run(warmup)
-        rebuilds0 = calc.neighbors.rebuilds
-        total = [atoms.get_total_energy()]
-        start = time.perf_counter()
-        for _ in range(steps):
-            md.run(1)
-            total.append(atoms.get_total_energy())
-        elapsed = time.perf_counter() - start
+    md.run(warmup)
+    if before is not None:
+        before()
+    total = [atoms.get_total_energy()]
+    start = time.perf_counter()
+    for _ in range(steps):
+        md.run(1)
+        total.append(atoms.get_total_energy())
+    elapsed = time.perf_counter() - start
     per_atom = np.asarray(total) / n
     t_ps = np.arange(len(per_atom)) * dt_fs * 1e-3
     slope = float(np.polyfit(t_ps, per_atom, 1)[0]) * 1e3 if steps > 1 else float("nan")
     rate = steps / elapsed
-    return {"steps": steps, "warmup_steps": warmup, "dt_fs": dt_fs, "temperature_K": temperature_K, "skin": skin,
+    return {"steps": steps, "warmup_steps": warmup, "dt_fs": dt_fs, "temperature_K": temperature_K,
             "atoms": n, "wall_s": elapsed, "steps_per_s": rate,
             "ns_per_day": rate * dt_fs / FS_PER_NS * SECONDS_PER_DAY,
             "us_per_atom_step": elapsed / steps / n * 1e6,
             "drift_mev_atom_ps": slope,
             "max_excursion_mev_atom": float(np.abs(per_atom - per_atom[0]).max()) * 1e3,
-            "neighbour_rebuilds": calc.neighbors.rebuilds - rebuilds0,
-            "graph_captures": None if calc.graphs is None else calc.graphs.captures,
-            "graph_fallback": None if calc.graphs is None else calc.graphs.fallback_reason,
             "final_temperature_K": float(atoms.get_temperature())}
+
+
+def run_md(model, atoms, level: int, *, compiled: bool, steps: int, cuda_graphs: bool = False, warmup: int = 5, dt_fs: float = 1.0,
+           temperature_K: float = 300.0, seed: int = 0, skin: float = 1.0, device=None) -> dict:
+    """NVE of ``atoms`` (not modified) with ``model`` at ``level``; the record described above."""
+    from ..potential.calculator import MixstackCalculator
+    atoms = atoms.copy()
+    atoms.calc = calc = MixstackCalculator(model, device=device, skin=skin, compile=compiled,
+                                                      cuda_graphs=cuda_graphs)
+    rebuilds = []
+    with use_level(level):
+        record = nve(atoms, steps=steps, warmup=warmup, dt_fs=dt_fs, temperature_K=temperature_K, seed=seed,
+                     before=lambda: rebuilds.append(calc.neighbors.rebuilds))
+    return {**record, "skin": skin, "neighbour_rebuilds": calc.neighbors.rebuilds - rebuilds[0],
+            "graph_captures": None if calc.graphs is None else calc.graphs.captures,
+            "graph_fallback": None if calc.graphs is None else calc.graphs.fallback_reason}
