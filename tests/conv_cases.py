@@ -64,8 +64,8 @@ def _indices(n: int, e: int, g) -> tuple[torch.Tensor, torch.Tensor]:
     return src[torch.randperm(e, generator=g)], dst[torch.randperm(e, generator=g)]
 
 
-def in_inputs(case: InCase, seed: int = 0, *, dtype=torch.float32) -> dict:
-    """Seeded inputs of ``case`` (float64 on the CPU, then cast)."""
+def in_inputs(case: InCase, seed: int = 0, *, dtype=torch.float32, device="cpu") -> dict:
+    """Seeded inputs of ``case`` (float64 on the CPU, then cast and moved)."""
     g = torch.Generator().manual_seed(seed)
     f64, s = torch.float64, (case.lmax + 1) ** 2
     wide = case.F * case.C if case.streams else case.C
@@ -81,8 +81,9 @@ def in_inputs(case: InCase, seed: int = 0, *, dtype=torch.float32) -> dict:
         out["kernel"] = torch.randn(case.E, k, rank, generator=g, dtype=f64) / (case.lmax + 1) ** 0.5
         if case.mix.startswith("basis"):
             out["basis"] = torch.randn(rank, case.F * case.C, generator=g, dtype=f64)
-    out = {key: None if v is None else v.to(dtype) for key, v in out.items()}
-    out["src"], _ = _indices(case.N, case.E, g)
+    out = {key: None if v is None else v.to(dtype=dtype, device=device) for key, v in out.items()}
+    src, _ = _indices(case.N, case.E, g)
+    out["src"] = src.to(device)
     return out
 
 
@@ -104,7 +105,7 @@ def run_in(case: InCase, inp: dict, *, grad_seed: int = 1, basis_grad: bool = Fa
     return u, dict(zip(names, grads)), leaves
 
 
-def out_inputs(case: OutCase, seed: int = 0, *, dtype=torch.float32) -> dict:
+def out_inputs(case: OutCase, seed: int = 0, *, dtype=torch.float32, device="cpu") -> dict:
     g = torch.Generator().manual_seed(seed)
     f64, s = torch.float64, (case.lmax + 1) ** 2
     row = (3 * case.lmax + 1) * case.C
@@ -113,9 +114,9 @@ def out_inputs(case: OutCase, seed: int = 0, *, dtype=torch.float32) -> dict:
            "wigner": torch.randn(case.E, 3, s, generator=g, dtype=f64),
            "edge_weight": None if case.weight is None else torch.rand(case.E, *heads, generator=g, dtype=f64) + 0.1,
            "degree_scale": torch.rand(s, generator=g, dtype=f64) + 0.5 if case.scale else None}
-    out = {key: None if v is None else v.to(dtype) for key, v in out.items()}
+    out = {key: None if v is None else v.to(dtype=dtype, device=device) for key, v in out.items()}
     _, dst = _indices(case.N, case.E, g)
-    out["dst"] = dst if case.order else dst.sort().values
+    out["dst"] = (dst if case.order else dst.sort().values).to(device)
     return out
 
 

@@ -20,7 +20,8 @@ from deepmd_cases import (
 )
 
 import mixstack
-from mixstack.deepmd import bench, systems
+from mixstack.bench import deepmd_bench as bench
+from mixstack.deepmd import systems
 
 pytestmark = [
     pytest.mark.gpu,
@@ -60,7 +61,8 @@ def test_levels_match_deepmd_and_float64(name, deterministic):
         with mixstack.dispatch_log() as log:
             outs[level] = model_outputs(fast, _on(frame, torch.float32))
         assert log["fwd:triton"] + log["fwd:compensated"] == len(report), dict(log)
-        assert log["conv_in:triton"] == len(report) and log["wigner:triton"] == len(report), dict(log)
+        assert log["conv_in:triton"] == len(report) and log["conv_out:triton"] == len(report), dict(log)
+        assert log["wigner:triton"] == 1, dict(log)              # the frame's rows, shared by its blocks
         ulps = 32 if level < 3 else 512                          # level 3: compensated products
         for key in KEYS:
             tol = fp32_tolerance(ref32[key], ref64[key], ulps=ulps)
@@ -72,11 +74,12 @@ def test_levels_match_deepmd_and_float64(name, deterministic):
 
 def test_the_bench_runs_on_the_gpu(tmp_path):
     assert bench.main(["--atoms", "96", "--configs", "water", "--systems", "water", "--variants",
-                       "dp0,dp2,ms2,ms2g", "--rounds", "3", "--warmup", "1", "--breakdown", "--device", DEV,
-                       "--out", str(tmp_path)]) == 0
+                       "dp0,dp2,ms2,ms2g", "--rounds", "3", "--warmup", "1", "--breakdown", "--md-steps", "3",
+                       "--md-warmup", "1", "--device", DEV, "--out", str(tmp_path)]) == 0
     (case,) = json.loads((tmp_path / "deepmd_bench.json").read_text())["cases"]
     for key in ("dp0", "dp2", "ms2"):
         v = case["variants"][key]
         assert v["time"]["median_ms"] > 0 and v["peak_memory_bytes"] > 0
         assert v["breakdown"]["stages"]["value_path"]["forward_ms"] > 0
+        assert v["md"]["steps_per_s"] > 0
     assert "time" in case["variants"]["ms2g"] or case["variants"]["ms2g"]["not_run"]
