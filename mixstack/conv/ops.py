@@ -11,7 +11,10 @@ elsewhere, and records which in ``dispatch_log`` (``conv_in:triton`` / ``conv_in
 ``conv_in_bwd:*``, ``conv_out:*``, ``conv_out_bwd:*``).  The kernels' launch configs are fixed
 per layout at every level (``configs.conv_config``), so levels 1-3 give the same bits.  The
 later arguments (``streams``, the degree mix, ``blocks``, the destination order,
-``degree_scale``) have defaults that keep the first calls' meaning.
+``degree_scale``) have defaults that keep the first calls' meaning.  The signatures are flat
+and long (``rotate_in_backward``: every input and a flag per gradient) because a
+``torch.library`` schema takes tensors and scalars, not structures; the public functions
+(``conv.functional``) group them.
 
 Autograd: rotate-in keeps its inputs (no new surface: they exist anyway).  Rotate-out keeps
 the stack's result ``y`` where a double backward may need it (``keep_input``) or where the
