@@ -31,6 +31,7 @@ import torch
 
 from ..conv import launchers as conv_launchers
 from ..stack import gemm, launchers, training
+from ..stack.values import Saved, StackSpec, Weights
 
 # SASS opcodes summed by the report (the first dotted part of each instruction).
 COUNTED = ("FFMA", "HMMA", "HGMMA", "LDS", "STS", "LDSM", "LDG", "STG", "LDGSTS", "BAR", "SHFL", "MUFU")
@@ -112,14 +113,15 @@ def stack_launches(layout, n_focus: int, apply_alpha: bool = True, *, n_layers: 
     w0 = torch.empty((n_layers, n_focus, layout.m0, layout.m0), **meta)
     w1 = torch.empty((n_layers, n_focus, layout.m1, layout.m1), **meta)
     gw = torch.empty((n_layers - 1, n_focus, layout.focus_dim, layout.gate_width), **meta)
+    weights, spec = Weights(w0, w1, gw), StackSpec(layout, apply_alpha)
     out = []
-    out += record_launches(launchers.stack_forward, u0, alpha, w0, w1, gw, layout, apply_alpha,
-                           gemm_cfg, compensated=compensated)
+    out += record_launches(launchers.stack_forward, u0, alpha, weights, spec,
+                           launchers.LaunchPlan(gemm_cfg, compensated=compensated))
     grad_out = torch.empty((edges, n_focus, layout.row), **meta)
     y = torch.empty((edges, n_focus, layout.row) if apply_alpha else (0,), **meta)
     z = torch.empty((n_layers - 1, n_focus, edges, layout.row), **meta)
-    out += record_launches(launchers.stack_backward, grad_out, y, z, alpha, w0, w1, gw, layout,
-                           apply_alpha, gemm_cfg, fused_cfg, compensated=compensated)
+    out += record_launches(launchers.stack_backward, grad_out, Saved(z, y, alpha), weights, spec,
+                           launchers.LaunchPlan(gemm_cfg, fused_cfg, compensated))
     return out
 
 
@@ -173,14 +175,15 @@ def training_launches(layout, n_focus: int, apply_alpha: bool = True, *, n_layer
     z = torch.empty((n_layers - 1,) + shape, **meta)
     u0, v = torch.empty(shape, **meta), torch.empty(shape, **meta)
     w = torch.empty((edges, n_focus), **meta)
-    plan = training.WgradPlan(wgrad_cfg, wgrad_compensated)
-    out = record_launches(training.backward_chain, grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha,
-                          gemm_cfg, compensated)
+    weights, spec = Weights(w0, w1, gw), StackSpec(layout, apply_alpha)
+    plan = launchers.LaunchPlan(gemm_cfg, compensated=compensated)
+    wgrad = training.WgradPlan(wgrad_cfg, wgrad_compensated)
+    out = record_launches(training.backward_chain, grad_out, Saved(z, y, alpha), weights, spec, plan)
     chain = torch.empty_like(z)
-    out += record_launches(training.double_backward, v, w, grad_out, y, z, chain, alpha, w0, w1, gw, layout,
-                           apply_alpha, gemm_cfg, plan, compensated)
-    out += record_launches(training.backward_with_weights, grad_out, y, z, u0, alpha, w0, w1, gw, layout,
-                           apply_alpha, gemm_cfg, plan, compensated, grad_z=torch.empty_like(z),
+    out += record_launches(training.double_backward, v, w, grad_out, Saved(z, y, alpha), chain, weights, spec,
+                           plan, wgrad)
+    out += record_launches(training.backward_with_weights, grad_out, Saved(z, y, alpha, u0), weights, spec,
+                           plan, wgrad, grad_z=torch.empty_like(z),
                            grad_y=torch.empty_like(grad_out) if apply_alpha else None)
     return out
 

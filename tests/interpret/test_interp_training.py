@@ -217,8 +217,8 @@ def test_the_op_level_double_backward_matches_the_reference_formulas_in_float64(
     _, z, y = torch.ops.mixstack.stack_forward(*inputs, *case.op_args, 1)
     empty = grad_out.new_empty((0,))
     with mixstack.dispatch_log() as log:
-        got = torch.ops.mixstack.stack_double_backward(v, w, grad_out, y, z, empty, inputs[1], *inputs[2:],
-                                                       *case.op_args, 1, True)
+        got = torch.ops.mixstack.stack_double_backward(v, w, grad_out, y, z, empty, inputs[1], list(inputs[2:]),
+                                                       case.op_spec(1), [True, True, True])
     assert log["bwd2:triton"] == 1 and log["wgrad:triton"] == 1
     d64 = [t.double() for t in (v, w, grad_out, y, z, *inputs[1:])]
     want = mixstack.reference.double_backward(*d64, **case.kw)
