@@ -3,7 +3,8 @@
 ``mixstack::rotate_in`` -> ``u (F, E, ROW)`` and ``mixstack::rotate_in_backward`` -> the
 gradients of ``(x, wigner, radial, edge_scalar, scalar_weight, edge_weight)``; ``mixstack::rotate_out_sum`` ->
 ``(out (N, S, C), ys)`` and ``mixstack::rotate_out_sum_backward`` -> the gradients of
-``(ys (E, ROW), wigner, edge_weight)``.  All four are ``triton_op``s, so ``torch.compile``,
+``(ys (E, ROW), wigner, edge_weight)``.  Each backward operator takes ``needs``, one flag per
+gradient in the order of its outputs, saying which are asked for.  All four are ``triton_op``s, so ``torch.compile``,
 ``torch.export`` and ``make_fx`` trace into their bodies; a body runs the kernels where they
 can run (CUDA, or any device under ``TRITON_INTERPRET=1``, float32) and the tensor-op formulas
 of ``conv_reference`` elsewhere, and records which in ``dispatch_log`` (``conv_in:triton`` /
@@ -77,12 +78,10 @@ def rotate_in(x: Tensor, wigner: Tensor, radial: Tensor, src: Tensor, edge_scala
 @triton_op("mixstack::rotate_in_backward", mutates_args=())
 def rotate_in_backward(grad_u: Tensor, x: Tensor, wigner: Tensor, radial: Tensor, src: Tensor,
                        edge_scalar: Optional[Tensor], scalar_weight: Optional[Tensor],
-                       edge_weight: Optional[Tensor], need_x: bool, need_wigner: bool, need_radial: bool,
-                       need_edge_scalar: bool, need_scalar_weight: bool, need_edge_weight: bool,
+                       edge_weight: Optional[Tensor], needs: list[bool],
                        level: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Gradients of ``(x, wigner, radial, edge_scalar, scalar_weight, edge_weight)``; those not asked
-    for come back empty."""
-    needs = (need_x, need_wigner, need_radial, need_edge_scalar, need_scalar_weight, need_edge_weight)
+    """Gradients of ``(x, wigner, radial, edge_scalar, scalar_weight, edge_weight)``; ``needs``: six
+    flags in that order, which are asked for (those not come back empty)."""
     if _kernels_for(grad_u, x.shape[2], level):
         record("conv_in_bwd:triton")
         return cl.rotate_in_backward(grad_u.contiguous(), x.contiguous(), wigner.contiguous(),
@@ -119,13 +118,12 @@ def rotate_in_linear(x: Tensor, wigner: Tensor, hidden: Tensor, weight: Tensor, 
 @triton_op("mixstack::rotate_in_linear_backward", mutates_args=())
 def rotate_in_linear_backward(grad_u: Tensor, x: Tensor, wigner: Tensor, hidden: Tensor, weight: Tensor,
                               bias: Tensor, src: Tensor, edge_scalar: Optional[Tensor],
-                              edge_weight: Optional[Tensor], need_x: bool, need_wigner: bool, need_hidden: bool,
-                              need_edge_scalar: bool, need_edge_weight: bool,
+                              edge_weight: Optional[Tensor], needs: list[bool],
                               level: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Gradients of ``(x, wigner, hidden, edge_scalar, edge_weight)`` of ``rotate_in_linear`` (not
     of the layer's weight and bias: a backward that wants those runs the reference formulas);
-    those not asked for come back empty."""
-    needs = (need_x, need_wigner, need_hidden, need_edge_scalar, need_edge_weight)
+    ``needs``: five flags in that order, which are asked for (those not come back empty)."""
+    need_x, need_wigner, need_hidden, need_edge_scalar, need_edge_weight = needs
     if _kernels_for(grad_u, x.shape[2], level):
         record("conv_in_bwd:triton")
         g = cl.rotate_in_backward(grad_u.contiguous(), x.contiguous(), wigner.contiguous(), None, src.contiguous(),
@@ -192,12 +190,12 @@ def rotate_out_sum(y: Tensor, wigner: Tensor, dst: Tensor, edge_weight: Optional
 
 @triton_op("mixstack::rotate_out_sum_backward", mutates_args=())
 def rotate_out_sum_backward(grad_out: Tensor, ys: Tensor, wigner: Tensor, dst: Tensor,
-                            edge_weight: Optional[Tensor], need_y: bool, need_wigner: bool,
-                            need_edge_weight: bool, level: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients of ``(ys (E, ROW), wigner, edge_weight)``; ``ys (E, Fs, ROW)`` is the saved focus
-    sum (``Fs = 1``) or the stack's result, summed here."""
+                            edge_weight: Optional[Tensor], needs: list[bool],
+                            level: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of ``(ys (E, ROW), wigner, edge_weight)``; ``needs``: three flags in that order,
+    which are asked for (those not come back empty).  ``ys (E, Fs, ROW)`` is the saved focus sum
+    (``Fs = 1``) or the stack's result, summed here."""
     layout = _layout_of_y(ys, wigner)
-    needs = (need_y, need_wigner, need_edge_weight)
     if _kernels_for(grad_out, layout.focus_dim, level):
         record("conv_out_bwd:triton")
         return cl.rotate_out_backward(grad_out.contiguous(), _unit_channel_stride(ys), wigner.contiguous(),
@@ -227,8 +225,9 @@ def _rotate_in_backward(ctx, grad_u):
     else:
         has_scalar, has_ew = edge_scalar is not None, edge_weight is not None
         grads = torch.ops.mixstack.rotate_in_backward(
-            grad_u, x, wigner, radial, src, edge_scalar, scalar_weight, edge_weight, need[0], need[1], need[2],
-            need[4] and has_scalar, need[5] and has_scalar, need[6] and has_ew, ctx.level)
+            grad_u, x, wigner, radial, src, edge_scalar, scalar_weight, edge_weight,
+            [need[0], need[1], need[2], need[4] and has_scalar, need[5] and has_scalar, need[6] and has_ew],
+            ctx.level)
     gx, gw, grad, gh, gsw, gew = grads
     return (gx if need[0] else None, gw if need[1] else None, grad if need[2] else None, None,
             gh if need[4] else None, gsw if need[5] else None, gew if need[6] else None, None)
@@ -251,8 +250,8 @@ def _rotate_in_linear_backward(ctx, grad_u):
                                               src, needs, create_graph=torch.is_grad_enabled())
     else:
         gx, gw, gh, gs, gew = torch.ops.mixstack.rotate_in_linear_backward(
-            grad_u, x, wigner, hidden, weight, bias, src, edge_scalar, edge_weight, n[0], n[1], n[2],
-            n[6] and edge_scalar is not None, n[7] and edge_weight is not None, ctx.level)
+            grad_u, x, wigner, hidden, weight, bias, src, edge_scalar, edge_weight,
+            [n[0], n[1], n[2], n[6] and edge_scalar is not None, n[7] and edge_weight is not None], ctx.level)
         g = [gx, gw, gh, None, None, gs, gew]
     out = [gr if need else None for gr, need in zip(g, needs)]
     return out[0], out[1], out[2], out[3], out[4], None, out[5], out[6], None
@@ -283,7 +282,7 @@ def _rotate_out_backward(ctx, grad_out, _grad_ys):
     else:
         ys = kept[:, None] if ctx.saved_sum else kept
         gy, gw, gew = torch.ops.mixstack.rotate_out_sum_backward(
-            grad_out, ys, wigner, dst, edge_weight, need[0], need[1], need[3] and edge_weight is not None,
+            grad_out, ys, wigner, dst, edge_weight, [need[0], need[1], need[3] and edge_weight is not None],
             ctx.level)
     gy = gy[:, None].expand(gy.shape[0], ctx.n_focus, gy.shape[1]) if need[0] else None
     return (gy, gw if need[1] else None, None, gew if need[3] else None, None, None, None)
