@@ -180,6 +180,66 @@ def test_the_import_graph_sees_imports_inside_functions(tmp_path, monkeypatch):
     assert import_graph()["mixstack.a.x"] == {"mixstack.b"}
 
 
+MAX_FUNCTION_LINES = 80
+MAX_PARAMETERS = 12
+SIZE_CHECKED_ROOMS = ("stack", "conv")      # the library's two halves; kernels/ (jit bodies) is apart
+SIZE_ALLOWED: dict[str, str] = {}          # "module:function" -> why it may exceed; none may
+
+
+def oversized_functions(source: str, module: str) -> list[str]:
+    """Every function of ``source`` (methods and nested functions included) longer than
+    ``MAX_FUNCTION_LINES`` lines, from its ``def`` line to its last, docstring included, or
+    taking more than ``MAX_PARAMETERS`` parameters: positional, keyword-only, ``*args`` and
+    ``**kwargs`` all count; a leading ``self`` or ``cls`` does not."""
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        a = node.args
+        positional = [p.arg for p in a.posonlyargs + a.args]
+        if positional[:1] in (["self"], ["cls"]):
+            positional = positional[1:]
+        n_params = len(positional) + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
+        n_lines = node.end_lineno - node.lineno + 1
+        if f"{module}:{node.name}" in SIZE_ALLOWED:
+            continue
+        if n_lines > MAX_FUNCTION_LINES:
+            bad.append(f"{module}:{node.name} is {n_lines} lines long (at most {MAX_FUNCTION_LINES})")
+        if n_params > MAX_PARAMETERS:
+            bad.append(f"{module}:{node.name} takes {n_params} parameters (at most {MAX_PARAMETERS})")
+    return bad
+
+
+def test_no_function_of_the_stack_or_the_convolution_is_too_long_or_takes_too_many_parameters():
+    checked, bad = 0, []
+    for module, path in sorted(_modules().items()):
+        if module != "mixstack" and room_of(module) in SIZE_CHECKED_ROOMS:
+            checked += 1
+            bad += oversized_functions(open(path, encoding="utf-8").read(), module)
+    assert checked >= 14 and bad == [], "\n".join(bad)
+
+
+def test_the_size_check_finds_planted_long_and_wide_functions():
+    body = "    x = 0\n"
+    source = (
+        "def long(a):\n" + body * 80                                  # 81 lines
+        + "def just_long_enough(a):\n" + body * 79                    # 80 lines
+        + "def wide(a, b, c, d, e, f, g, h, i, j, k, *, m=1, n=2):\n    pass\n"      # 13
+        + "def wide_with_stars(a, b, c, d, e, f, g, h, i, j, k, *rest, **options):\n    pass\n"
+        + "def just_wide_enough(a, b, c, d, e, f, g, h, i, j, k, *, m=1):\n    pass\n"
+        + "class C:\n"
+        + "    def method(self, a, b, c, d, e, f, g, h, i, j, k, m):\n        pass\n"   # 12 besides self
+        + "    def wide_method(self, a, b, c, d, e, f, g, h, i, j, k, m, n):\n        pass\n"
+        + "def outer():\n    def inner(a, b, c, d, e, f, g, h, i, j, k, m, n):\n        pass\n"
+    )
+    bad = oversized_functions(source, "planted")
+    assert bad == ["planted:long is 81 lines long (at most 80)",
+                   "planted:wide takes 13 parameters (at most 12)",
+                   "planted:wide_with_stars takes 13 parameters (at most 12)",
+                   "planted:wide_method takes 13 parameters (at most 12)",
+                   "planted:inner takes 13 parameters (at most 12)"], bad
+
+
 def test_cli_modules_import_no_private_names_from_each_other():
     for path in sorted(_modules().values()):
         if os.sep + "cli" + os.sep not in path:
