@@ -75,6 +75,11 @@ class Report:
         return max(0, min(by_regs, max_threads // threads, by_shared))
 
 
+# Every module that launches a kernel (through ``torch.library.wrap_triton``): what recording
+# launches, here and in the tests, patches.
+LAUNCHING_MODULES = (launchers, gemm, training, conv_launchers)
+
+
 def record_launches(run, *args, **kwargs) -> list[Launch]:
     """Run ``run(*args, **kwargs)`` (a launcher of ``mixstack.stack.launchers`` or
     ``conv_launchers``, on meta tensors) with
@@ -89,7 +94,7 @@ def record_launches(run, *args, **kwargs) -> list[Launch]:
                 return call
         return _Grid()
 
-    modules = (launchers, gemm, training, conv_launchers)
+    modules = LAUNCHING_MODULES
     real = [m.wrap_triton for m in modules]
     for m in modules:
         m.wrap_triton = recorder
