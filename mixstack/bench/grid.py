@@ -10,13 +10,13 @@ forward + backward by default (the gradients of ``u0`` and ``alpha``), as
 
 The edge count per key holds a fixed number of row floats, ``EDGE_ROW_FLOATS`` = the
 tuner's timing set (2**18 edges at S1's width, F * ROW = 640): about 50 waves of 64-row
-tiles on 132 SMs at S1's width and a forward + backward of ~10-20 ms there, far past the
-~0.5 ms a call costs on the host; wider rows get fewer edges but more work per edge (the
-products grow with ROW), narrow ones more edges (2.6 M at Cf 16, lmax 1, F 1).  Every
+tiles on 132 SMs at S1's width, whose forward + backward lasts far longer than a call costs
+on the host (BENCHMARKS.md, "The grid run"); wider rows get fewer edges but more work per edge
+(the products grow with ROW), narrow ones more edges (2.6 M at Cf 16, lmax 1, F 1).  Every
 surface is then ~0.67 GB, so the eager reference's peak (~7 surfaces) fits at every key.
 
-Compile time is the grid's main cost (tens of seconds per ``torch.compile`` on a GPU
-host), so the compiled reference is compiled once per ``(Cf, lmax)`` and reused for its
+Compile time is the grid's main cost (BENCHMARKS.md, "The grid run"), so the compiled
+reference is compiled once per ``(Cf, lmax)`` and reused for its
 keys: the edge count and, for F > 1, the focus count are marked dynamic
 (``torch._dynamo.mark_dynamic``; F = 1 is specialised by dynamo's 0/1 rule, so it takes
 a second compile).  Each key records how many graphs dynamo compiled for it and how long

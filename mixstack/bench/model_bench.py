@@ -85,8 +85,8 @@ class ModelBenchConfig:
 
     cells: tuple[str, ...] = CELLS
     atoms: tuple[int, ...] = SIZES
-    # Levels 1-3 under torch.compile, like the baseline: on the H200 the eager
-    # rest of the model made L1/L2 up to 2x slower than L0-compile (2026-11-30).
+    # Levels 1-3 under torch.compile, like the baseline: the eager rest of the model made them
+    # slower than L0-compile (BENCHMARKS.md, "Compiled frames").
     variants: tuple[str, ...] = ("0c", "0", "1c", "2c", "3c")
     model: dict = field(default_factory=lambda: dict(DEFAULT_MODEL))
     rounds: int = 10
