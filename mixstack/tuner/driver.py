@@ -139,6 +139,7 @@ def tune(keys=None, *, families: Iterable[str] | None = None, device=None, secon
 def _plan(families, settings: SweepSettings, make_probe, device, device_name, stop_on_error, seconds, now) -> _Plan:
     """``tune``'s arguments resolved: the families in sweep order, the real probe on the tuning
     device (and the table of its name) unless ``make_probe`` replaces it, the budget's deadline."""
+    names = resolve_families(families, settings.quick)
     now = now or time.monotonic
     deadline = None if seconds is None else now() + seconds
     make_probe = make_probe or probes.StackProbe
@@ -147,8 +148,7 @@ def _plan(families, settings: SweepSettings, make_probe, device, device_name, st
         device_name = device_name or validity.device_name(device)
         if settings.quick and isinstance(make_probe, type):        # the real probe (tests replace it)
             make_probe = functools.partial(make_probe, quick=True)
-    return _Plan(resolve_families(families, settings.quick), settings, make_probe, device, device_name,
-                 stop_on_error, deadline, now)
+    return _Plan(names, settings, make_probe, device, device_name, stop_on_error, deadline, now)
 
 
 def _swept(name: str, key: ShapeKey, plan: _Plan) -> bool:
