@@ -88,10 +88,10 @@ def conv_level(t: torch.Tensor, channels: int) -> int:
 
     While a compiler traces (``torch.compile``, ``torch.export``) the convolution's operators
     run their reference formulas, which Inductor fuses: the bench model compiled at levels 2
-    and 3 with the convolution's kernels traced inside gave forces 4.3x off float64 on the H200
-    (2026-12-01), where the same frames run eagerly are right; compiled, the frame then traces
-    the stack's kernels alone, as when compiled level 3 was measured right.  Not isolated yet
-    (docs/contract.md §7)."""
+    and 3 with the convolution's kernels traced inside gave wrong forces on the H200, where the
+    same frames run eagerly are right; compiled, the frame then traces the stack's kernels
+    alone, as when compiled level 3 was measured right.  The fault is not isolated
+    (docs/contract.md §7; BENCHMARKS.md, "The glue on kernels")."""
     level = levels.get_level()
     if level == 0 or not kernels_can_run(t) or not config.conv_kernels_enabled():
         return 0

@@ -56,9 +56,8 @@ DEFAULT_RANKS = (1, 2, 4)
 DEFAULT_STRONG = "diamond:50000,cu-bcc:50000,diamond:500000:scaling-lite,cu-bcc:500000:scaling-lite"
 DEFAULT_WEAK = "diamond:100000,cu-bcc:100000"
 DEFAULT_LEVELS = (2, 3)
-# Peak memory of one energy + forces evaluation per evaluated edge, bytes: level 0 on a CPU (the
-# torch profiler's memory timeline, 500-atom cells, BENCHMARKS.md "Several GPUs").  In LAMMPS on
-# the H200 (level 2) the bench and small models took 0.80 and 0.86 of these: upper bounds.
+# Peak memory of one energy + forces evaluation per evaluated edge, bytes: level 0 on a CPU, an
+# upper bound of a GPU's (BENCHMARKS.md, "Memory per edge, and what fits one H200").
 BYTES_PER_EDGE = {"small": 22.7e3, "scaling": 25.2e3, "scaling-lite": 14.3e3, "bench": 75.3e3}
 MEMORY_FRACTION = 0.95        # of a GPU's memory, the default --memory-limit
 
