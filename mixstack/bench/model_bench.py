@@ -433,7 +433,7 @@ def summary_rows(record: dict) -> list[dict]:
 
 def long_rows(record: dict) -> list[dict]:
     """One CSV row per measurement of a ``bench model`` record (see ``report.long_rows``)."""
-    from ..measure.report import env_columns
+    from ..measure.report import env_columns, quality_rows, timing_rows
     head = env_columns(record)
     rows = []
     for cell in record["cells"]:
@@ -456,12 +456,7 @@ def long_rows(record: dict) -> list[dict]:
             for name, unit in MD_COLUMNS:
                 if md.get(name) is not None:
                     rows.append({**base, "part": "md", "metric": name, "value": md[name], "unit": unit})
-            t = v.get("timing")
-            if t:
-                for stat in ("median", "p20", "p80"):
-                    rows.append({**base, "metric": f"frame_time_{stat}", "value": t[f"{stat}_ms"], "unit": "ms"})
-            if v.get("peak_mib") is not None:
-                rows.append({**base, "metric": "peak_memory", "value": v["peak_mib"], "unit": "MiB"})
+            rows += timing_rows(base, v.get("timing"), "frame_time") + quality_rows(base, {"peak_mib": v.get("peak_mib")})
             for kind, devs in (("baseline", v.get("deviation")), ("f64", v.get("deviation_f64"))):
                 for name, value in (devs or {}).items():
                     if value is not None:

@@ -65,6 +65,24 @@ def env_columns(record: dict) -> dict:
             "cuda": e["cuda"], "mixstack": e["mixstack"], "git": e["git_revision"]}
 
 
+def timing_rows(base: dict, timing: dict | None, metric: str) -> list[dict]:
+    """Long-format rows of one timing (``median_ms``, ``p20_ms``, ``p80_ms``) as ``metric_<stat>``."""
+    if not timing:
+        return []
+    return [{**base, "metric": f"{metric}_{stat}", "value": timing[f"{stat}_ms"], "unit": "ms"}
+            for stat in ("median", "p20", "p80")]
+
+
+def quality_rows(base: dict, variant: dict) -> list[dict]:
+    """Long-format rows of one variant's peak memory (``peak_mib``) and float64 errors (``rel_error``)."""
+    rows = []
+    if variant.get("peak_mib") is not None:
+        rows.append({**base, "metric": "peak_memory", "value": variant["peak_mib"], "unit": "MiB"})
+    for name, err in (variant.get("rel_error") or {}).items():
+        rows.append({**base, "metric": f"rel_error_{name}", "value": err, "unit": "1"})
+    return rows
+
+
 def write_csv(rows: list[dict], path: str | os.PathLike) -> Path:
     """``rows`` (dicts with the same keys) as a CSV file with a header line."""
     path = Path(path)
