@@ -87,9 +87,9 @@ def _check_size(name: str, t: torch.Tensor, expected: tuple, expected_text: str)
 
 
 def _check_focus_major(u0: torch.Tensor, alpha: torch.Tensor) -> None:
-    """A ``u0`` laid out edge-major, ``(E, F, ROW)`` (the layout of the result), is reported as
-    ``u0``'s fault: ``alpha (E, F)`` gives E and F, and the shape check of ``alpha`` that would
-    otherwise fail first would blame ``alpha``."""
+    """Where ``alpha`` does not match ``u0``: a ``u0`` laid out edge-major, ``(E, F, ROW)`` (the
+    layout of the result), is reported as ``u0``'s fault (``alpha (E, F)`` gives E and F), not
+    as a wrong ``alpha``."""
     n_edges, n_focus = alpha.shape
     if n_edges != n_focus and tuple(u0.shape[:2]) == (n_edges, n_focus):
         raise ValueError(
@@ -119,8 +119,11 @@ def validate_inputs(u0, alpha, w0, w1, gw, *, lmax, focus_dim) -> StackShape:
     n_focus, n_edges = u0.shape[0], u0.shape[1]
     _check_size("u0", u0, (None, None, lay.row), "(F, E, ROW=(3*lmax+1)*focus_dim)")
     _check_tensor("alpha", alpha, 2, "(E, F)")
-    _check_focus_major(u0, alpha)
-    _check_size("alpha", alpha, (n_edges, n_focus), "(E, F) matching u0")
+    try:
+        _check_size("alpha", alpha, (n_edges, n_focus), "(E, F) matching u0")
+    except ValueError:
+        _check_focus_major(u0, alpha)           # only here: no guard on symbolic sizes when all is well
+        raise
     _check_tensor("w0", w0, 4, "(n_layers, F, m0, m0)")
     n_layers = w0.shape[0]
     if n_layers < 1:
