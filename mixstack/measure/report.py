@@ -27,11 +27,15 @@ def require_extra(module: str, extra: str = "bench"):
                           f'`pip install -e ".[{extra}]"` from a clone of mixstack') from exc
 
 
-def default_dir(record: dict, base: str | os.PathLike = "results", purpose: str = "bench") -> Path:
-    """``results/<date>-<device>-<purpose>/`` (the naming of ``results/``), the date with the
-    time of day so that two runs on one day do not overwrite each other."""
-    stamp = _dt.datetime.fromisoformat(record["env"]["date"]).strftime("%Y-%m-%d-%H%M%S")
-    return Path(base) / f"{stamp}-{device_slug(record['env']['device'])}-{purpose}"
+def run_folder(device: dict, purpose: str = "bench", base: str | os.PathLike | None = None,
+               when: _dt.datetime | None = None) -> Path:
+    """``<base>/<date>-<device>-<purpose>/`` (the naming of ``results/``), the date with the time of
+    day so that two runs on one day do not overwrite each other.  ``device``: an
+    ``env.device_info`` record; ``base``: the user results folder (``core.config.results_dir``)
+    unless given; ``when``: now unless given."""
+    from ..core import config
+    stamp = (when or _dt.datetime.now()).strftime("%Y-%m-%d-%H%M%S")
+    return Path(config.results_dir() if base is None else base) / f"{stamp}-{device_slug(device)}-{purpose}"
 
 
 def header_lines(record: dict) -> list[str]:
