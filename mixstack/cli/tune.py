@@ -35,8 +35,8 @@ def add_parser(sub) -> None:
                    help="custom keys: focus streams F (default 2)")
     t.add_argument("--no-alpha", action="store_true", help="custom key: apply_alpha=False")
     t.add_argument("--keys-of", metavar="TABLE.json",
-                   help="every shape key of a tuning table file (e.g. results/2026-12-01-h200-tuning/"
-                        "NVIDIA_H200.json: re-sweep the keys it covered after a kernel change voided them)")
+                   help="every shape key of a tuning table file (e.g. mixstack/tables/NVIDIA_H200.json: "
+                        "re-sweep the keys it covered after a kernel change voided them)")
     t.add_argument("--family", action="append", metavar="NAME",
                    help="stack_fwd, stack_bwd_relay, stack_bwd_fused, stack_compensated; repeatable "
                         "(default: stack_bwd_relay and stack_compensated; with --full all four); the "
