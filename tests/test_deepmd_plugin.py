@@ -15,7 +15,7 @@ import pytest
 import torch
 from deepmd_cases import one_torch_thread, require_deepmd  # noqa: F401
 
-from mixstack import config
+from mixstack.core import config
 
 require_deepmd()
 

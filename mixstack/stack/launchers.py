@@ -148,9 +148,8 @@ def stack_forward(u0, alpha, weights: Weights, spec: StackSpec, plan: LaunchPlan
         return u0.new_empty((n_edges, n_focus, row)), z, y
     u = u0
     split = split_weights(w0, w1) if plan.compensated else None
-    # The forward gate stays exact at level 3: with split fp16 logits (122 registers
-    # against 56) the level-3 forward at the S1 key took 5.50-5.91 ms on the H200
-    # (2026-12-01, two runs) against 4.94 with the exact gate (2026-11-30).
+    # The forward gate stays exact at level 3: split fp16 logits doubled its registers and
+    # slowed the level-3 forward (BENCHMARKS.md, "The gate's products on tensor cores").
     record = plan.compensated and plan.writer_amax
     amax = None                          # the row maxima of u, where a kernel recorded them
     if n_gated:

@@ -20,7 +20,8 @@ from deepmd_cases import (
 )
 
 import mixstack
-from mixstack.deepmd import bench, systems
+from mixstack.bench import deepmd_bench as bench
+from mixstack.deepmd import systems
 
 pytestmark = [
     pytest.mark.gpu,

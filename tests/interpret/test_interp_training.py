@@ -200,7 +200,7 @@ def test_the_gate_reduction_sums_several_chunks_against_float64():
     h = torch.randn(1, case.E, lay.row, generator=torch.Generator().manual_seed(4))
     dgw = torch.full(gw.shape, float("nan"))
     training._Reductions(h, case.E, 1, lay, training.WgradPlan()).gate(h, 0, z, gw, dgw, 0)
-    from mixstack import reference
+    from mixstack.stack import reference
     sg = torch.sigmoid(z[0, ..., :case.Cf].double() @ gw[0].double())
     _, gl = reference._gate_cotangents(h.double(), z[0].double(), sg, gw[0].double(), lay)
     assert_close_rel(dgw[0], z[0, ..., :case.Cf].double().transpose(-1, -2) @ gl, "dgw")
