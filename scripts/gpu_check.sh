@@ -57,7 +57,7 @@
 #   the ASE path and one LAMMPS rank, then LAMMPS_RANKS ranks (default "2 4") sharing the GPU at
 #   the last case; records and a table (steps/s against ASE, per-call phases, host-device copies,
 #   peak memory) under $OUT/lammps.  LAMMPS_DEVICE (default cuda; cpu to try it without a GPU).
-#   "scaling": LAMMPS MD over several ranks, one per GPU (python -m mixstack.lammps.scaling; the
+#   "scaling": LAMMPS MD over several ranks, one per GPU (`mixstack scaling`; the
 #   LAMMPS runtime as for "lammps"): steps/s, parallel efficiency, a step's time split, peak memory
 #   per GPU, and step-0 energies and forces of every rank count against the fewest, at SCALING_LEVELS
 #   (default "2 3").  With 2 or more GPUs it measures SCALING_RANKS (default 1 2 4 ... up to the GPU
@@ -281,7 +281,7 @@ part_scaling() {
   budget=$(( $(left) - 20 )); [ "$budget" -lt 10 ] && budget=10
   echo "== scaling ($mode): ranks $ranks; strong $strong; weak $weak; levels ${SCALING_LEVELS:-2 3}" \
     | tee -a "$OUT/scaling.log"
-  timeout "$(left)" python3 -m mixstack.lammps.scaling --device "$device" --ranks "${ranks// /,}" \
+  timeout "$(left)" python3 -m mixstack scaling --device "$device" --ranks "${ranks// /,}" \
     --strong "${strong// /,}" --weak "${weak// /,}" --levels "$(echo ${SCALING_LEVELS:-2 3} | tr ' ' ,)" \
     --steps "$steps" --warmup "$warmup" --budget "$budget" --out "$dir" 2>&1 \
     | tee -a "$OUT/scaling.log" | tail -n 40

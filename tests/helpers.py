@@ -56,6 +56,16 @@ class Case:
         """Trailing non-tensor arguments of ``torch.ops.mixstack.stack_forward`` (without level)."""
         return (self.lmax, self.Cf, self.apply_alpha)
 
+    def op_spec(self, level: int) -> list:
+        """The ``spec`` argument of ``stack_backward`` / ``stack_double_backward``."""
+        return [self.lmax, self.Cf, int(self.apply_alpha), level]
+
+    @property
+    def spec(self):
+        """The launchers' ``StackSpec``."""
+        from mixstack.stack.values import StackSpec
+        return StackSpec(self.layout, self.apply_alpha)
+
     def __str__(self) -> str:
         return (f"F{self.F}-E{self.E}-Cf{self.Cf}-l{self.lmax}-L{self.n_layers}-"
                 f"{'alpha' if self.apply_alpha else 'noalpha'}")

@@ -213,6 +213,18 @@ def test_bad_shape_is_rejected_naming_argument_expected_and_received(bad, fn):
     assert _shape_in(received, msg), msg
 
 
+@pytest.mark.parametrize("fn", [mixstack.mixing_stack, mixstack.reference.mixing_stack],
+                         ids=["mixing_stack", "reference"])
+def test_an_edge_major_u0_is_reported_as_u0s_fault(fn):
+    """``u0`` given as ``(E, F, ROW)`` (the result's layout) is ``u0``'s error, not ``alpha``'s."""
+    x, kw = _mutate(u0=lambda t: t.transpose(0, 1))()           # (5, 2, 28): E = 5, F = 2
+    with pytest.raises(ValueError) as info:
+        fn(*x.values(), **kw)
+    msg = str(info.value)
+    assert msg.startswith("u0 must be focus-major (F, E, ROW) = (2, 5, 28)"), msg
+    assert "got the edge-major (E, F, ROW) shape (5, 2, 28)" in msg and "transpose(0, 1)" in msg
+
+
 @pytest.mark.parametrize("lmax", [0, 7, -1])
 def test_lmax_outside_1_to_6_is_rejected(lmax):
     x, kw = _mutate()()
@@ -290,6 +302,22 @@ def test_triton_levels_fall_back_to_reference_on_cpu(level):
     assert got["log"] == {"fwd:reference": 1, "bwd:reference": 1}
     for key in ("out", "grad_u0", "grad_alpha"):
         assert torch.equal(got[key], want[key]), key
+
+
+@pytest.mark.skipif(config.triton_interpret(), reason="under TRITON_INTERPRET the Triton levels run on CPU")
+@pytest.mark.parametrize("level", [1, 3])
+def test_a_triton_level_on_cpu_tensors_warns_once_saying_why(level, monkeypatch):
+    from mixstack.dispatch import log
+    monkeypatch.setattr(log, "_warned", set())
+    case = Case(F=2, E=7, Cf=16, lmax=2, n_layers=3, apply_alpha=True)
+    inputs, grad_out = helpers.make_inputs(case), helpers.make_grad_out(case)
+    with pytest.warns(UserWarning, match=rf"level {level} runs the reference: the Triton kernels need CUDA "
+                      r"tensors, got cpu tensors \(TRITON_INTERPRET=1"):
+        helpers.run_stack(case, level, inputs, grad_out)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                          # once: the second call is silent
+        helpers.run_stack(case, level, inputs, grad_out)
 
 
 # ---------------------------------------------------------------- MixingStack

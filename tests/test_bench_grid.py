@@ -93,7 +93,9 @@ def test_the_cli_runs_a_grid_slice_and_refuses_foreign_options(tmp_path, capsys)
     assert main(["bench", "grid", "--focus-dim", "40", "--out", str(tmp_path)]) == 2
     assert "outside the supported grid: Cf 40" in capsys.readouterr().err
     assert main(["bench", "--focus-dim", "16,32", "--edges", "10"]) == 2
-    assert "lists are for `bench grid`" in capsys.readouterr().err
+    assert "argument --focus-dim: must be an integer >= 1, got '16,32'" in capsys.readouterr().err
+    assert main(["bench", "grid", "--quick"]) == 2
+    assert "unrecognized arguments: --quick" in capsys.readouterr().err
 
 
 def _rule_record(cf, lmax, f, l2, l3, l3_rule):

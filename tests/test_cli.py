@@ -1,4 +1,6 @@
-"""`mixstack info` and `mixstack bench` through `mixstack.cli.main`."""
+"""`mixstack info` and `mixstack bench` through `mixstack.cli.main`: what they print and write,
+and how bad input ends.  The command's shape (help, version, targets, option types) is
+tests/test_cli_shape.py."""
 
 import json
 
@@ -131,18 +133,29 @@ def test_python_dash_m_runs_the_cli():
     (["info", "--device", "banana"], "unknown device 'banana'"),
     (["bench", "--device", "tpu"], "unknown device 'tpu'"),
     (["bench", "--device", "meta"], "device meta is not supported"),
-    (["bench", "--repeats", "0"], "--repeats must be positive"),
-    (["bench", "--warmup", "-1"], "--warmup must be >= 0"),
-    (["bench", "--edges", "-5"], "--edges must be >= 0"),
-    (["bench", "model", "--atoms", "0"], "--atoms must be positive"),
+    (["bench", "--repeats", "0"], "argument --repeats: must be an integer >= 1, got '0'"),
+    (["bench", "--warmup", "-1"], "argument --warmup: must be an integer >= 0, got '-1'"),
+    (["bench", "--edges", "-5"], "argument --edges: must be an integer >= 1, got '-5'"),
+    (["bench", "--edges", "0"], "argument --edges: must be an integer >= 1, got '0'"),
+    (["bench", "--focus", "2"], "--focus: sizes of a custom shape; give its --edges too"),
+    (["bench", "--out", "x", "model"], "unrecognized arguments: model"),
+    (["bench", "model", "--atoms", "0"], "argument --atoms: must be an integer >= 1, got '0'"),
     (["bench", "model", "--lmax", "9"], "--lmax must be in 1..6"),
+    (["bench", "model", "--cutoff", "0"], "argument --cutoff: must be a number > 0, got '0'"),
+    (["bench", "grid", "--focus-dim", "16,x"], "argument --focus-dim: must be integers >= 1 separated by commas"),
+    (["bench", "train", "--cell", "graphite"], "--cell graphite: unknown cell"),
     (["freeze", "x.pt2", "--structure", "no/such/file.xyz"], "--structure no/such/file.xyz: no such file"),
     (["freeze", "x.pt2", "--checkpoint", "nosuch.pt"], "--checkpoint nosuch.pt: no such file"),
-    (["tune", "--rounds", "0"], "--rounds must be positive"),
+    (["tune", "--rounds", "0"], "argument --rounds: must be an integer >= 1, got '0'"),
     (["md", "--structure", "no/such/file.xyz"], "--structure no/such/file.xyz: no such file"),
     (["md", "--model", "nosuch.pt"], "--model nosuch.pt: no such file"),
-    (["md", "--atoms", "0"], "--atoms must be positive"),
-    (["md", "--timestep", "0"], "--timestep must be > 0"),
+    (["md", "--atoms", "0"], "argument --atoms: must be an integer >= 1, got '0'"),
+    (["md", "--timestep", "0"], "argument --timestep: must be a number > 0, got '0'"),
+    (["md", "--json", "/proc/nope/run.json"], "--json /proc/nope/run.json: cannot write /proc/nope"),
+    (["scaling", "--steps", "0"], "argument --steps: must be an integer >= 1, got '0'"),
+    (["scaling", "--strong", "", "--weak", ""], "--strong and --weak are both empty"),
+    (["scaling", "--levels", "2,7", "--device", "cpu"], "--levels takes 0, 1, 2, 3 or default; got 7"),
+    (["scaling", "--report", "nowhere"], "--report nowhere: no points/ folder"),
     (["md", "--engine", "ase", "--ensemble", "npt"], "--engine ase runs nve and nvt"),
     (["md", "--device", "tpu"], "unknown device 'tpu'"),
 ])
@@ -155,7 +168,7 @@ def test_bad_input_ends_with_one_line_that_names_it_and_no_traceback(capsys, tmp
 
 def test_a_gpu_shape_on_a_cpu_is_announced_as_minutes_long():
     from mixstack.bench import stack_bench
-    from mixstack.cli.bench import cpu_warnings
+    from mixstack.cli.bench.stack import cpu_warnings
     from mixstack.measure import shapes
     cfg = stack_bench.default_config("cpu")
     assert cpu_warnings(cfg, torch.device("cpu")) == []                       # the CPU sizes

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(
     config.triton_interpret(), reason="tracing tests run without TRITON_INTERPRET (second process)")
 
 F64 = torch.float64
+mixstack.rotate_in      # a public name's first use registers the torch.ops.mixstack operators
 SMALL = ConvCase(N=3, E=5, F=2, C=2, lmax=1)
 
 
@@ -137,13 +138,13 @@ def test_opcheck_of_the_four_operators():
     no_autograd = ("test_schema", "test_faketensor")        # the backward ops have no autograd of their own
     torch.library.opcheck(torch.ops.mixstack.rotate_in_backward,
                           (torch.randn_like(u), *[a.detach() if a.is_floating_point() else a for a in args],
-                           *flags, 1), test_utils=no_autograd)
+                           list(flags), 1), test_utils=no_autograd)
     y, w, ew = (inp[k].detach().requires_grad_() for k in ("y", "wigner", "edge_weight"))
     torch.library.opcheck(torch.ops.mixstack.rotate_out_sum, (y, w, inp["dst"], ew, SMALL.N, True, 1))
     out, ys = torch.ops.mixstack.rotate_out_sum(y, w, inp["dst"], ew, SMALL.N, True, 1)
     torch.library.opcheck(torch.ops.mixstack.rotate_out_sum_backward,
                           (torch.randn_like(out), ys.detach()[:, None], w.detach(), inp["dst"], ew.detach(),
-                           True, True, True, 1), test_utils=no_autograd)
+                           [True, True, True], 1), test_utils=no_autograd)
 
 
 def _conv_frame(x, wigner, radial, h, sw, ew, y, src, dst):
@@ -206,8 +207,7 @@ def test_the_linear_radial_operators_reference_bodies_match_autograd():
     gu = torch.randn(u.shape, generator=g, dtype=F64)
     want = torch.autograd.grad(u, leaves, gu)
     got = torch.ops.mixstack.rotate_in_linear_backward(gu, x.detach(), w.detach(), hid.detach(), weight, bias,
-                                                       inp["src"], h.detach(), ew.detach(), True, True, True,
-                                                       True, True, 1)
+                                                       inp["src"], h.detach(), ew.detach(), [True] * 5, 1)
     for name, a, b in zip(("x", "wigner", "hidden", "edge_scalar", "edge_weight"), got, want):
         torch.testing.assert_close(a, b, msg=name)
     u_op = torch.ops.mixstack.rotate_in_linear(x, w, hid, weight, bias, inp["src"], h, ew, 1)

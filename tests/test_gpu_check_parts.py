@@ -67,13 +67,13 @@ def test_the_frame_parts_pass_options_the_model_bench_takes(tmp_path):
     """``breakdown`` (before: the convolution's kernels off; after), ``md`` and ``model``: every
     ``mixstack bench model`` command they run parses, with the variants, breakdown and MD settings
     the parts promise."""
-    from mixstack.cli import build_parser
-    from mixstack.cli.bench import model_bench_config
+    from mixstack.cli import parse_args
+    from mixstack.cli.bench import model as bench_model
 
     calls = [(conv, argv[2:]) for conv, argv in _recorded_commands(tmp_path, "breakdown,md,model")
              if argv[:2] == ["-m", "mixstack"]]
     assert [argv[:2] for _, argv in calls] == [["bench", "model"]] * 4
-    configs = [(conv, model_bench_config(build_parser().parse_args(argv)), argv) for conv, argv in calls]
+    configs = [(conv, bench_model.config(parse_args(argv)), argv) for conv, argv in calls]
     (c0, before, a0), (c1, after, a1), (c2, md, _), (_, model, _) = configs
     assert c0 == "0" and c1 != "0"                           # before runs the PyTorch convolution
     assert before.breakdown and after.breakdown and not md.breakdown
@@ -107,8 +107,8 @@ def test_the_baseline_part_selects_the_strict_compiled_baseline_test(tmp_path):
 def test_the_tune_and_grid_parts_pass_their_warm_up_workers(tmp_path):
     """``tune``, ``retune`` and ``grid`` give ``--warm-workers`` (auto, or TUNE_WARM_WORKERS /
     GRID_WARM_WORKERS) to commands that parse."""
-    from mixstack.cli import build_parser
-    from mixstack.cli.bench import grid_config
+    from mixstack.cli import parse_args
+    from mixstack.cli.bench import grid as bench_grid
     from mixstack.measure import prewarm
 
     def _fresh(path):
@@ -119,18 +119,18 @@ def test_the_tune_and_grid_parts_pass_their_warm_up_workers(tmp_path):
         calls = [argv[2:] for _, argv in _recorded_commands(_fresh(tmp_path / str(len(env))), "tune,retune,grid", **env)
                  if argv[:2] == ["-m", "mixstack"]]
         assert [a[0] for a in calls] == ["tune", "tune", "bench"]
-        return [build_parser().parse_args(a) for a in calls]
+        return [parse_args(a) for a in calls]
 
     tune, retune, bench = commands()
     assert tune.warm_workers == retune.warm_workers == bench.warm_workers == "auto"
-    assert grid_config(bench).warm_workers == prewarm.auto_workers()
+    assert bench_grid.config(bench).warm_workers == prewarm.auto_workers()
     tune, retune, bench = commands(TUNE_WARM_WORKERS="3", GRID_WARM_WORKERS="0")
-    assert (tune.warm_workers, retune.warm_workers, grid_config(bench).warm_workers) == ("3", "3", 0)
+    assert (tune.warm_workers, retune.warm_workers, bench_grid.config(bench).warm_workers) == ("3", "3", 0)
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
 def test_the_grid_part_profiles_its_measuring_process_on_request(tmp_path):
-    from mixstack.cli import build_parser
+    from mixstack.cli import parse_args
 
     def grid_call(name, **env):
         (tmp_path / name).mkdir()
@@ -147,15 +147,15 @@ def test_the_grid_part_profiles_its_measuring_process_on_request(tmp_path):
         return argv[:i + 1] + argv[i + 2:]
 
     assert same(profiled[4:], "b") == same(plain, "a")
-    assert build_parser().parse_args(profiled[6:]).command == "bench"
+    assert parse_args(profiled[6:]).command == "bench"
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
 def test_the_tma_part_benches_level_3_before_and_after_sweeping_the_tma_family(tmp_path):
     """``tma``: the GPU tests that hold the TMA kernel to its twin, then bench, the sweep of
     ``stack_compensated_tma`` (level 3's own config first), and bench again; every command parses."""
-    from mixstack.cli import build_parser
-    from mixstack.cli.bench import bench_config
+    from mixstack.cli import parse_args
+    from mixstack.cli.bench import stack as bench_stack
     from mixstack.cli.tune import tune_keys
 
     calls = [argv for _, argv in _recorded_commands(tmp_path, "tma", NCU_TMA="0")
@@ -163,8 +163,28 @@ def test_the_tma_part_benches_level_3_before_and_after_sweeping_the_tma_family(t
     assert [a[:2] for a in calls] == [["-m", "pytest"], ["-m", "mixstack"], ["-m", "mixstack"], ["-m", "mixstack"]]
     tests, before, tune, after = calls
     assert tests[tests.index("-k") + 1] == "tma" and "tests/gpu/test_gpu_compensated.py" in tests
-    benches = [build_parser().parse_args(a[2:]) for a in (before, after)]
+    benches = [parse_args(a[2:]) for a in (before, after)]
     assert [a.out for a in benches] == [str(tmp_path / "out" / "tma" / "before"), str(tmp_path / "out" / "tma" / "after")]
-    assert all(bench_config(b).variants == ("0c", "3") and len(bench_config(b).shapes) == 4 for b in benches)
-    tuned = build_parser().parse_args(tune[2:])
+    assert all(b.target == "stack" for b in benches)
+    assert all(bench_stack.config(b).variants == ("0c", "3") and len(bench_stack.config(b).shapes) == 4 for b in benches)
+    tuned = parse_args(tune[2:])
     assert tuned.family == ["stack_compensated", "stack_compensated_tma"] and len(set(tune_keys(tuned))) == 3
+
+
+def _script_commands(name: str) -> list[str]:
+    """The commands of ``scripts/gpu_check.sh`` that run ``python3 -m mixstack NAME``, each with
+    its continuation lines joined."""
+    text = open(os.path.join(ROOT, "scripts", "gpu_check.sh"), encoding="utf-8").read().replace("\\\n", " ")
+    return [line for line in text.splitlines() if f"-m mixstack {name}" in line and not line.lstrip().startswith("#")]
+
+
+@pytest.mark.parametrize("name", ["bench", "scaling"])
+def test_every_bench_and_scaling_run_of_the_gpu_check_writes_under_out(name):
+    """Without ``--out`` a run writes into the user results folder, outside ``$OUT``: every
+    bench and scaling command of the GPU check names its folder (and none runs the old
+    ``python -m mixstack.lammps.scaling``)."""
+    commands = _script_commands(name)
+    assert commands
+    assert [c for c in commands if "--out" not in c] == []
+    text = open(os.path.join(ROOT, "scripts", "gpu_check.sh"), encoding="utf-8").read()
+    assert "mixstack.lammps.scaling" not in text

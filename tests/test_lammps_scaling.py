@@ -271,7 +271,8 @@ def test_the_whole_measurement_runs_on_the_cpu_under_mpirun(tmp_path):
     argv = ["--device", "cpu", "--ranks", "1,2", "--levels", "0", "--strong", f"diamond:64:{model}",
             "--weak", f"cu-bcc:16:{model}", "--steps", "2", "--warmup", "1", "--budget", "300", "--no-plot",
             "--out", str(out)]
-    rc = scaling.main(argv)                   # in this process: the ranks are mpirun's
+    from mixstack.cli import main
+    rc = main(["scaling", *argv])             # in this process: the ranks are mpirun's
     assert rc == 0, (out / "launch.log").read_text()[-3000:]
     plan = json.loads((out / "plan.json").read_text())
     assert {o["status"] for o in plan["outcome"].values()} == {"done"} and len(plan["outcome"]) == 4
@@ -285,3 +286,33 @@ def test_the_whole_measurement_runs_on_the_cpu_under_mpirun(tmp_path):
     assert [c["local_rank_source"] for c in rec["model_calls"]] == ["MPI_LOCALRANKID"] * 2
     assert [c["calls"] for c in rec["model_calls"]] == [2, 2]           # the timed steps' calls alone
     assert "## Weak scaling" in (out / "scaling.md").read_text() and (out / "scaling.csv").exists()
+
+
+def test_a_launch_runs_the_points_through_the_mixstack_command(tmp_path, monkeypatch):
+    """Each MPI rank of a launch runs ``python -m mixstack scaling --worker PLAN`` (the command
+    the worker lives behind), in its own process group."""
+    seen = {}
+
+    class FakePopen:
+        def __init__(self, cmd, **kwargs):
+            seen["cmd"], seen["env"] = cmd, kwargs["env"]
+            self.pid = 0
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(scaling.runtime, "mpi_tool", lambda name: "/usr/bin/mpirun")
+    monkeypatch.setattr(scaling.subprocess, "Popen", FakePopen)
+    assert scaling._launch(2, "plan.json", str(tmp_path / "launch.log"), 10.0, "cpu") == (0, False)
+    assert seen["cmd"][:3] == ["/usr/bin/mpirun", "-np", "2"]
+    assert seen["cmd"][4:] == ["-m", "mixstack", "scaling", "--worker", "plan.json"]
+    from mixstack.cli import parse_args
+    assert parse_args(seen["cmd"][6:]).worker == "plan.json"
+
+
+def test_scaling_report_again_from_a_folder_of_points(tmp_path, capsys):
+    """``mixstack scaling --report DIR`` rewrites the report of DIR's finished points."""
+    from mixstack.cli import main
+    (tmp_path / "points").mkdir()
+    assert main(["scaling", "--report", str(tmp_path), "--no-plot"]) == 0
+    assert (tmp_path / "scaling.md").exists() and "scaling.json" in capsys.readouterr().out

@@ -8,6 +8,7 @@ import torch
 
 from mixstack.core.layout import StackLayout
 from mixstack.stack import gemm, launchers
+from mixstack.stack.values import Saved, StackSpec, Weights
 from mixstack.tuning import configs
 
 # pointer argument -> the constexpr flags under which the kernel dereferences it ("!F": F unset)
@@ -52,9 +53,10 @@ def test_unused_pointer_arguments_are_never_an_activation_surface(monkeypatch, c
     w0 = torch.randn(3, n_focus, lay.m0, lay.m0)
     w1 = torch.randn(3, n_focus, lay.m1, lay.m1)
     gw = torch.randn(2, n_focus, 16, lay.gate_width)
-    out, z, y = launchers.stack_forward(u0, alpha, w0, w1, gw, lay, True, compensated=compensated)
+    weights, spec, plan = Weights(w0, w1, gw), StackSpec(lay, True), launchers.LaunchPlan(compensated=compensated)
+    out, z, y = launchers.stack_forward(u0, alpha, weights, spec, plan)
     grad = torch.randn(n_edges, lay.row)[:, None].expand(n_edges, n_focus, lay.row)
-    launchers.stack_backward(grad, y, z, alpha, w0, w1, gw, lay, True, compensated=compensated)
+    launchers.stack_backward(grad, Saved(z, y, alpha), weights, spec, plan)
     checked = 0
     for name, args, flags in calls:
         uses = {"block_gemm_kernel": GEMM_USES, "gate_kernel": GATE_USES,

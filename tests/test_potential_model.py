@@ -10,7 +10,7 @@ import pytest
 import torch
 
 ase_build = pytest.importorskip("ase.build")
-from mixstack.potential import SO2Potential, atoms_inputs, neighbor_arrays  # noqa: E402
+from mixstack.potential import PotentialConfig, SO2Potential, atoms_inputs, neighbor_arrays  # noqa: E402
 from mixstack.potential.blocks import EquivariantMixingStack  # noqa: E402
 
 F64 = torch.float64
@@ -210,6 +210,31 @@ def test_same_seed_same_model_and_checkpoint_round_trip(tmp_path):
     c = SO2Potential.load(tmp_path / "m.pt")
     atoms = _cu()
     assert torch.equal(_run(a, atoms)[1], _run(c, atoms)[1])
+
+
+# A checkpoint's config as ``SO2Potential.save`` has always written it: the constructor's keywords.
+CHECKPOINT_CONFIG = {"lmax": 2, "focus_dim": 16, "n_focus": 2, "cutoff": 4.0, "seed": 4, "n_blocks": 2,
+                     "n_layers": 3, "n_radial": 8, "radial_hidden": 32, "avg_neighbors": 12.0, "envelope_p": 6,
+                     "energy_scale": 10.0}
+
+
+def test_the_hyperparameters_come_as_a_config_or_as_keywords_and_old_checkpoints_load(tmp_path):
+    by_keywords = SO2Potential(**SMALL, seed=4)
+    by_config = SO2Potential(PotentialConfig(**SMALL), seed=4)
+    assert by_keywords.config == by_config.config == CHECKPOINT_CONFIG
+    assert list(by_keywords.config) == list(CHECKPOINT_CONFIG)
+    for (name, p), (name_, q) in zip(by_keywords.state_dict().items(), by_config.state_dict().items()):
+        assert name == name_ and torch.equal(p, q), name
+    # as an earlier mixstack wrote it, before PotentialConfig: a dict of the constructor's keywords
+    torch.save({"kind": "mixstack.SO2Potential", "config": dict(CHECKPOINT_CONFIG), "dtype": "float32",
+                "state_dict": by_keywords.state_dict()}, tmp_path / "old.pt")
+    loaded = SO2Potential.load(tmp_path / "old.pt")
+    assert loaded.config == CHECKPOINT_CONFIG
+    assert list(loaded.state_dict()) == list(by_keywords.state_dict())
+    with pytest.raises(TypeError, match="'lamx'"):
+        SO2Potential(lamx=2)
+    with pytest.raises(ValueError, match="n_blocks"):
+        SO2Potential(n_blocks=0)
 
 
 def test_training_mode_forces_are_differentiable_in_the_weights():

@@ -182,7 +182,7 @@ def test_the_import_graph_sees_imports_inside_functions(tmp_path, monkeypatch):
 
 def test_cli_modules_import_no_private_names_from_each_other():
     for path in sorted(_modules().values()):
-        if os.sep + "cli" + os.sep not in path:
+        if not os.path.relpath(path, PACKAGE).startswith("cli" + os.sep):     # not the checkout's own path
             continue
         for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
             if isinstance(node, ast.ImportFrom) and node.level == 1:
@@ -434,3 +434,167 @@ def test_the_changelog_check_catches_repeated_unknown_and_misordered_kinds():
     assert changelog_faults(good.replace("### Fixed", "### Notes")) == ["[Unreleased]: unknown kinds ['Notes']"]
     assert changelog_faults(good.replace("### Added\n- a\n\n### Fixed\n- b", "### Fixed\n- b\n\n### Added\n- a")) == [
         "[Unreleased]: kinds out of order ['Fixed', 'Added']"]
+
+
+# ------------------------------------------------------------------ history out of the code
+
+# A line of the package that carries a date, a measured timing or "not yet" tells history, whose
+# place is BENCHMARKS.md (organised by topic, with GPU, versions and dates beside the figures):
+# the code says what and why in a line and cites the section.  The package's tables
+# (mixstack/tables/*.json) are measured data and keep their dates; sources are checked.
+DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
+TIMING = re.compile(r"(?<![\w.])\d[\d.,]*\s*(?:ms|µs|μs|us|TFLOP/s|GB/s|TB/s)(?!\w)")
+NOT_YET = re.compile(r"\bnot\s+yet\b", re.I)
+
+# Files others are cleaning: each still carries history.  The list shrinks to empty as they are
+# cleaned (a cleaned file must leave it: the test below fails on an entry that no longer applies).
+HISTORY_ALLOWED: set[str] = set()
+
+
+def history_lines(text: str) -> list[str]:
+    """``"line: text"`` of each line of ``text`` that carries a date (YYYY-MM-DD), a number next
+    to a timing unit (ms, µs, us, TFLOP/s, GB/s, TB/s) or "not yet"."""
+    return [f"{i}: {line.strip()[:100]}" for i, line in enumerate(text.splitlines(), 1)
+            if DATE.search(line) or TIMING.search(line) or NOT_YET.search(line)]
+
+
+def _package_sources() -> dict[str, str]:
+    """Repository-relative path -> text of every source file of the package (.py, .cpp)."""
+    out = {}
+    for dirpath, _, names in os.walk(PACKAGE):
+        for name in sorted(names):
+            if name.endswith((".py", ".cpp")):
+                path = os.path.join(dirpath, name)
+                with open(path, encoding="utf-8") as f:
+                    out[os.path.relpath(path, ROOT).replace(os.sep, "/")] = f.read()
+    return out
+
+
+def test_no_line_of_the_package_carries_a_date_a_measured_timing_or_not_yet():
+    found = [f"{path}:{hit}" for path, text in _package_sources().items() if path not in HISTORY_ALLOWED
+             for hit in history_lines(text)]
+    assert not found, "history belongs in BENCHMARKS.md:\n" + "\n".join(found)
+
+
+def test_every_file_allowed_to_carry_history_still_does():
+    sources = _package_sources()
+    stale = sorted(p for p in HISTORY_ALLOWED if p not in sources or not history_lines(sources[p]))
+    assert not stale, f"cleaned (or gone): take them off HISTORY_ALLOWED: {stale}"
+
+
+def test_the_history_check_finds_planted_dates_timings_and_not_yet():
+    planted = ("GATE = 32   # best at S1 (H200, 2026-11-30)\n"
+               "# 0.91 ms against 1.31\n"
+               "# the copy ran at 4.27 TB/s and the GEMM at 42 TFLOP/s, 900 GB/s\n"
+               "# 12us a launch, 3 µs a call\n"
+               "# Not yet timed on a GPU\n")
+    assert [hit.split(":")[0] for hit in history_lines(planted)] == ["1", "2", "3", "4", "5"]
+    clean = ('"p20 ms": f"{t[\'p20_ms\']:.4g}", "median ms": x  # columns, not measurements\n'
+             "# the sweep's time in milliseconds; status of the run; results/<date>-<gpu>-<purpose>/\n"
+             "# a forward + backward far longer than a call costs (BENCHMARKS.md, \"The grid run\")\n")
+    assert history_lines(clean) == []
+
+
+# BENCHMARKS.md, "A section" (or several: "A"; "B", "A" and "B"): the code cites the design record
+# by section title, or the title's beginning; a citation may run over comment lines.
+BENCHMARKS_CITATION = re.compile(r'BENCHMARKS\.md,?\s+("[^"]+"(?:\s*(?:;|,|and)\s*"[^"]+")*)')
+
+
+def _titles(markdown: str) -> list[str]:
+    return [re.sub(r"\s+", " ", m.group(1)).strip() for _, line in _prose_lines(markdown)
+            if (m := re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line))]
+
+
+def unresolved_citations(text: str, titles: list[str]) -> list[str]:
+    """The section titles ``text`` cites from BENCHMARKS.md that begin no heading of ``titles``."""
+    flat = re.sub(r"\s*\n\s*(?:#+\s*)?", " ", text)
+    cited = [t for m in BENCHMARKS_CITATION.finditer(flat) for t in re.findall(r'"([^"]+)"', m.group(1))]
+    return [t for t in cited if not any(title.startswith(t.strip()) for title in titles)]
+
+
+def test_every_section_the_code_and_docs_cite_from_benchmarks_exists():
+    titles = _titles(_read("BENCHMARKS.md"))
+    texts = dict(_package_sources())
+    for path in _documents():
+        with open(path, encoding="utf-8") as f:
+            texts[os.path.relpath(path, ROOT)] = f.read()
+    found = [f"{path}: {t!r}" for path, text in texts.items() for t in unresolved_citations(text, titles)]
+    assert not found, "no such section of BENCHMARKS.md:\n" + "\n".join(found)
+
+
+def test_the_citation_check_finds_a_planted_unknown_section():
+    titles = ["Floors and ceilings", "The glue on kernels (H200, 2026-12-02)", "A cheaper sweep", "The grid run"]
+    text = ('X = 1   # best of six (BENCHMARKS.md, "Floors and\n'
+            '        # ceilings"; "The glue on kernels")\n'
+            '"""... (BENCHMARKS.md, "A cheaper sweep" and "The grid run") ... BENCHMARKS.md, "No such section"'
+            ' ... BENCHMARKS.md "The glue on pipes" """\n')
+    assert unresolved_citations(text, titles) == ["No such section", "The glue on pipes"]
+
+
+# ------------------------------------------------------------------ function size
+
+MAX_FUNCTION_LINES = 80
+MAX_PARAMETERS = 12
+
+# Functions outside kernels/ allowed to be oversized, each while it is being split (an entry that
+# no longer applies fails the test below).  Empty: none is.
+OVERSIZED_ALLOWED: set[str] = set()
+
+
+def oversized_functions(source: str) -> dict[str, str]:
+    """Qualified name -> why, for each function of ``source`` longer than ``MAX_FUNCTION_LINES``
+    lines (its ``def`` to its last line) or taking more than ``MAX_PARAMETERS`` parameters (a
+    leading ``self`` or ``cls`` not counted; ``*args`` and ``**kwargs`` one each)."""
+    out = {}
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = prefix + child.name
+                a = child.args
+                params = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
+                params = params[1:] if params[:1] in (["self"], ["cls"]) else params
+                count = len(params) + bool(a.vararg) + bool(a.kwarg)
+                lines = child.end_lineno - child.lineno + 1
+                why = [f"{lines} lines"] * (lines > MAX_FUNCTION_LINES) + \
+                      [f"{count} parameters"] * (count > MAX_PARAMETERS)
+                if why:
+                    out[name] = ", ".join(why)
+                visit(child, name + ".")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, prefix + child.name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), "")
+    return out
+
+
+def _oversized_outside_kernels() -> dict[str, str]:
+    return {f"{path}:{name}": why for path, text in _package_sources().items()
+            if path.endswith(".py") and not path.startswith("mixstack/kernels/")
+            for name, why in oversized_functions(text).items()}
+
+
+def test_no_function_outside_the_kernels_is_longer_than_80_lines_or_takes_more_than_12_parameters():
+    found = {k: v for k, v in _oversized_outside_kernels().items() if k not in OVERSIZED_ALLOWED}
+    assert not found, "\n".join(f"{k}: {v}" for k, v in sorted(found.items()))
+
+
+def test_every_function_allowed_to_be_oversized_still_is():
+    stale = sorted(OVERSIZED_ALLOWED - set(_oversized_outside_kernels()))
+    assert not stale, f"split (or gone): take them off OVERSIZED_ALLOWED: {stale}"
+
+
+def test_the_function_size_check_finds_planted_long_and_wide_functions():
+    body = "".join(f"    x{i} = {i}\n" for i in range(79))
+    planted = ("def fits(a):\n" + body +                                   # 80 lines
+               "def too_long(a):\n" + body + "    return x0\n" +           # 81 lines
+               "def wide(" + ", ".join(f"p{i}" for i in range(12)) + ", *args):\n    pass\n" +
+               "class C:\n"
+               "    def method(self, " + ", ".join(f"p{i}" for i in range(12)) + "):\n        pass\n"
+               "    @classmethod\n"
+               "    def wider(cls, " + ", ".join(f"p{i}" for i in range(12)) + ", *, q, **kw):\n"
+               "        def inner(a, b):\n            pass\n")
+    assert oversized_functions(planted) == {"too_long": "81 lines", "wide": "13 parameters",
+                                            "C.wider": "14 parameters"}

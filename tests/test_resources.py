@@ -204,11 +204,18 @@ def test_every_tma_gemm_launch_builds_with_tma_loads_and_specialised_warps(persi
         compensated=True))
     gemms = [x for x in tma if x.name == "tma_block_gemm_kernel"]
     assert "block_gemm_kernel" not in _names(tma) and "fold_tile_amax_kernel" in _names(tma)
-    assert len(gemms) >= 8 and all(not x.kwargs["BOTH_BLOCKS"] and x.kwargs["PERSISTENT"] == persistent for x in gemms)
+    assert len(gemms) >= 8 and all(x.kwargs["FIRST_BLOCK"] in (0, 1) and x.kwargs["PERSISTENT"] == persistent
+                                   and x.kwargs["SPECIALISE"] for x in gemms)
     for launch in gemms:
         rep = compiler_report.compile_report(launch, 90, opcodes=TMA_OPCODES)
         assert all(rep.sass[op] for op in TMA_OPCODES) and rep.spill_bytes == 0, (launch.kwargs, rep)
         assert rep.num_warps > 4                        # the specialised partitions' warps
+    plain = next(x for x in compiler_report.stack_launches(
+        lay, 2, edges=300003, compensated=True,
+        gemm_cfg=dict(cfg, **{gemm.TMA_FIELD: True, gemm.PERSISTENT_FIELD: persistent, gemm.SPECIALISED_FIELD: False}))
+        if x.name == "tma_block_gemm_kernel")
+    rep = compiler_report.compile_report(plain, 90, opcodes=TMA_OPCODES)   # TMA loads, warps not specialised
+    assert rep.sass["UTMALDG"] and rep.sass["HGMMA"] and not rep.sass["USETMAXREG"] and rep.num_warps == 4
     pointer = next(x for x in compiler_report.stack_launches(lay, 2, edges=300003, gemm_cfg=cfg, compensated=True)
                    if x.name == "block_gemm_kernel")
     rep = compiler_report.compile_report(pointer, 90, opcodes=TMA_OPCODES)

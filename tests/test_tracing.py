@@ -109,4 +109,5 @@ def test_opcheck_stack_backward(case):
     _, z, y = torch.ops.mixstack.stack_forward(*inputs, *case.op_args, 1)
     grad_out = helpers.make_grad_out(case)
     torch.library.opcheck(torch.ops.mixstack.stack_backward,
-                          (grad_out, y, z, *inputs[1:], *case.op_args, 1))
+                          (grad_out, y, z, inputs[1], list(inputs[2:]), case.op_spec(1), [False, False],
+                           None, None, None))

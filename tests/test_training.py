@@ -67,7 +67,8 @@ def test_a_wrong_second_derivative_of_silu_fails_against_autograd(monkeypatch):
 
 def _backward_op(case):
     def fn(grad_out, y, z, alpha, w0, w1, gw):
-        return torch.ops.mixstack.stack_backward(grad_out, y, z, alpha, w0, w1, gw, *case.op_args, 1)[:2]
+        return torch.ops.mixstack.stack_backward(grad_out, y, z, alpha, [w0, w1, gw], case.op_spec(1),
+                                                 [False, False], None, None, None)[:2]
     return fn
 
 
@@ -118,7 +119,7 @@ def test_the_force_pass_asks_the_engine_and_computes_no_weight_gradient(monkeypa
     real = reference.backward_state
 
     def spy(*args, **kwargs):
-        calls.append(kwargs["weights"])
+        calls.append(kwargs["weight_grads"])
         return real(*args, **kwargs)
     monkeypatch.setattr(reference, "backward_state", spy)
     x = [t.requires_grad_() for t in helpers.make_inputs(case, dtype=torch.float64)]
@@ -135,6 +136,8 @@ def test_opcheck_stack_double_backward():
     _, z, y = torch.ops.mixstack.stack_forward(*inputs, *case.op_args, 1)
     grad_out = helpers.make_grad_out(case)
     v, w, _ = helpers.training_cotangents(case)
-    chain = torch.ops.mixstack.stack_backward(grad_out, y, z, *inputs[1:], *case.op_args, 1, keep_chain=True)[5]
+    chain = torch.ops.mixstack.stack_backward(grad_out, y, z, inputs[1], list(inputs[2:]), case.op_spec(1),
+                                              [False, True], None, None, None)[5]
     torch.library.opcheck(torch.ops.mixstack.stack_double_backward,
-                          (v, w, grad_out, y, z, chain, *inputs[1:], *case.op_args, 1, True))
+                          (v, w, grad_out, y, z, chain, inputs[1], list(inputs[2:]), case.op_spec(1),
+                           [True, True, True]))

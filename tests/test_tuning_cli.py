@@ -78,6 +78,18 @@ def test_without_stop_on_error_the_fused_family_is_not_run_after_the_relay_faile
     assert tuning.lookup("stack_bwd_fused", KEY, device_name=DEVICE) is tuning.MISSING
 
 
+def test_tunes_sweep_settings_reach_every_sweep_and_a_misspelt_one_is_refused(tuning_env):
+    res = _tune([KEY], families=["stack_fwd", "stack_bwd_relay"], make_probe=_probes(), margin=0.5)
+    for r in res:
+        entry = tuning.registry.find(r.family, KEY, device_name=DEVICE)[1]
+        assert (entry["margin"], entry["rounds"], entry["warmup"]) == (0.5, 2, 0)
+    _tune([KEY64], families=["stack_bwd_relay"], make_probe=_probes(), persist=False)
+    assert "focus_dim=64" not in tuning_env.user_file.read_text()
+    assert tuning.lookup("stack_bwd_relay", KEY64, device_name=DEVICE) is not tuning.MISSING
+    with pytest.raises(TypeError, match="'rund'"):
+        _tune([KEY], make_probe=_probes(), rund=3)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
 def test_tune_without_a_gpu_says_so(capsys):
     with pytest.raises(ValueError, match="CUDA"):

@@ -327,6 +327,8 @@ def test_the_tma_family_has_four_warp_tiles_only_and_stays_out_of_the_default_qu
     assert cands and all(c["num_warps"] == 4 for c in cands)     # what Triton's Hopper pass needs
     quick = tuning.candidates(TMA, KEY, quick=True)
     tile = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-    assert quick == [dict(tile, persistent=False), dict(tile, persistent=True)] and all(q in cands for q in quick)
-    assert [label(q) for q in quick] == ["M64 N64 w4 s3", "M64 N64 w4 s3 persistent"]
+    assert quick == [dict(tile, persistent=p, specialised=w) for p in (False, True) for w in (False, True)]
+    assert all(q in cands for q in quick)
+    assert [label(q) for q in quick] == ["M64 N64 w4 s3", "M64 N64 w4 s3 specialised", "M64 N64 w4 s3 persistent",
+                                         "M64 N64 w4 s3 persistent specialised"]
     assert TMA in families.SWEEP_ORDER and TMA not in families.QUICK_FAMILIES

@@ -10,13 +10,13 @@ forward + backward by default (the gradients of ``u0`` and ``alpha``), as
 
 The edge count per key holds a fixed number of row floats, ``EDGE_ROW_FLOATS`` = the
 tuner's timing set (2**18 edges at S1's width, F * ROW = 640): about 50 waves of 64-row
-tiles on 132 SMs at S1's width and a forward + backward of ~10-20 ms there, far past the
-~0.5 ms a call costs on the host; wider rows get fewer edges but more work per edge (the
-products grow with ROW), narrow ones more edges (2.6 M at Cf 16, lmax 1, F 1).  Every
+tiles on 132 SMs at S1's width, whose forward + backward lasts far longer than a call costs
+on the host (BENCHMARKS.md, "The grid run"); wider rows get fewer edges but more work per edge
+(the products grow with ROW), narrow ones more edges (2.6 M at Cf 16, lmax 1, F 1).  Every
 surface is then ~0.67 GB, so the eager reference's peak (~7 surfaces) fits at every key.
 
-Compile time is the grid's main cost (tens of seconds per ``torch.compile`` on a GPU
-host), so the compiled reference is compiled once per ``(Cf, lmax)`` and reused for its
+Compile time is the grid's main cost (BENCHMARKS.md, "The grid run"), so the compiled
+reference is compiled once per ``(Cf, lmax)`` and reused for its
 keys: the edge count and, for F > 1, the focus count are marked dynamic
 (``torch._dynamo.mark_dynamic``; F = 1 is specialised by dynamo's 0/1 rule, so it takes
 a second compile).  Each key records how many graphs dynamo compiled for it and how long
@@ -320,90 +320,126 @@ def run_grid(cfg: GridConfig, out: str | os.PathLike, *, on_key=None, on_step=No
     detail)`` reports progress ("skip", "warm", "start", "done", "stop").  Returns ``{"measured": [...],
     "skipped": [...], "stopped": [...]}`` (key names)."""
     device = env.resolve_device(cfg.device)
-    clock = clock or clock_for(device)
-    say = on_key or (lambda *_a: None)
-    (Path(out) / "keys").mkdir(parents=True, exist_ok=True)
-    start = now()
-    compiled = CompiledReference(cfg.compile_backend)
-    done = {"measured": [], "skipped": [], "stopped": []}
-    roof = None
-    durations: list[float] = []
-    groups: list[tuple[tuple[int, int], list[int]]] = []          # (Cf, lmax) and its F to measure
-    for cf, lmax, focus in cfg.keys():
-        name = key_name(cf, lmax, focus)
-        if cfg.resume and key_path(out, cf, lmax, focus).exists():
-            done["skipped"].append(name)
-            say("skip", name, "measured already")
-            continue
-        if not groups or groups[-1][0] != (cf, lmax):
-            groups.append(((cf, lmax), []))
-        groups[-1][1].append(focus)
+    run = _GridRun(cfg, out, device, clock or clock_for(device), on_key or (lambda *_a: None), on_step, now)
+    groups = run.pending_groups()
     workers = cfg.warm_workers
     size = max(1, workers) if workers else max(1, len(groups))
-    warm_per_group = 0.0                         # the slowest batch's warm-up seconds per group
     seen: set = set()
-
-    def stop(batches) -> None:
-        for (cf, lmax), fs in batches:
-            done["stopped"] += [key_name(cf, lmax, f) for f in fs]
-
     with contextlib.ExitStack() as stack:
         pool = stack.enter_context(prewarm.Pool(workers)) if workers else None
         stack.enter_context(stack_bench.exact_fp32())
         i = 0
         while i < len(groups):
             batch = groups[i:i + size]
-            if pool is not None and cfg.seconds is not None:     # the warm-up and a first key must fit
-                estimate = max(durations) if durations else 0.0
-                elapsed = now() - start
-                if cfg.seconds <= 0 or elapsed + warm_per_group + estimate > cfg.seconds:
-                    stop(groups[i:])
+            if pool is not None and cfg.seconds is not None:
+                batch = run.batch_that_fits(batch)
+                if not batch:
+                    run.stop(groups[i:])
                     break
-                fit, need = 0, elapsed
-                for _, fs in batch:                 # no group warmed that would not be measured
-                    need += warm_per_group + len(fs) * estimate
-                    if fit and need > cfg.seconds:
-                        break
-                    fit += 1
-                batch = batch[:fit]
             i += len(batch)
-            info = None
-            if pool is not None:
-                t0 = now()
-                info = _warm_batch(cfg, pool, batch, device, seen, say)
-                warm_per_group = max(warm_per_group, (now() - t0) / len(batch))
+            info = run.warm(pool, batch, seen) if pool is not None else None
             for (cf, lmax), fs in batch:
                 for focus in fs:
-                    name = key_name(cf, lmax, focus)
-                    path = key_path(out, cf, lmax, focus)
-                    if cfg.seconds is not None:          # 0: measure nothing, only rebuild the outputs
-                        estimate = max(durations) if durations else 0.0
-                        if now() - start + estimate > cfg.seconds:
-                            done["stopped"].append(name)
-                            continue
-                    if roof is None:
-                        cuda = device.type == "cuda"
-                        roof = stack_bench.measure_roofs(device, clock, n=8192 if cuda else 256,
-                                                    copy_mib=1024 if cuda else 16)
-                    say("start", name, "")
-                    t0 = now()
-                    rec = run_key(cfg, cf, lmax, focus, compiled, device=device, clock=clock, roof=roof,
-                                  on_step=on_step)
-                    rec["warmup"] = info
-                    tmp = path.with_suffix(".tmp")
-                    tmp.write_text(json.dumps(rec, indent=1) + "\n")
-                    os.replace(tmp, path)
-                    durations.append(now() - t0)
-                    done["measured"].append(name)
-                    comp = rec["compile"]
-                    first = "" if comp["first_call_s"] is None else f"; 0c first call {comp['first_call_s']:.1f} s"
-                    say("done", name, f"{durations[-1]:.1f} s ({comp['graphs']} graphs compiled{first}"
-                                      f"{first_uses(rec)})")
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-    if done["stopped"]:
-        say("stop", f"{len(done['stopped'])} keys", "--seconds reached; run again with --resume")
-    return done
+                    run.measure(cf, lmax, focus, info)
+    if run.done["stopped"]:
+        run.say("stop", f"{len(run.done['stopped'])} keys", "--seconds reached; run again with --resume")
+    return run.done
+
+
+class _GridRun:
+    """One ``run_grid`` call: where the key records go, the budget and its clock, what the keys
+    measured so far took (the estimates the budget is held to), and the keys done."""
+
+    def __init__(self, cfg: GridConfig, out, device, clock, say, on_step, now):
+        self.cfg, self.out, self.device, self.clock, self.say, self.on_step, self.now = (
+            cfg, out, device, clock, say, on_step, now)
+        (Path(out) / "keys").mkdir(parents=True, exist_ok=True)
+        self.start = now()
+        self.compiled = CompiledReference(cfg.compile_backend)
+        self.done = {"measured": [], "skipped": [], "stopped": []}
+        self.roof = None
+        self.durations: list[float] = []
+        self.warm_per_group = 0.0                 # the slowest batch's warm-up seconds per group
+
+    def estimate(self) -> float:
+        """The seconds a key is expected to take: the longest so far."""
+        return max(self.durations) if self.durations else 0.0
+
+    def pending_groups(self) -> list[tuple[tuple[int, int], list[int]]]:
+        """The ``(Cf, lmax)`` groups in run order with the F values to measure; with ``resume``,
+        the keys that have a record are skipped."""
+        groups: list[tuple[tuple[int, int], list[int]]] = []
+        for cf, lmax, focus in self.cfg.keys():
+            name = key_name(cf, lmax, focus)
+            if self.cfg.resume and key_path(self.out, cf, lmax, focus).exists():
+                self.done["skipped"].append(name)
+                self.say("skip", name, "measured already")
+                continue
+            if not groups or groups[-1][0] != (cf, lmax):
+                groups.append(((cf, lmax), []))
+            groups[-1][1].append(focus)
+        return groups
+
+    def batch_that_fits(self, batch: list) -> list:
+        """The leading groups of ``batch`` whose warm-up and keys fit the budget (at least one,
+        where its warm-up and a first key fit), or ``[]``: no group warmed that would not be measured."""
+        seconds, estimate = self.cfg.seconds, self.estimate()
+        elapsed = self.now() - self.start
+        if seconds <= 0 or elapsed + self.warm_per_group + estimate > seconds:
+            return []
+        fit, need = 0, elapsed
+        for _, fs in batch:
+            need += self.warm_per_group + len(fs) * estimate
+            if fit and need > seconds:
+                break
+            fit += 1
+        return batch[:fit]
+
+    def stop(self, groups: list) -> None:
+        for (cf, lmax), fs in groups:
+            self.done["stopped"] += [key_name(cf, lmax, f) for f in fs]
+
+    def warm(self, pool: prewarm.Pool, batch: list, seen: set) -> dict:
+        """Compile ahead what measuring ``batch`` will (``_warm_batch``), timing the warm-up."""
+        t0 = self.now()
+        info = _warm_batch(self.cfg, pool, batch, self.device, seen, self.say)
+        self.warm_per_group = max(self.warm_per_group, (self.now() - t0) / len(batch))
+        return info
+
+    def measure(self, cf: int, lmax: int, focus: int, warm_info: dict | None) -> None:
+        """Measure one key and write its record, unless it would not fit the budget (``seconds``
+        0: measure nothing, only rebuild the outputs)."""
+        name, path = key_name(cf, lmax, focus), key_path(self.out, cf, lmax, focus)
+        if self.cfg.seconds is not None:
+            estimate = self.estimate()
+            if self.now() - self.start + estimate > self.cfg.seconds:
+                self.done["stopped"].append(name)
+                return
+        if self.roof is None:
+            cuda = self.device.type == "cuda"
+            self.roof = stack_bench.measure_roofs(self.device, self.clock, n=8192 if cuda else 256,
+                                                  copy_mib=1024 if cuda else 16)
+        self.say("start", name, "")
+        t0 = self.now()
+        rec = run_key(self.cfg, cf, lmax, focus, self.compiled, device=self.device, clock=self.clock,
+                      roof=self.roof, on_step=self.on_step)
+        rec["warmup"] = warm_info
+        _write_json(path, rec)
+        self.durations.append(self.now() - t0)
+        self.done["measured"].append(name)
+        comp = rec["compile"]
+        first = "" if comp["first_call_s"] is None else f"; 0c first call {comp['first_call_s']:.1f} s"
+        self.say("done", name, f"{self.durations[-1]:.1f} s ({comp['graphs']} graphs compiled{first}"
+                               f"{first_uses(rec)})")
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _write_json(path: Path, rec: dict) -> None:
+    """Write ``rec`` to ``path`` whole or not at all (a temporary file, then a rename)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------- outputs

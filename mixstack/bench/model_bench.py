@@ -85,8 +85,8 @@ class ModelBenchConfig:
 
     cells: tuple[str, ...] = CELLS
     atoms: tuple[int, ...] = SIZES
-    # Levels 1-3 under torch.compile, like the baseline: on the H200 the eager
-    # rest of the model made L1/L2 up to 2x slower than L0-compile (2026-11-30).
+    # Levels 1-3 under torch.compile, like the baseline: the eager rest of the model made them
+    # slower than L0-compile (BENCHMARKS.md, "Compiled frames").
     variants: tuple[str, ...] = ("0c", "0", "1c", "2c", "3c")
     model: dict = field(default_factory=lambda: dict(DEFAULT_MODEL))
     rounds: int = 10
@@ -204,25 +204,58 @@ def _float64_frame(model64, atoms, device):
 
 
 def _run_cell(cfg, model, name, target, keys, device, clock, step, model64=None) -> dict:
-    from ..potential.neighbors import atoms_inputs
-    atoms = build_cell(name, target, seed=cfg.seed)
-    inp = atoms_inputs(atoms, model.cutoff, device=device, dtype=torch.float32)
-    ref64 = None
-    if model64 is not None:
-        step(f"{name}-{len(atoms)}: float64 reference")
-        try:
-            ref64 = _float64_frame(model64, atoms, device)
-        except Exception as exc:                             # the variants still run
-            log.warning("the float64 reference on %s-%d failed: %s: %s", name, len(atoms),
-                        type(exc).__name__, exc)
-    n, label = len(atoms), f"{name}-{len(atoms)}"
-    frames, results, variants = {}, {}, []
+    """Measure every variant of ``keys`` on one cell (see the module doc); the cell's record."""
+    cell = _Cell(cfg, model, name, target, device, clock, step)
+    ref64 = cell.reference64(model64) if model64 is not None else None
     torch.compiler.reset()                            # the previous cell's graphs
-    for key in keys:
-        step(f"{label}: warming up {VARIANTS[key]}")
-        rec = {"variant": VARIANTS[key], "level": LEVEL_OF[key], "failed": None, "dispatch": {}}
+    variants = [cell.first_call(key) for key in keys]
+    base = next((k for k in keys if k in cell.results), None)
+    band = cell.deviations(base, keys, variants, ref64) if base is not None else []
+    cell.time(variants)
+    measured = [(rec, key) for rec, key in zip(variants, keys) if key in cell.frames]
+    if cfg.breakdown:
+        cell.breakdowns(measured)
+    # each MD run starts from the memory of one frame: the timed variants' graphs (a frame's
+    # memory each) and the previous run's calculator are released first
+    cell.frames.clear()
+    _release_memory(device)
+    if cfg.md_steps and target in cfg.md_atoms:
+        cell.md_runs(measured)
+    return {"cell": name, "label": cell.label, "atoms": cell.n, "edges": int(cell.inp.edge_index.shape[1]),
+            "neighbour_list": neighbour_list_times(cell.atoms, model.cutoff, device, skin=cfg.md_skin),
+            "baseline": VARIANTS[base] if base else None, "band": _band(band), "variants": variants}
+
+
+class _Cell:
+    """One cell of ``_run_cell``: its atoms and float32 inputs, and per variant that ran its
+    frame function (``frames``) and the result of its measured call (``results``)."""
+
+    def __init__(self, cfg: ModelBenchConfig, model, name: str, target: int, device, clock, step):
+        from ..potential.neighbors import atoms_inputs
+        self.cfg, self.model, self.device, self.clock, self.step = cfg, model, device, clock, step
+        self.atoms = build_cell(name, target, seed=cfg.seed)
+        self.inp = atoms_inputs(self.atoms, model.cutoff, device=device, dtype=torch.float32)
+        self.n, self.label = len(self.atoms), f"{name}-{len(self.atoms)}"
+        self.frames: dict = {}
+        self.results: dict = {}
+
+    def reference64(self, model64):
+        """The float64 model's frame, or ``None`` where it fails (the variants still run)."""
+        self.step(f"{self.label}: float64 reference")
         try:
-            fn = frame_fn(key, model)
+            return _float64_frame(model64, self.atoms, self.device)
+        except Exception as exc:
+            log.warning("the float64 reference on %s failed: %s: %s", self.label, type(exc).__name__, exc)
+            return None
+
+    def first_call(self, key: str) -> dict:
+        """Variant ``key``'s untimed first call (compile, warm-up), then one call for its peak
+        memory, dispatch paths and result; its record (``failed`` where it raised)."""
+        self.step(f"{self.label}: warming up {VARIANTS[key]}")
+        rec = {"variant": VARIANTS[key], "level": LEVEL_OF[key], "failed": None, "dispatch": {}}
+        inp, device = self.inp, self.device
+        try:
+            fn = frame_fn(key, self.model)
             if key.endswith("g"):
                 # after a first call like every variant's, the capture (two eager warm-ups, then
                 # the recorded frame): its peak is what the graph's memory pool keeps; a replay
@@ -231,63 +264,66 @@ def _run_cell(cfg, model, name, target, keys, device, clock, step, model64=None)
                 with dispatch_log() as paths:
                     _, peak = _peak_above(device, lambda f=fn: f(inp))
                 rec["dispatch_note"] = "paths of the capture: two warm-up frames and the recorded one"
-                results[key] = fn(inp)
+                self.results[key] = fn(inp)
             else:
                 fn(inp)                                          # compile / first call
                 with dispatch_log() as paths:
-                    results[key], peak = _peak_above(device, lambda f=fn: f(inp))
+                    self.results[key], peak = _peak_above(device, lambda f=fn: f(inp))
             # compiled frames log nothing: paths are decided (and not logged) while tracing
             rec.update(dispatch=dict(sorted(paths.items())),
                        peak_mib=None if peak is None else peak / 2 ** 20)
-            frames[key] = fn
+            self.frames[key] = fn
         except Exception as exc:                             # recorded; the rest still runs
-            log.warning("%s on %s failed: %s: %s", VARIANTS[key], label, type(exc).__name__, exc)
+            log.warning("%s on %s failed: %s: %s", VARIANTS[key], self.label, type(exc).__name__, exc)
             rec["failed"] = f"{type(exc).__name__}: {exc}"
-        variants.append(rec)
-    base = next((k for k in keys if k in results), None)
-    band = []
-    if base is not None:
-        band.append(_deviation(frames[base](inp), results[base], n))        # a second run of itself
+        return rec
+
+    def deviations(self, base: str, keys, variants: list[dict], ref64) -> list[dict]:
+        """Each variant's deviation from the baseline ``base`` (and from the float64 frame); returns
+        the baseline's own band: a second run of itself, and level 0 eager (another reduction order)."""
+        results, n = self.results, self.n
+        band = [_deviation(self.frames[base](self.inp), results[base], n)]
         if base == "0c" and "0" in results:
-            band.append(_deviation(results["0"], results[base], n))         # another reduction order
+            band.append(_deviation(results["0"], results[base], n))
         for rec, key in zip(variants, keys):
             if key in results:
                 rec["deviation"] = _deviation(results[key], results[base], n)
                 if ref64 is not None:
                     rec["deviation_f64"] = _deviation(results[key], ref64, n)
-    timing = {}
-    if frames:
-        tasks = {VARIANTS[k]: Task(run=lambda f=f: f(inp)) for k, f in frames.items()}
-        samples = time_interleaved(tasks, rounds=cfg.rounds, warmup=cfg.warmup, clock=clock,
-                                   on_sample=lambda v, timed: step(f"{label}: {v}"))
-        timing = {v: s.to_dict() for v, s in samples.items()}
-    for rec in variants:
-        rec["timing"] = timing.get(rec["variant"])
-    measured = [(rec, key) for rec, key in zip(variants, keys) if key in frames]
-    for rec, key in measured:
-        if cfg.breakdown and key.endswith("g"):
-            rec["breakdown"] = {"failed": "not measured: a graph replay shows no stages (see the eager level)"}
-        elif cfg.breakdown:
-            step(f"{label}: breakdown of {VARIANTS[key]}")
-            rec["breakdown"] = _guarded(f"the breakdown of {VARIANTS[key]} on {label}", breakdown_mod.measure,
-                                        model, inp, key, LEVEL_OF[key], device, clock,
-                                        rounds=cfg.breakdown_rounds, stage_order=_stage_order())
-    # each MD run starts from the memory of one frame: the timed variants' graphs (a frame's
-    # memory each) and the previous run's calculator are released first
-    frames.clear()
-    _release_memory(device)
-    for rec, key in measured:
-        if cfg.md_steps and target in cfg.md_atoms:
-            from .md_bench import run_md
-            step(f"{label}: MD with {VARIANTS[key]}")
-            rec["md"] = _guarded(f"MD with {VARIANTS[key]} on {label}", run_md, model, atoms, LEVEL_OF[key],
-                                 compiled=key.endswith("c"), cuda_graphs=key.endswith("g"),
-                                 steps=cfg.md_steps, seed=cfg.seed,
-                                 skin=cfg.md_skin, device=device)
-            _release_memory(device)
-    return {"cell": name, "label": label, "atoms": n, "edges": int(inp.edge_index.shape[1]),
-            "neighbour_list": neighbour_list_times(atoms, model.cutoff, device, skin=cfg.md_skin),
-            "baseline": VARIANTS[base] if base else None, "band": _band(band), "variants": variants}
+        return band
+
+    def time(self, variants: list[dict]) -> None:
+        """Time the frames that ran, interleaved; each record gets its timing (``None``: not timed)."""
+        timing = {}
+        if self.frames:
+            tasks = {VARIANTS[k]: Task(run=lambda f=f: f(self.inp)) for k, f in self.frames.items()}
+            samples = time_interleaved(tasks, rounds=self.cfg.rounds, warmup=self.cfg.warmup, clock=self.clock,
+                                       on_sample=lambda v, timed: self.step(f"{self.label}: {v}"))
+            timing = {v: s.to_dict() for v, s in samples.items()}
+        for rec in variants:
+            rec["timing"] = timing.get(rec["variant"])
+
+    def breakdowns(self, measured: list) -> None:
+        """Where each measured variant's frame time goes, stage by stage (not for graph replays)."""
+        for rec, key in measured:
+            if key.endswith("g"):
+                rec["breakdown"] = {"failed": "not measured: a graph replay shows no stages (see the eager level)"}
+                continue
+            self.step(f"{self.label}: breakdown of {VARIANTS[key]}")
+            rec["breakdown"] = _guarded(f"the breakdown of {VARIANTS[key]} on {self.label}", breakdown_mod.measure,
+                                        self.model, self.inp, key, LEVEL_OF[key], self.device, self.clock,
+                                        rounds=self.cfg.breakdown_rounds, stage_order=_stage_order())
+
+    def md_runs(self, measured: list) -> None:
+        """NVE molecular dynamics through the ASE calculator with each measured variant's level."""
+        from .md_bench import run_md
+        for rec, key in measured:
+            self.step(f"{self.label}: MD with {VARIANTS[key]}")
+            rec["md"] = _guarded(f"MD with {VARIANTS[key]} on {self.label}", run_md, self.model, self.atoms,
+                                 LEVEL_OF[key], compiled=key.endswith("c"), cuda_graphs=key.endswith("g"),
+                                 steps=self.cfg.md_steps, seed=self.cfg.seed, skin=self.cfg.md_skin,
+                                 device=self.device)
+            _release_memory(self.device)
 
 
 def _release_memory(device) -> None:
@@ -397,7 +433,7 @@ def summary_rows(record: dict) -> list[dict]:
 
 def long_rows(record: dict) -> list[dict]:
     """One CSV row per measurement of a ``bench model`` record (see ``report.long_rows``)."""
-    from ..measure.report import env_columns
+    from ..measure.report import env_columns, quality_rows, timing_rows
     head = env_columns(record)
     rows = []
     for cell in record["cells"]:
@@ -420,12 +456,7 @@ def long_rows(record: dict) -> list[dict]:
             for name, unit in MD_COLUMNS:
                 if md.get(name) is not None:
                     rows.append({**base, "part": "md", "metric": name, "value": md[name], "unit": unit})
-            t = v.get("timing")
-            if t:
-                for stat in ("median", "p20", "p80"):
-                    rows.append({**base, "metric": f"frame_time_{stat}", "value": t[f"{stat}_ms"], "unit": "ms"})
-            if v.get("peak_mib") is not None:
-                rows.append({**base, "metric": "peak_memory", "value": v["peak_mib"], "unit": "MiB"})
+            rows += timing_rows(base, v.get("timing"), "frame_time") + quality_rows(base, {"peak_mib": v.get("peak_mib")})
             for kind, devs in (("baseline", v.get("deviation")), ("f64", v.get("deviation_f64"))):
                 for name, value in (devs or {}).items():
                     if value is not None:

@@ -59,7 +59,8 @@ DEFAULT_VARIANTS = tuple(k for k in VARIANTS if k != "3r")     # "3r" is the gri
 # "2f": level 2 with the fused backward forced (registered for the shape's key while
 # the variant runs, whatever the tables say), so that relay and fused can be timed
 # side by side.  The config: the best fused candidate of both H200 sweeps of the S1
-# key (BENCHMARKS.md); another key's best may differ (``mixstack tune`` finds it).
+# key (BENCHMARKS.md, "The fused backward"); another key's best may differ (``mixstack tune``
+# finds it).
 FUSED_BENCH_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 PASSES = counts.PASSES
 PASS_LABELS = {"fwd": "fwd", "bwd": "bwd", "both": "fwd+bwd"}

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from ..measure import report
-from ..measure.report import env_columns, header_lines, markdown_table, require_extra, save_figure
+from ..measure.report import env_columns, header_lines, markdown_table, quality_rows, require_extra, save_figure
 from .stack_bench import PASS_LABELS
 
 JSON_NAME, MARKDOWN_NAME, PLOT_NAME = "bench.json", "bench.md", "bench.png"
@@ -102,11 +102,7 @@ def long_rows(record: dict) -> list[dict]:
                          "metric": f"time_{stat}_{t['pass']}", "value": t[f"{stat}_ms"], "unit": "ms"})
     for shape in record["shapes"]:
         for v in shape["variants"]:
-            base = {**head, "bench": "stack", "case": shape["name"], "variant": v["variant"]}
-            if v["peak_mib"] is not None:
-                rows.append({**base, "metric": "peak_memory", "value": v["peak_mib"], "unit": "MiB"})
-            for name, err in v["rel_error"].items():
-                rows.append({**base, "metric": f"rel_error_{name}", "value": err, "unit": "1"})
+            rows += quality_rows({**head, "bench": "stack", "case": shape["name"], "variant": v["variant"]}, v)
     return rows
 
 

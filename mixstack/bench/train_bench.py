@@ -426,20 +426,13 @@ def error_rows(record: dict) -> list[dict]:
 
 def long_rows(record: dict) -> list[dict]:
     """One CSV row per measurement (see ``report.long_rows``)."""
-    from ..measure.report import env_columns
+    from ..measure.report import env_columns, quality_rows, timing_rows
     head = env_columns(record)
     rows = []
     for case in record["cases"]:
         for v in case["variants"]:
             base = {**head, "bench": f"train-{case['workload']}", "case": case["case"], "variant": v["variant"]}
-            if v.get("timing"):
-                for stat in ("median", "p20", "p80"):
-                    rows.append({**base, "metric": f"step_time_{stat}", "value": v["timing"][f"{stat}_ms"],
-                                 "unit": "ms"})
-            if v.get("peak_mib") is not None:
-                rows.append({**base, "metric": "peak_memory", "value": v["peak_mib"], "unit": "MiB"})
-            for name, err in v["rel_error"].items():
-                rows.append({**base, "metric": f"rel_error_{name}", "value": err, "unit": "1"})
+            rows += timing_rows(base, v.get("timing"), "step_time") + quality_rows(base, v)
     return rows
 
 

@@ -3,7 +3,7 @@ AOTInductor into a ``.pt2`` file that ``mixstack.load`` runs."""
 
 from __future__ import annotations
 
-from .common import MODEL_OPTIONS, existing_file
+from .common import COUNT, COUNT0, MODEL_OPTIONS, POSITIVE, existing_file, writable_file
 
 
 def add_parser(sub) -> None:
@@ -19,10 +19,10 @@ def add_parser(sub) -> None:
     for opt, text in (("--lmax", "lmax (default 2)"), ("--focus-dim", "channels Cf (default 16)"),
                       ("--focus", "focus streams (default 2)"), ("--layers", "stack layers (default 3)"),
                       ("--blocks", "interaction blocks (default 2)")):
-        fz.add_argument(opt, type=int, help=f"new model: {text}")
-    fz.add_argument("--cutoff", type=float, help="new model: cutoff in Å (default 5)")
+        fz.add_argument(opt, type=COUNT, help=f"new model: {text}")
+    fz.add_argument("--cutoff", type=POSITIVE, help="new model: cutoff in Å (default 5)")
     fz.add_argument("--float64", action="store_true", help="new model: float64 weights")
-    fz.add_argument("--seed", type=int, default=0, help="new model: initialisation seed (default 0)")
+    fz.add_argument("--seed", type=COUNT0, default=0, help="new model: initialisation seed (default 0)")
     fz.add_argument("--device", help="where to trace and compile: cpu, cuda or cuda:N (default: cpu, or the checkpoint's)")
     fz.add_argument("--no-tune", action="store_true", help="do not tune missing keys first")
 
@@ -51,6 +51,7 @@ def run(args, argv=None) -> int:
     from ..measure.env import resolve_device
     from ..potential import SO2Potential
 
+    writable_file("out", args.out)
     device = None if args.device is None else resolve_device(args.device)
     if args.checkpoint:
         model = SO2Potential.load(existing_file("--checkpoint", args.checkpoint), device=device)

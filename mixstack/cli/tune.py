@@ -5,10 +5,21 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import sys
 import time
 
-from .common import existing_file, fancy_output, positive, print_table
+from .common import (
+    COUNT,
+    COUNT0,
+    NONNEGATIVE,
+    POSITIVE,
+    LineProgress,
+    existing_file,
+    fancy_output,
+    print_table,
+    writable_folder,
+)
 
 
 def add_parser(sub) -> None:
@@ -17,15 +28,15 @@ def add_parser(sub) -> None:
                        "record the results in the user's table (MIXSTACK_CACHE_DIR). Without options: "
                        "the keys of S1-S4, every family; keys with an entry are skipped.")
     t.add_argument("--shape", action="append", metavar="ID", help="a standard shape S1..S4; repeatable")
-    t.add_argument("--focus-dim", type=int, nargs="+", metavar="CF",
+    t.add_argument("--focus-dim", type=COUNT, nargs="+", metavar="CF",
                    help="custom keys: channels Cf (with --lmax); several values sweep every combination")
-    t.add_argument("--lmax", type=int, nargs="+", metavar="L", help="custom keys: lmax (with --focus-dim)")
-    t.add_argument("--focus", type=int, nargs="+", default=[2], metavar="F",
+    t.add_argument("--lmax", type=COUNT, nargs="+", metavar="L", help="custom keys: lmax (with --focus-dim)")
+    t.add_argument("--focus", type=COUNT, nargs="+", default=[2], metavar="F",
                    help="custom keys: focus streams F (default 2)")
     t.add_argument("--no-alpha", action="store_true", help="custom key: apply_alpha=False")
     t.add_argument("--keys-of", metavar="TABLE.json",
-                   help="every shape key of a tuning table file (e.g. results/2026-12-01-h200-tuning/"
-                        "NVIDIA_H200.json: re-sweep the keys it covered after a kernel change voided them)")
+                   help="every shape key of a tuning table file (e.g. mixstack/tables/NVIDIA_H200.json: "
+                        "re-sweep the keys it covered after a kernel change voided them)")
     t.add_argument("--family", action="append", metavar="NAME",
                    help="stack_fwd, stack_bwd_relay, stack_bwd_fused, stack_compensated; repeatable "
                         "(default: stack_bwd_relay and stack_compensated; with --full all four); the "
@@ -33,12 +44,12 @@ def add_parser(sub) -> None:
     t.add_argument("--full", action="store_true",
                    help="the full candidate sets, timing set and rounds (minutes a key) instead of the "
                         "quick sweep (pruned candidates, half the timing set, 5 rounds: ~30 s a key)")
-    t.add_argument("--seconds", type=float, help="stop cleanly before the next family and key once this "
+    t.add_argument("--seconds", type=POSITIVE, help="stop cleanly before the next family and key once this "
                    "many seconds are spent (run again to go on: covered keys are skipped)")
     t.add_argument("--force", action="store_true", help="measure keys that already have an entry")
-    t.add_argument("--rounds", type=int, help="timed rounds (default 5; --full 20)")
-    t.add_argument("--warmup", type=int, help="untimed warm-up rounds (default 1; --full 2)")
-    t.add_argument("--margin", type=float, default=0.02,
+    t.add_argument("--rounds", type=COUNT, help="timed rounds (default 5; --full 20)")
+    t.add_argument("--warmup", type=COUNT0, help="untimed warm-up rounds (default 1; --full 2)")
+    t.add_argument("--margin", type=NONNEGATIVE, default=0.02,
                    help="fraction a candidate must win by, beyond the baseline's spread (default 0.02)")
     t.add_argument("--device", help="CUDA device (default: the current one)")
     t.add_argument("--warm-workers", default="auto", metavar="N",
@@ -74,10 +85,13 @@ def table_keys(path: str) -> list:
         raise ValueError(f"--keys-of {path}: not a mixstack tuning table ({exc})") from None
 
 
-def _progress(enabled: bool):
-    """A rich progress bar (one line per family and key) and its callback; no-ops when disabled."""
-    if not enabled:
-        return contextlib.nullcontext(), None
+def progress(fancy: bool):
+    """A rich progress bar (one line per family and key) and its callback on a terminal; else a
+    line per finished sweep step, now and then (``LineProgress``)."""
+    if not fancy:
+        lines = LineProgress(None)
+        return contextlib.nullcontext(), lambda ev: lines(f"{ev.family} {ev.key.short()}: {ev.phase} "
+                                                          f"{ev.candidate} ({ev.done} of {ev.total})")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
     bar = Progress(TextColumn("{task.description:<58}"), BarColumn(), MofNCompleteColumn(),
                    TimeRemainingColumn())
@@ -121,9 +135,6 @@ def run(args, argv=None) -> int:
     workers = prewarm.resolve_workers(getattr(args, "warm_workers", "auto"), "--warm-workers")
     quick = not args.full
     names = tuner.resolve_families(args.family, quick)
-    positive("--rounds", args.rounds)
-    positive("--warmup", args.warmup, allow_zero=True)
-    positive("--seconds", args.seconds)
     rounds = args.rounds or (sweep.QUICK_ROUNDS if quick else sweep.DEFAULT_ROUNDS)
     warmup = args.warmup if args.warmup is not None else (sweep.QUICK_WARMUP if quick else sweep.DEFAULT_WARMUP)
     device = probes.tuning_device(args.device)
@@ -133,8 +144,9 @@ def run(args, argv=None) -> int:
           f"families {', '.join(names)}; {'quick' if quick else 'full'} sweep, {rounds} rounds; "
           f"results in {store.user_path(dev_name)}; "
           + (f"{workers} warm-up workers" if workers else "no warm-up workers"))
+    writable_folder("the tuning table's folder (MIXSTACK_CACHE_DIR)", os.path.dirname(store.user_path(dev_name)))
     fancy = fancy_output()
-    bar, step = _progress(fancy)
+    bar, step = progress(fancy)
     warmed = []
     t0 = time.monotonic()
     with bar:

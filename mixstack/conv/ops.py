@@ -4,7 +4,8 @@
 gradients of ``(x, wigner, radial, edge_scalar, scalar_weight, edge_weight, mix kernel)``;
 ``mixstack::rotate_out_sum`` -> ``(out (N, S, C or F*C), ys)`` and
 ``mixstack::rotate_out_sum_backward`` -> the gradients of ``(ys (E, ROW) or y (E, F, ROW),
-wigner, edge_weight)``.  All are ``triton_op``s, so ``torch.compile``, ``torch.export`` and
+wigner, edge_weight)``.  Each backward operator takes ``needs``, one flag per gradient in the
+order of its outputs, saying which are asked for.  All are ``triton_op``s, so ``torch.compile``, ``torch.export`` and
 ``make_fx`` trace into their bodies; a body runs the kernels where they can run (CUDA, or any
 device under ``TRITON_INTERPRET=1``, float32) and the tensor-op formulas of ``conv_reference``
 elsewhere, and records which in ``dispatch_log`` (``conv_in:triton`` / ``conv_in:reference``,
@@ -12,7 +13,7 @@ elsewhere, and records which in ``dispatch_log`` (``conv_in:triton`` / ``conv_in
 per layout at every level (``configs.conv_config``), so levels 1-3 give the same bits.  The
 later arguments (``streams``, the degree mix, ``blocks``, the destination order,
 ``degree_scale``) have defaults that keep the first calls' meaning.  The signatures are flat
-and long (``rotate_in_backward``: every input and a flag per gradient) because a
+(``rotate_in_backward``: every input, the flags, the level and the mix) because a
 ``torch.library`` schema takes tensors and scalars, not structures; the public functions
 (``conv.functional``) group them.
 
@@ -75,6 +76,14 @@ def _mix(mix_kernel, mix_basis):
     return None if mix_kernel is None else (mix_kernel.contiguous(), _contiguous(mix_basis))
 
 
+def _streams_of(grad_u: Tensor, x: Tensor) -> int:
+    """``streams`` of a rotate-in call from its ``u``'s gradient ``(F, E, ROW)`` and ``x (N, S,
+    CW)``: ``F`` where ``x``'s channels are the streams' blocks (``CW = F*C``), else 0."""
+    lmax = math.isqrt(x.shape[1]) - 1
+    c = grad_u.shape[2] // (3 * lmax + 1)
+    return grad_u.shape[0] if x.shape[2] != c else 0
+
+
 def _extended(x: Tensor, radial: Optional[Tensor], streams: int, mix_kernel: Optional[Tensor]) -> bool:
     """Whether a rotate-in call uses what ``conv_reference.rotate_in_backward`` does not spell out
     (streams, per-degree or no radial weights, a degree mix)."""
@@ -113,14 +122,15 @@ def rotate_in(x: Tensor, wigner: Tensor, radial: Optional[Tensor], src: Tensor, 
 @triton_op("mixstack::rotate_in_backward", mutates_args=())
 def rotate_in_backward(grad_u: Tensor, x: Tensor, wigner: Tensor, radial: Optional[Tensor], src: Tensor,
                        edge_scalar: Optional[Tensor], scalar_weight: Optional[Tensor],
-                       edge_weight: Optional[Tensor], need_x: bool, need_wigner: bool, need_radial: bool,
-                       need_edge_scalar: bool, need_scalar_weight: bool, need_edge_weight: bool,
-                       level: int, streams: int = 0, mix_kernel: Optional[Tensor] = None,
-                       mix_basis: Optional[Tensor] = None,
-                       need_mix_kernel: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                       edge_weight: Optional[Tensor], needs: list[bool], level: int,
+                       mix_kernel: Optional[Tensor] = None,
+                       mix_basis: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Gradients of ``(x, wigner, radial, edge_scalar, scalar_weight, edge_weight, mix_kernel)``;
-    those not asked for come back empty (the mix's basis: ``reference_grads``)."""
-    needs = (need_x, need_wigner, need_radial, need_edge_scalar, need_scalar_weight, need_edge_weight, need_mix_kernel)
+    ``needs``: six or seven flags in that order (the seventh, the mix kernel's, False where left
+    out), which are asked for; those not come back empty (the mix's basis: ``reference_grads``).
+    Whether ``x`` holds a channel block per stream is read off the shapes (``_streams_of``)."""
+    needs = (tuple(needs) + (False,))[:7]
+    streams = _streams_of(grad_u, x)
     if _kernels_for(grad_u, x.shape[2], level):
         record("conv_in_bwd:triton")
         return cl.rotate_in_backward(grad_u.contiguous(), x.contiguous(), wigner.contiguous(),
@@ -161,13 +171,12 @@ def rotate_in_linear(x: Tensor, wigner: Tensor, hidden: Tensor, weight: Tensor, 
 @triton_op("mixstack::rotate_in_linear_backward", mutates_args=())
 def rotate_in_linear_backward(grad_u: Tensor, x: Tensor, wigner: Tensor, hidden: Tensor, weight: Tensor,
                               bias: Tensor, src: Tensor, edge_scalar: Optional[Tensor],
-                              edge_weight: Optional[Tensor], need_x: bool, need_wigner: bool, need_hidden: bool,
-                              need_edge_scalar: bool, need_edge_weight: bool,
+                              edge_weight: Optional[Tensor], needs: list[bool],
                               level: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Gradients of ``(x, wigner, hidden, edge_scalar, edge_weight)`` of ``rotate_in_linear`` (not
     of the layer's weight and bias: a backward that wants those runs the reference formulas);
     those not asked for come back empty."""
-    needs = (need_x, need_wigner, need_hidden, need_edge_scalar, need_edge_weight)
+    need_x, need_wigner, need_hidden, need_edge_scalar, need_edge_weight = needs
     if _kernels_for(grad_u, x.shape[2], level):
         record("conv_in_bwd:triton")
         g = cl.rotate_in_backward(grad_u.contiguous(), x.contiguous(), wigner.contiguous(), None, src.contiguous(),
@@ -263,14 +272,13 @@ def _reference_rotate_out(dst, n_atoms: int, lmax: int, blocks: bool, degree_sca
 
 @triton_op("mixstack::rotate_out_sum_backward", mutates_args=())
 def rotate_out_sum_backward(grad_out: Tensor, ys: Tensor, wigner: Tensor, dst: Tensor,
-                            edge_weight: Optional[Tensor], need_y: bool, need_wigner: bool,
-                            need_edge_weight: bool, level: int, blocks: bool = False,
+                            edge_weight: Optional[Tensor], needs: list[bool], level: int, blocks: bool = False,
                             degree_scale: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of ``(ys (E, ROW), wigner, edge_weight)``; ``ys (E, Fs, ROW)`` is the saved focus
     sum (``Fs = 1``) or the stack's result, summed here; with ``blocks`` the gradient of the
     stack's result ``(E, F, ROW)`` itself."""
     layout = _layout_of_y(ys, wigner)
-    needs = (need_y, need_wigner, need_edge_weight)
+    needs = tuple(needs)
     if _kernels_for(grad_out, grad_out.shape[2], level):
         record("conv_out_bwd:triton")
         return cl.rotate_out_backward(grad_out.contiguous(), _unit_channel_stride(ys), wigner.contiguous(),
@@ -323,9 +331,10 @@ def _rotate_in_backward(ctx, grad_u):
     else:
         has_scalar = edge_scalar is not None
         grads = torch.ops.mixstack.rotate_in_backward(
-            grad_u, x, wigner, radial, src, edge_scalar, scalar_weight, edge_weight, n[0], n[1],
-            n[2] and radial is not None, n[4] and has_scalar, n[5] and has_scalar, n[6] and edge_weight is not None,
-            ctx.level, ctx.streams, mix_kernel, mix_basis, n[9] and mix_kernel is not None) + (None,)
+            grad_u, x, wigner, radial, src, edge_scalar, scalar_weight, edge_weight,
+            [n[0], n[1], n[2] and radial is not None, n[4] and has_scalar, n[5] and has_scalar,
+             n[6] and edge_weight is not None, n[9] and mix_kernel is not None],
+            ctx.level, mix_kernel, mix_basis) + (None,)
     gx, gw, grad, gh, gsw, gew, gk, gb = (g if need else None for g, need in zip(grads, needs))
     return (gx, gw, grad, None, gh, gsw, gew, None, None, gk, gb)[:len(ctx.needs_input_grad)]
 
@@ -347,8 +356,8 @@ def _rotate_in_linear_backward(ctx, grad_u):
                                               src, needs, create_graph=torch.is_grad_enabled(), in_autograd=True)
     else:
         gx, gw, gh, gs, gew = torch.ops.mixstack.rotate_in_linear_backward(
-            grad_u, x, wigner, hidden, weight, bias, src, edge_scalar, edge_weight, n[0], n[1], n[2],
-            n[6] and edge_scalar is not None, n[7] and edge_weight is not None, ctx.level)
+            grad_u, x, wigner, hidden, weight, bias, src, edge_scalar, edge_weight,
+            [n[0], n[1], n[2], n[6] and edge_scalar is not None, n[7] and edge_weight is not None], ctx.level)
         g = [gx, gw, gh, None, None, gs, gew]
     out = [gr if need else None for gr, need in zip(g, needs)]
     return out[0], out[1], out[2], out[3], out[4], None, out[5], out[6], None
@@ -389,7 +398,7 @@ def _rotate_out_backward(ctx, grad_out, _grad_ys):
     else:
         ys = kept[:, None] if ctx.saved_sum else kept
         gy, gw, gew = torch.ops.mixstack.rotate_out_sum_backward(
-            grad_out, ys, wigner, dst, edge_weight, need[0], need[1], need[3] and edge_weight is not None,
+            grad_out, ys, wigner, dst, edge_weight, [need[0], need[1], need[3] and edge_weight is not None],
             ctx.level, ctx.blocks, degree_scale)
     if need[0] and not ctx.blocks:
         gy = gy[:, None].expand(gy.shape[0], ctx.n_focus, gy.shape[1])

@@ -6,6 +6,7 @@
 | ``MIXSTACK_CACHE_DIR`` | where tuning results persist | ``mixstack.core.config.set_cache_dir`` |
 | ``MIXSTACK_CONV_KERNELS`` | ``0``: the convolution's operators run their reference at every level | — |
 | ``MIXSTACK_DEEPMD`` | ``1``: deepmd-kit's commands run SeZM (DPA4) models through ``mixstack.deepmd`` | ``mixstack.deepmd.accelerate`` |
+| ``MIXSTACK_RESULTS_DIR`` | where the commands write results without ``--out`` | ``mixstack.core.config.set_results_dir`` |
 
 ``TRITON_INTERPRET`` (Triton's own switch) is read here too: with it set, the
 Triton levels run on CPU tensors through the interpreter.
@@ -14,8 +15,11 @@ Triton levels run on CPU tensors through the interpreter.
 from __future__ import annotations
 
 import os
+import sys
 
 _cache_dir_override: str | None = None
+_results_dir_override: str | None = None
+RESULTS_DIR_VARIABLE = "MIXSTACK_RESULTS_DIR"
 
 
 def env_level() -> int | None:
@@ -67,3 +71,30 @@ def cache_dir() -> str:
         return env
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "mixstack")
+
+
+def set_results_dir(path: str | None) -> None:
+    """Override ``MIXSTACK_RESULTS_DIR`` from Python (``None`` restores the default)."""
+    global _results_dir_override
+    _results_dir_override = path
+
+
+def default_results_dir() -> str:
+    """The platform's per-user data folder, ``mixstack/results`` in it: ``$XDG_DATA_HOME`` or
+    ``~/.local/share`` on Linux, ``~/Library/Application Support`` on macOS, ``%LOCALAPPDATA%``
+    on Windows.  Outside any clone, so that a run never adds files to a working tree."""
+    home = os.path.expanduser("~")
+    if sys.platform == "darwin":
+        base = os.path.join(home, "Library", "Application Support")
+    elif os.name == "nt":
+        base = os.environ.get("LOCALAPPDATA") or os.environ.get("APPDATA") or os.path.join(home, "AppData", "Local")
+    else:
+        base = os.environ.get("XDG_DATA_HOME", "").strip() or os.path.join(home, ".local", "share")
+    return os.path.join(base, "mixstack", "results")
+
+
+def results_dir() -> str:
+    """Where the ``mixstack`` commands write results when ``--out`` is not given."""
+    if _results_dir_override:
+        return _results_dir_override
+    return os.environ.get(RESULTS_DIR_VARIABLE, "").strip() or default_results_dir()

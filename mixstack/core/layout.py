@@ -86,6 +86,18 @@ def _check_size(name: str, t: torch.Tensor, expected: tuple, expected_text: str)
             )
 
 
+def _check_focus_major(u0: torch.Tensor, alpha: torch.Tensor) -> None:
+    """Where ``alpha`` does not match ``u0``: a ``u0`` laid out edge-major, ``(E, F, ROW)`` (the
+    layout of the result), is reported as ``u0``'s fault (``alpha (E, F)`` gives E and F), not
+    as a wrong ``alpha``."""
+    n_edges, n_focus = alpha.shape
+    if n_edges != n_focus and tuple(u0.shape[:2]) == (n_edges, n_focus):
+        raise ValueError(
+            f"u0 must be focus-major (F, E, ROW) = {_fmt((n_focus, n_edges, u0.shape[2]))} for alpha (E, F) = "
+            f"{_fmt(alpha.shape)}, got the edge-major (E, F, ROW) shape {_fmt(u0.shape)}; "
+            f"pass u0.transpose(0, 1)")
+
+
 def validate_inputs(u0, alpha, w0, w1, gw, *, lmax, focus_dim) -> StackShape:
     """Check every argument of the operator and return the call's sizes.
 
@@ -107,7 +119,11 @@ def validate_inputs(u0, alpha, w0, w1, gw, *, lmax, focus_dim) -> StackShape:
     n_focus, n_edges = u0.shape[0], u0.shape[1]
     _check_size("u0", u0, (None, None, lay.row), "(F, E, ROW=(3*lmax+1)*focus_dim)")
     _check_tensor("alpha", alpha, 2, "(E, F)")
-    _check_size("alpha", alpha, (n_edges, n_focus), "(E, F) matching u0")
+    try:
+        _check_size("alpha", alpha, (n_edges, n_focus), "(E, F) matching u0")
+    except ValueError:
+        _check_focus_major(u0, alpha)           # only here: no guard on symbolic sizes when all is well
+        raise
     _check_tensor("w0", w0, 4, "(n_layers, F, m0, m0)")
     n_layers = w0.shape[0]
     if n_layers < 1:

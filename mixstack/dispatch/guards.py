@@ -3,7 +3,7 @@
 A call runs the kernels when Triton is installed (Linux), its tensors are on
 CUDA (or on any device under ``TRITON_INTERPRET=1``), are float32, and its ``focus_dim`` is a multiple of 16
 up to 128 (docs/contract.md §3); anything else falls back to the reference,
-with a one-time warning that says why.
+with a one-time warning that says why (one per reason: CPU tensors warn once per device type).
 """
 
 from __future__ import annotations
@@ -44,6 +44,14 @@ def kernels_can_run(t: torch.Tensor) -> bool:
     return triton_installed() and (t.device.type == "cuda" or config.triton_interpret())
 
 
+def no_kernels_reason(t: torch.Tensor) -> str:
+    """Why the Triton kernels cannot run on ``t`` (where ``kernels_can_run(t)`` is false)."""
+    if not triton_installed():
+        return "Triton is not installed (it ships for Linux only)"
+    return (f"the Triton kernels need CUDA tensors, got {t.device.type} tensors "
+            f"(TRITON_INTERPRET=1 runs them on the CPU through Triton's interpreter, slowly)")
+
+
 def unsupported_reason(layout: StackLayout, dtype: torch.dtype) -> str | None:
     """Why the Triton levels cannot run this shape/dtype, or ``None`` if they can."""
     if dtype != torch.float32:
@@ -60,6 +68,7 @@ def forward_level(u0: torch.Tensor, layout: StackLayout) -> int:
     if level == 0:
         return 0
     if not kernels_can_run(u0):
+        warn_once(f"no-kernels:{u0.device.type}", f"mixstack: level {level} runs the reference: {no_kernels_reason(u0)}")
         return 0
     reason = unsupported_reason(layout, u0.dtype)
     if reason is not None:
@@ -88,12 +97,15 @@ def conv_level(t: torch.Tensor, channels: int) -> int:
 
     While a compiler traces (``torch.compile``, ``torch.export``) the convolution's operators
     run their reference formulas, which Inductor fuses: the bench model compiled at levels 2
-    and 3 with the convolution's kernels traced inside gave forces 4.3x off float64 on the H200
-    (2026-12-01), where the same frames run eagerly are right; compiled, the frame then traces
-    the stack's kernels alone, as when compiled level 3 was measured right.  Not isolated yet
-    (docs/contract.md §7)."""
+    and 3 with the convolution's kernels traced inside gave wrong forces on the H200, where the
+    same frames run eagerly are right; compiled, the frame then traces the stack's kernels
+    alone, as when compiled level 3 was measured right.  The fault is not isolated
+    (docs/contract.md §7; BENCHMARKS.md, "The glue on kernels")."""
     level = levels.get_level()
-    if level == 0 or not kernels_can_run(t) or not config.conv_kernels_enabled():
+    if level == 0 or not config.conv_kernels_enabled():
+        return 0
+    if not kernels_can_run(t):
+        warn_once(f"no-kernels:{t.device.type}", f"mixstack: level {level} runs the reference: {no_kernels_reason(t)}")
         return 0
     if torch.compiler.is_compiling():
         return 0

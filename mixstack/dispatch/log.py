@@ -57,8 +57,10 @@ def record(path: str) -> None:
 
 
 def warn_once(key: str, message: str) -> None:
-    """A fallback the user can act on: warn the first time only."""
-    if key in _warned or torch.compiler.is_compiling():
+    """A fallback the user can act on: warn the first time only.  Silent while a compiler traces,
+    which is asked first, so that the traced graph never reads ``_warned`` (a guard on it would
+    recompile the graph once an eager call has warned)."""
+    if torch.compiler.is_compiling() or key in _warned:
         return
     _warned.add(key)
     warnings.warn(message, stacklevel=4)

@@ -9,12 +9,11 @@ with fp32 accumulation; the tail-tail product (2^-22 relative) is dropped.
 The head product and the two tail products keep separate accumulators: one
 shared accumulator doubles the error (BENCHMARKS.md, Floors and ceilings).
 
-Why fp16 with scaling and not bf16x3 or 3xTF32: two bf16 halves hold 16
-mantissa bits, which measured 4.4e-6 relative error on this GEMM, outside
-the 2e-6 contract; Triton's ``tf32x3`` ran 34 TFLOP/s against 51-52 for the
-fp16 split at the same 1.4-2.0e-7 error, and fp16 with the weights split once
-outside reached 95-98 (BENCHMARKS.md, Floors and ceilings).  fp16's price is its range
-(2^-14 .. 65504), which the scaling below takes care of.
+Why fp16 with scaling and not bf16x3 or 3xTF32: two bf16 halves hold 16 mantissa bits, too
+few for the 2e-6 contract on this GEMM, and Triton's ``tf32x3`` ran well below the fp16 split
+at the same error, the more so with the weights split once outside (BENCHMARKS.md, "Floors
+and ceilings").  fp16's price is its range (2^-14 .. 65504), which the scaling below takes
+care of.
 
 Range: every split operand is first brought into [1, 2) by an exact power of
 two, undone on the result (exact again):

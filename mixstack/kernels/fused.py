@@ -30,8 +30,8 @@ contract like every level-3 kernel.
 Bitwise equal to the relay: the same ``activations`` helpers in the same
 operator sequence for ``gz``, and the same K loop over the same ``gz`` values.
 An earlier form kept the whole segment's accumulator in registers instead of
-the scratch: bitwise equal too, but 10.4 ms against the relay's 8.7 at the S1
-key (255 registers, spills; H200, 2026-11-30).
+the scratch: bitwise equal too, but slower than the relay, with spills (BENCHMARKS.md,
+"The fused backward").
 """
 
 import triton

@@ -17,8 +17,8 @@ Uses, by constexpr flags:
   backward gated layer         RESIDUAL (from ``res_ptr``, in place)
 
 The backward passes the transposed weights, materialised once per call: an
-in-kernel transposed load of W ran the S1 backward at 22.7 ms against 7.8 ms
-for the forward's GEMMs (H200, 2026-11-30).
+in-kernel transposed load of W ran the backward's GEMMs about 3x slower than the
+forward's (BENCHMARKS.md, "Level 1, step by step").
 
 The K loop accumulates ``acc = tl.dot(a, w, acc)`` in exact IEEE fp32
 (never TF32) in a fixed K order, the degree order of ``degree_order``; launch

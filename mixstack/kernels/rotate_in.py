@@ -47,9 +47,9 @@ from .rotation import edge_tile, lanes, rotate_degree, store_subtiles, wigner_gr
 
 # The linear radial layer's products run on tensor cores as three TF32 products (a split of
 # each float32 operand into a TF32 head and tail; the tail x tail product is dropped): about
-# 2^-21 relative per product against float32's 2^-24.  With exact fp32 FMA products ("ieee")
-# the bench model's rotate-in took 9.8 ms forward and 18.4 ms backward on the H200, against
-# 1.3 and 2.8 ms reading the weights whole.
+# 2^-21 relative per product against float32's 2^-24.  Exact fp32 FMA products ("ieee") made
+# the bench model's rotate-in several times slower than reading the weights whole
+# (BENCHMARKS.md, "The glue on kernels").
 RADIAL_PRECISION: tl.constexpr = tl.constexpr("tf32x3")
 
 

@@ -14,8 +14,8 @@ them, zero-padded to ``state_pad``, in the layout of ``step_offset``).  Each pro
 ``tl.dot`` on a ``(BLOCK_E, pad)`` register tile, on tensor cores as three TF32 products
 (``STEP_PRECISION``: each float32 operand split into a TF32 head and tail, the tail x tail
 product dropped; about 2^-21 relative per product): with exact fp32 FMA products
-(``"ieee"``) the backward took 3.5 ms at the bench model's 409,688 edges on the H200, five
-times the forward.
+(``"ieee"``) the backward took several times the forward (BENCHMARKS.md, "The glue on
+kernels").
 The rows ``m = -1, 0, +1`` of every degree go to the packed layout ``W (E, 3, S)``:
 ``W[e, k, l^2 + n] = D^l[k - 1, n]`` (degree 0: ``W[e, 1, 0] = 1``, its other rows zero);
 with ``SEZM`` each stored entry takes SeZM's sign (``_degree_places``), and the backward gives

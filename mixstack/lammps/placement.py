@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..measure.env import parse_device
+
 log = logging.getLogger(__name__)
 
 # (variable, launcher) in the order they are asked
@@ -104,11 +106,9 @@ def rank_device(requested=None, *, environ=None, device_count=None, mpi_fallback
     if requested is None:
         requested = "cuda" if count > 0 else "cpu"
     try:
-        dev = torch.device(requested)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device: unknown device {requested!r}: use cpu, cuda or cuda:N") from exc
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device: {dev} is not supported: use cpu, cuda or cuda:N")
+        dev = parse_device(requested)
+    except ValueError as exc:
+        raise ValueError(f"device: {exc}") from None
     rank, source = local_rank(environ, mpi_fallback=mpi_fallback)
     host = socket.gethostname()
     if dev.type == "cpu":

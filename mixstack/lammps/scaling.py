@@ -1,8 +1,8 @@
 """Strong and weak scaling of ``mixstack md`` in LAMMPS, one MPI rank per GPU.
 
-    python -m mixstack.lammps.scaling --ranks 1,2,4 --strong diamond:50000,cu-bcc:500000 \\
+    mixstack scaling --ranks 1,2,4 --strong diamond:50000,cu-bcc:500000 \\
         --weak diamond:100000 --levels 2,3 --out DIR
-    python -m mixstack.lammps.scaling --report DIR        # the report again, from DIR/points
+    mixstack scaling --report DIR        # the report again, from DIR/points
 
 A *point* is one system (structure, atoms, model) at one level on one number
 of ranks.  Strong points keep the system and add ranks; weak points keep
@@ -13,8 +13,8 @@ model calls' phases, copies and peak memory) lands in ``DIR/points``.  Strong
 points also write their step-0 energy and forces by atom ID, and every rank
 count is compared with the fewest ranks of the same system (``checks``).
 
-The points of one (level, ranks) pair run in one ``mpirun`` (``--worker``,
-every rank running them in turn), so Python, CUDA and Triton start once per
+The points of one (level, ranks) pair run in one ``mpirun`` (``mixstack scaling
+--worker PLAN``: ``run_worker``, every rank running them in turn), so Python, CUDA and Triton start once per
 launch; a launch that dies (a point out of memory aborts the MPI job) is
 started again after the point that killed it.  ``--budget`` seconds bound the
 whole measurement: the worker starts no point after the deadline and the
@@ -27,12 +27,12 @@ GPUs (``placement``): such a run is a *dry run* of the procedure, and its
 report says so; its efficiencies are not scaling figures.
 
 Every launch runs with ``placement.MULTICAST_OFF`` in its environment.
-``mixstack.lammps.scaling_report`` writes the JSON, Markdown, CSV and plot.
+``mixstack.lammps.scaling_report`` writes the JSON, Markdown, CSV and plot; the command
+(``mixstack.cli.scaling``) parses the options, prints, and calls ``measure`` or ``report``.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import logging
@@ -52,13 +52,8 @@ log = logging.getLogger(__name__)
 
 POINTS_DIR = "points"
 PLAN_NAME = "plan.json"
-DEFAULT_RANKS = (1, 2, 4)
-DEFAULT_STRONG = "diamond:50000,cu-bcc:50000,diamond:500000:scaling-lite,cu-bcc:500000:scaling-lite"
-DEFAULT_WEAK = "diamond:100000,cu-bcc:100000"
-DEFAULT_LEVELS = (2, 3)
-# Peak memory of one energy + forces evaluation per evaluated edge, bytes: level 0 on a CPU (the
-# torch profiler's memory timeline, 500-atom cells, BENCHMARKS.md "Several GPUs").  In LAMMPS on
-# the H200 (level 2) the bench and small models took 0.80 and 0.86 of these: upper bounds.
+# Peak memory of one energy + forces evaluation per evaluated edge, bytes: level 0 on a CPU, an
+# upper bound of a GPU's (BENCHMARKS.md, "Memory per edge, and what fits one H200").
 BYTES_PER_EDGE = {"small": 22.7e3, "scaling": 25.2e3, "scaling-lite": 14.3e3, "bench": 75.3e3}
 MEMORY_FRACTION = 0.95        # of a GPU's memory, the default --memory-limit
 
@@ -337,12 +332,12 @@ def _launch_env(device: str) -> dict:
 
 
 def _launch(ranks: int, plan_path: str, log_path: str, timeout: float, device: str) -> tuple[int, bool]:
-    """``mpirun -np ranks python -m mixstack.lammps.scaling --worker PLAN``; ``(exit code, timed out)``.
+    """``mpirun -np ranks python -m mixstack scaling --worker PLAN``; ``(exit code, timed out)``.
     The whole process group is killed at ``timeout``."""
     mpirun = runtime.mpi_tool("mpirun")
     if mpirun is None:
         raise RuntimeError(f"no mpirun: install MPICH with {runtime.PIP_FIX}")
-    cmd = [mpirun, "-np", str(ranks), sys.executable, "-m", "mixstack.lammps.scaling", "--worker", plan_path]
+    cmd = [mpirun, "-np", str(ranks), sys.executable, "-m", "mixstack", "scaling", "--worker", plan_path]
     with open(log_path, "a") as fh:
         fh.write(f"== {' '.join(cmd)}\n")
         fh.flush()
@@ -514,93 +509,37 @@ def load_records(points_dir: str) -> list[dict]:
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m mixstack.lammps.scaling",
-        description="Strong and weak scaling of LAMMPS MD with a mixstack potential, one MPI rank per GPU "
-                    "(more ranks than GPUs share them: a dry run). Writes DIR/scaling.{json,md,csv,png}.")
-    p.add_argument("--ranks", default=",".join(map(str, DEFAULT_RANKS)),
-                   help="rank counts, one rank per GPU (default 1,2,4)")
-    p.add_argument("--strong", default=DEFAULT_STRONG,
-                   help=f"strong-scaling systems STRUCTURE:ATOMS[:MODEL], comma-separated; '' for none "
-                        f"(default {DEFAULT_STRONG})")
-    p.add_argument("--weak", default=DEFAULT_WEAK,
-                   help=f"weak-scaling systems, ATOMS per rank (default {DEFAULT_WEAK}); '' for none")
-    p.add_argument("--levels", default=",".join(map(str, DEFAULT_LEVELS)), help="mixstack levels (default 2,3)")
-    p.add_argument("--model", default="scaling",
-                   help="model of systems that name none: small, bench, scaling (default) or a checkpoint")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per point (default 20)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps before them (default 3)")
-    p.add_argument("--device", default="cuda", help="cuda (one GPU per local rank, default) or cpu")
-    p.add_argument("--budget", type=float, default=3600.0, help="seconds for the whole measurement (default 3600)")
-    p.add_argument("--memory-limit", type=float,
-                   help=f"GiB per GPU above which a point's estimate skips it (default {MEMORY_FRACTION} of "
-                        f"the GPU's memory; 0: never skip)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="scaling", help="output folder (default ./scaling)")
-    p.add_argument("--keep-forces", action="store_true", help="keep the step-0 force files of the check")
-    p.add_argument("--no-plot", action="store_true", help="no PNG (no matplotlib needed)")
-    p.add_argument("--report", metavar="DIR", help="only write the report of DIR's finished points")
-    p.add_argument("--worker", metavar="PLAN", help=argparse.SUPPRESS)
-    return p
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.worker:
-        return run_worker(args.worker)
+def report(out_dir: str, *, with_plot: bool = True) -> dict:
+    """The report of ``out_dir``'s finished points again (its plan, when there, for the outcome
+    of the rest); the paths written.  The force files are kept."""
+    points_dir = os.path.join(out_dir, POINTS_DIR)
+    if not os.path.isdir(points_dir):
+        raise ValueError(f"{out_dir}: no {POINTS_DIR}/ folder of point records there")
     from .scaling_report import write_report
-    if args.report:
-        if not os.path.isdir(os.path.join(args.report, POINTS_DIR)):
-            print(f"mixstack.lammps.scaling: error: --report {args.report}: no {POINTS_DIR}/ folder of "
-                  f"point records there", file=sys.stderr)
-            return 2
-        records = load_records(os.path.join(args.report, POINTS_DIR))
-        plan = {}
-        if os.path.exists(os.path.join(args.report, PLAN_NAME)):
-            with open(os.path.join(args.report, PLAN_NAME)) as fh:
-                plan = json.load(fh)
-        checks = check_points(os.path.join(args.report, POINTS_DIR), records, keep_forces=True)
-        paths = write_report(args.report, records, checks, plan, with_plot=not args.no_plot)
-        print("\n".join(str(v) for v in paths.values()))
-        return 0
-    try:
-        ranks = parse_list(args.ranks, int, "--ranks")
-        levels = tuple(None if v in ("default", "none") else int(v)
-                       for v in parse_list(args.levels, str, "--levels"))
-        strong = parse_systems(args.strong, args.model, "--strong")
-        weak = parse_systems(args.weak, args.model, "--weak")
-        for name, value in (("--steps", args.steps), ("--budget", args.budget)):
-            if value <= 0:
-                raise ValueError(f"{name} must be positive, got {value}")
-        if args.warmup < 0:
-            raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
-        if not strong and not weak:
-            raise ValueError("--strong and --weak are both empty: nothing to measure")
-        device = placement.rank_device(args.device, environ={}, mpi_fallback=None).device.split(":")[0]
-    except ValueError as exc:
-        print(f"mixstack.lammps.scaling: error: {exc}", file=sys.stderr)
-        return 2
-    points = make_plan(ranks, strong, weak, levels)
-    os.makedirs(args.out, exist_ok=True)
-    limit = None if args.memory_limit is None else (args.memory_limit * 2**30 or math.inf)
-    outcome = run_plan(points, args.out, device=device, steps=args.steps, warmup=args.warmup,
-                       budget=args.budget, memory_limit=limit, seed=args.seed,
-                       progress=lambda text: print(text, flush=True))
-    plan = {"points": [p.to_dict() for p in points], "outcome": outcome, "steps": args.steps, "warmup": args.warmup,
-            "device": device, "gpus": _gpu_count(device), "command": " ".join(sys.argv)}
-    with open(os.path.join(args.out, PLAN_NAME), "w") as fh:
-        json.dump(plan, fh, indent=1)
-    points_dir = os.path.join(args.out, POINTS_DIR)
     records = load_records(points_dir)
-    checks = check_points(points_dir, records, keep_forces=args.keep_forces)
-    paths = write_report(args.out, records, checks, plan, with_plot=not args.no_plot)
-    with open(paths["markdown"]) as fh:
-        print(fh.read())
-    bad = [c for c in checks if not c["ok"]]
-    failed = [n for n, o in outcome.items() if o["status"] == "failed"]
-    return 1 if bad or failed else 0
+    plan = {}
+    if os.path.exists(os.path.join(out_dir, PLAN_NAME)):
+        with open(os.path.join(out_dir, PLAN_NAME)) as fh:
+            plan = json.load(fh)
+    checks = check_points(points_dir, records, keep_forces=True)
+    return write_report(out_dir, records, checks, plan, with_plot=with_plot)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def measure(points: list[Point], out_dir: str, *, device: str, steps: int, warmup: int, budget: float,
+            memory_limit: float | None, seed: int = 0, keep_forces: bool = False, with_plot: bool = True,
+            command: str = "", progress=None) -> tuple[dict, bool]:
+    """Run ``points`` (``run_plan``), write the plan with every point's outcome, check the forces
+    and write the report: ``(the report's paths, whether everything ran and agreed)``."""
+    from .scaling_report import write_report
+    outcome = run_plan(points, out_dir, device=device, steps=steps, warmup=warmup, budget=budget,
+                       memory_limit=memory_limit, seed=seed, progress=progress)
+    plan = {"points": [p.to_dict() for p in points], "outcome": outcome, "steps": steps, "warmup": warmup,
+            "device": device, "gpus": _gpu_count(device), "command": command}
+    with open(os.path.join(out_dir, PLAN_NAME), "w") as fh:
+        json.dump(plan, fh, indent=1)
+    points_dir = os.path.join(out_dir, POINTS_DIR)
+    records = load_records(points_dir)
+    checks = check_points(points_dir, records, keep_forces=keep_forces)
+    paths = write_report(out_dir, records, checks, plan, with_plot=with_plot)
+    ok = all(c["ok"] for c in checks) and not any(o["status"] == "failed" for o in outcome.values())
+    return paths, ok

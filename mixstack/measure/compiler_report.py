@@ -2,7 +2,8 @@
 memory and the instruction mix of each launch, for an NVIDIA architecture (sm_90 by default).
 
 Why: whether a launch config spills, how many programs fit on an SM and what the inner
-loops are made of decide the kernels' speed (``BENCHMARKS.md``), and GPU time is scarce.
+loops are made of decide the kernels' speed (BENCHMARKS.md, "What the compiler makes of it"),
+and GPU time is scarce.
 The launches reported are the real ones: the launchers of ``mixstack.stack.launchers`` run on
 ``meta`` tensors (nothing is allocated or computed) with every kernel launch recorded
 instead of run; each distinct launch is then compiled for the target by Triton with the
@@ -15,12 +16,13 @@ may differ from the GPU machine's (a report from Triton 3.7 is not the compile o
 to see what another version makes of the kernels, install its wheel into a folder
 (``pip install --no-deps --target DIR triton==X``) and put DIR first on ``PYTHONPATH``.
 With Triton 3.6.0 this way the figures matched what the H200 machine reported
-(``BENCHMARKS.md``).
+(BENCHMARKS.md, "Floors and ceilings").
 """
 
 from __future__ import annotations
 
 import collections
+import glob
 import os
 import re
 import subprocess
@@ -31,6 +33,7 @@ import torch
 
 from ..conv import launchers as conv_launchers
 from ..stack import gemm, launchers, training
+from ..stack.values import Saved, StackSpec, Weights
 
 # SASS opcodes summed by the report (the first dotted part of each instruction).
 COUNTED = ("FFMA", "HMMA", "HGMMA", "LDS", "STS", "LDSM", "LDG", "STG", "LDGSTS", "BAR", "SHFL", "MUFU")
@@ -75,6 +78,11 @@ class Report:
         return max(0, min(by_regs, max_threads // threads, by_shared))
 
 
+# Every module that launches a kernel (through ``torch.library.wrap_triton``): what recording
+# launches, here and in the tests, patches.
+LAUNCHING_MODULES = (launchers, gemm, training, conv_launchers)
+
+
 def record_launches(run, *args, **kwargs) -> list[Launch]:
     """Run ``run(*args, **kwargs)`` (a launcher of ``mixstack.stack.launchers`` or
     ``conv_launchers``, on meta tensors) with
@@ -89,7 +97,7 @@ def record_launches(run, *args, **kwargs) -> list[Launch]:
                 return call
         return _Grid()
 
-    modules = (launchers, gemm, training, conv_launchers)
+    modules = LAUNCHING_MODULES
     real = [m.wrap_triton for m in modules]
     for m in modules:
         m.wrap_triton = recorder
@@ -112,14 +120,15 @@ def stack_launches(layout, n_focus: int, apply_alpha: bool = True, *, n_layers: 
     w0 = torch.empty((n_layers, n_focus, layout.m0, layout.m0), **meta)
     w1 = torch.empty((n_layers, n_focus, layout.m1, layout.m1), **meta)
     gw = torch.empty((n_layers - 1, n_focus, layout.focus_dim, layout.gate_width), **meta)
+    weights, spec = Weights(w0, w1, gw), StackSpec(layout, apply_alpha)
     out = []
-    out += record_launches(launchers.stack_forward, u0, alpha, w0, w1, gw, layout, apply_alpha,
-                           gemm_cfg, compensated=compensated)
+    out += record_launches(launchers.stack_forward, u0, alpha, weights, spec,
+                           launchers.LaunchPlan(gemm_cfg, compensated=compensated))
     grad_out = torch.empty((edges, n_focus, layout.row), **meta)
     y = torch.empty((edges, n_focus, layout.row) if apply_alpha else (0,), **meta)
     z = torch.empty((n_layers - 1, n_focus, edges, layout.row), **meta)
-    out += record_launches(launchers.stack_backward, grad_out, y, z, alpha, w0, w1, gw, layout,
-                           apply_alpha, gemm_cfg, fused_cfg, compensated=compensated)
+    out += record_launches(launchers.stack_backward, grad_out, Saved(z, y, alpha), weights, spec,
+                           launchers.LaunchPlan(gemm_cfg, fused_cfg, compensated))
     return out
 
 
@@ -173,14 +182,15 @@ def training_launches(layout, n_focus: int, apply_alpha: bool = True, *, n_layer
     z = torch.empty((n_layers - 1,) + shape, **meta)
     u0, v = torch.empty(shape, **meta), torch.empty(shape, **meta)
     w = torch.empty((edges, n_focus), **meta)
-    plan = training.WgradPlan(wgrad_cfg, wgrad_compensated)
-    out = record_launches(training.backward_chain, grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha,
-                          gemm_cfg, compensated)
+    weights, spec = Weights(w0, w1, gw), StackSpec(layout, apply_alpha)
+    plan = launchers.LaunchPlan(gemm_cfg, compensated=compensated)
+    wgrad = training.WgradPlan(wgrad_cfg, wgrad_compensated)
+    out = record_launches(training.backward_chain, grad_out, Saved(z, y, alpha), weights, spec, plan)
     chain = torch.empty_like(z)
-    out += record_launches(training.double_backward, v, w, grad_out, y, z, chain, alpha, w0, w1, gw, layout,
-                           apply_alpha, gemm_cfg, plan, compensated)
-    out += record_launches(training.backward_with_weights, grad_out, y, z, u0, alpha, w0, w1, gw, layout,
-                           apply_alpha, gemm_cfg, plan, compensated, grad_z=torch.empty_like(z),
+    out += record_launches(training.double_backward, v, w, grad_out, Saved(z, y, alpha), chain, weights, spec,
+                           plan, wgrad)
+    out += record_launches(training.backward_with_weights, grad_out, Saved(z, y, alpha, u0), weights, spec,
+                           plan, wgrad, grad_z=torch.empty_like(z),
                            grad_y=torch.empty_like(grad_out) if apply_alpha else None)
     return out
 
@@ -291,24 +301,21 @@ def distinct(launches: list[Launch]) -> list[Launch]:
 
 # ---------------------------------------------------------------- the whole supported grid
 
-# What "no collapse" means for one compiled launch (tests/test_compiler_grid.py):
+# What "no collapse" means for one compiled launch (tests/test_compiler_grid.py; BENCHMARKS.md,
+# "The register collapse over the whole grid (offline)"):
 # - no register fallback: ptxas spilling while holding only 32 registers is not register
-#   pressure but its allocator giving up (the Cf 80-128 gate kernels at lmax 1 took 32
-#   registers and a 3.0-4.7 KB stack);
-# - spills of at most SPILL_BOUND bytes per thread: the largest spill among the launches of
-#   the configs the H200 table ships and the sweep picked as fastest is 72 bytes (the
-#   level-3 identity-layer GEMM at M64 N128 w4 s4, the S2 and S4 winners); 128 leaves room
-#   for another Triton version's allocator and stays far below the collapses (kilobytes)
-#   and the 392-byte spill of the old Cf-64 pointwise kernel.  (An 8-byte frame, which
-#   some kernels keep at 48-80 registers, is a local slot, not a collapse.)
+#   pressure but its allocator giving up (the old Cf 80-128 gate kernels at lmax 1);
+# - spills of at most SPILL_BOUND bytes per thread: above the largest spill among the launches
+#   the shipped H200 table's winners make, with room for another Triton version's allocator,
+#   and far below the collapses.  (An 8-byte frame is a local slot, not a collapse.)
 SPILL_BOUND = 128
 FALLBACK_REGISTERS = 32
 GRID_FOCUS_DIMS = (16, 32, 48, 64, 80, 96, 112, 128)
 GRID_LMAX = (1, 2, 3, 4, 5, 6)
 GRID_EDGES = 300003          # not a multiple of 16: the specialisation of most real edge counts
 # The kernels whose every launch over the grid the committed snapshot holds: the gate
-# kernels, where every collapse was (compiling every GEMM launch of the grid too, ~1900
-# compiles, takes about an hour on 2 cores: ``scripts/compiler_grid.py --all``).
+# kernels, where every collapse was (every kernel's launches, the GEMMs' too, are in a second
+# snapshot that takes far longer to build: ``scripts/compiler_grid.py --all``).
 GRID_KERNELS = ("gate_kernel", "gate_backward_kernel")
 
 
@@ -392,10 +399,11 @@ def grid_cases(focus_dims=GRID_FOCUS_DIMS, lmaxes=GRID_LMAX, n_focus: int = 1,
     return out
 
 
-# The last H200 table measured (voided by the chunked gate products; ``scripts/gpu_check.sh``
-# part ``retune`` sweeps its keys again): the grid report compiles its configs too.
+# The last H200 table measured, in the newest ``results/<date>-h200-tuning/`` of a checkout
+# ("" where there is none): voided by the chunked gate products (``scripts/gpu_check.sh`` part
+# ``retune`` sweeps its keys again), the grid report compiles its configs too.
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MEASURED_TABLE = os.path.join(_REPO, "results", "2026-12-01-h200-tuning", "NVIDIA_H200.json")
+MEASURED_TABLE = max(glob.glob(os.path.join(_REPO, "results", "*-h200-tuning", "NVIDIA_H200.json")), default="")
 
 
 def shipped_table_configs(path: str | None = None) -> dict:

@@ -15,7 +15,7 @@ identity layer's GEMMs.  The backward (gradients of ``u0`` and ``alpha``
 only, the force path) runs the transposed GEMMs of every layer, and per gated
 layer the gate product twice: once to recompute the sigmoids from the saved
 ``s`` (they are never saved, docs/contract.md §1) and once for the gate-logit term
-``gl @ gw^T``.  (The backward floors in ``BENCHMARKS.md, Floors and ceilings`` count one
+``gl @ gw^T``.  (The backward floors in BENCHMARKS.md, "Floors and ceilings" count one
 gate product per gated layer; this count charges the recompute too, since
 every implementation of the contract must do it.)
 

@@ -66,6 +66,18 @@ def triton_version() -> str | None:
     return getattr(triton, "__version__", None)
 
 
+def parse_device(name) -> torch.device:
+    """``name`` as a CPU or CUDA device; ``ValueError`` for a name torch does not know or another
+    device type."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"unknown device {name!r}: use cpu, cuda or cuda:N") from exc
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device} is not supported: use cpu, cuda or cuda:N")
+    return device
+
+
 def resolve_device(device=None) -> torch.device:
     """``device`` (a CUDA one with its index), or CUDA when available, else CPU.
 
@@ -74,12 +86,7 @@ def resolve_device(device=None) -> torch.device:
     """
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from exc
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device {device} is not supported: use cpu, cuda or cuda:N")
+    device = parse_device(device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {device} was asked for, but torch sees no CUDA device")

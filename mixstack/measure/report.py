@@ -27,11 +27,15 @@ def require_extra(module: str, extra: str = "bench"):
                           f'`pip install -e ".[{extra}]"` from a clone of mixstack') from exc
 
 
-def default_dir(record: dict, base: str | os.PathLike = "results", purpose: str = "bench") -> Path:
-    """``results/<date>-<device>-<purpose>/`` (the naming of ``results/``), the date with the
-    time of day so that two runs on one day do not overwrite each other."""
-    stamp = _dt.datetime.fromisoformat(record["env"]["date"]).strftime("%Y-%m-%d-%H%M%S")
-    return Path(base) / f"{stamp}-{device_slug(record['env']['device'])}-{purpose}"
+def run_folder(device: dict, purpose: str = "bench", base: str | os.PathLike | None = None,
+               when: _dt.datetime | None = None) -> Path:
+    """``<base>/<date>-<device>-<purpose>/`` (the naming of ``results/``), the date with the time of
+    day so that two runs on one day do not overwrite each other.  ``device``: an
+    ``env.device_info`` record; ``base``: the user results folder (``core.config.results_dir``)
+    unless given; ``when``: now unless given."""
+    from ..core import config
+    stamp = (when or _dt.datetime.now()).strftime("%Y-%m-%d-%H%M%S")
+    return Path(config.results_dir() if base is None else base) / f"{stamp}-{device_slug(device)}-{purpose}"
 
 
 def header_lines(record: dict) -> list[str]:
@@ -63,6 +67,24 @@ def env_columns(record: dict) -> dict:
     e = record["env"]
     return {"date": e["date"], "gpu": e["device"]["name"], "torch": e["torch"], "triton": e["triton"],
             "cuda": e["cuda"], "mixstack": e["mixstack"], "git": e["git_revision"]}
+
+
+def timing_rows(base: dict, timing: dict | None, metric: str) -> list[dict]:
+    """Long-format rows of one timing (``median_ms``, ``p20_ms``, ``p80_ms``) as ``metric_<stat>``."""
+    if not timing:
+        return []
+    return [{**base, "metric": f"{metric}_{stat}", "value": timing[f"{stat}_ms"], "unit": "ms"}
+            for stat in ("median", "p20", "p80")]
+
+
+def quality_rows(base: dict, variant: dict) -> list[dict]:
+    """Long-format rows of one variant's peak memory (``peak_mib``) and float64 errors (``rel_error``)."""
+    rows = []
+    if variant.get("peak_mib") is not None:
+        rows.append({**base, "metric": "peak_memory", "value": variant["peak_mib"], "unit": "MiB"})
+    for name, err in (variant.get("rel_error") or {}).items():
+        rows.append({**base, "metric": f"rel_error_{name}", "value": err, "unit": "1"})
+    return rows
 
 
 def write_csv(rows: list[dict], path: str | os.PathLike) -> Path:

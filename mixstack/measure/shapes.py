@@ -71,10 +71,9 @@ STANDARD: dict[str, BenchShape] = {
     )
 }
 
-# CPU-sized: the S1 and S4 channel shapes at 3001 edges (odd, so no block size
-# divides it).  Level-0 forward: ~30 ms on the 2-core dev box (torch 2.13 CPU,
-# idle; several times slower when the box is shared), so the default CPU
-# bench takes well under a minute.
+# CPU-sized: the S1 and S4 channel shapes at 3001 edges (odd, so no block size divides it),
+# small enough that the default CPU bench takes well under a minute (BENCHMARKS.md, "The
+# reference implementations at S1-S4").
 SMALL: dict[str, BenchShape] = {
     s.name: s for s in (
         BenchShape("C1", 3001, 2, 32, 3),

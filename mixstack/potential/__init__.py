@@ -5,7 +5,7 @@
 | ``wigner`` | edge frames and the real Wigner-D rows ``m in {0, ±1}`` (exact, differentiable) |
 | ``radial`` | Bessel radial basis and the polynomial cutoff envelope |
 | ``blocks`` | ``EquivariantMixingStack`` (``w1 = [[U, V], [-V, U]]``) and ``InteractionBlock`` |
-| ``model`` | ``SO2Potential``: energy, forces, stress |
+| ``model`` | ``SO2Potential``: energy, forces, stress; ``PotentialConfig``, its hyperparameters |
 | ``neighbors`` | neighbour lists (vesin or ASE) and the model's input tensors |
 
 ``mixstack.potential.calculator.MixstackCalculator`` runs it (or a frozen ``.pt2``) in ASE.
@@ -15,8 +15,8 @@ from a clone of mixstack).
 """
 
 from .blocks import EquivariantMixingStack, InteractionBlock
-from .model import SO2Potential
+from .model import PotentialConfig, SO2Potential
 from .neighbors import SystemInputs, atoms_inputs, neighbor_arrays, system_inputs
 
-__all__ = ["EquivariantMixingStack", "InteractionBlock", "SO2Potential", "SystemInputs", "atoms_inputs",
+__all__ = ["EquivariantMixingStack", "InteractionBlock", "PotentialConfig", "SO2Potential", "SystemInputs", "atoms_inputs",
            "neighbor_arrays", "system_inputs"]

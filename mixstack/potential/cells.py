@@ -13,10 +13,11 @@ DEFAULT_MODEL = dict(lmax=3, focus_dim=32, n_focus=2, n_layers=4, n_blocks=2, cu
 # A model small enough for the CPU and the Triton interpreter.
 QUICK_CPU_MODEL = dict(lmax=2, focus_dim=16, n_focus=2, n_layers=3, n_blocks=2, cutoff=4.0)
 # The smallest stack that level 3 speeds up (focus_dim 32, a row of 224 floats: the level-3
-# policy's region, docs/contract.md §3), at 25 kB per edge (BENCHMARKS.md, "Several GPUs").
+# policy's region, docs/contract.md §3), at 25 kB per edge (BENCHMARKS.md, "Memory per edge, and
+# what fits one H200").
 SCALING_MODEL = dict(lmax=2, focus_dim=32, n_focus=1, n_layers=2, n_blocks=2, cutoff=3.3, radial_hidden=16)
-# lmax 1: 14 kB per edge, so that 500,000 bcc Cu atoms fit on one H200; level 3 runs level 2 on
-# its stack (a row of 128 floats).
+# lmax 1: 14 kB per edge, so that 500,000 bcc Cu atoms fit on one H200 (the same section); level
+# 3 runs level 2 on its stack (a row of 128 floats).
 SCALING_LITE_MODEL = dict(SCALING_MODEL, lmax=1)
 MODELS = {"small": QUICK_CPU_MODEL, "bench": DEFAULT_MODEL, "scaling": SCALING_MODEL,
           "scaling-lite": SCALING_LITE_MODEL}

@@ -1,9 +1,9 @@
 """``GraphedFrames``: a potential's frame (energy, forces, ...) replayed from CUDA graphs.
 
 Why: an eager frame launches a few hundred kernels from Python, forward and backward, and at
-the bench model's sizes the GPU waits on the host between many of them: at diamond-4608 on the
-H200, ~5.5 ms of a ~49 ms level-3 frame was idle (BENCHMARKS.md, "The glue on kernels").  A
-CUDA graph records the frame's kernels once and replays them with one launch.
+the bench model's sizes the GPU waits on the host between many of them (BENCHMARKS.md, "The glue
+on kernels"; "CUDA graphs and rotate-in's launch").  A CUDA graph records the frame's kernels
+once and replays them with one launch.
 
 ``GraphedFrames(fn)`` wraps ``fn(*tensors) -> tuple of tensors`` (``SO2Potential.forward``, or
 the bench's energy + forces frame).  A call with CUDA tensors looks up the graph of its

@@ -18,6 +18,8 @@ take float32 and fall back to the reference otherwise).
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, fields, replace
+
 import torch
 from torch import nn
 
@@ -29,8 +31,51 @@ from .neighbors import MAX_Z, SystemInputs, atoms_inputs
 from .radial import BesselBasis, PolynomialEnvelope
 
 
+@dataclass(frozen=True)
+class PotentialConfig:
+    """The hyperparameters of an ``SO2Potential``: the stack's ``lmax``, ``focus_dim`` and
+    ``n_focus``, the ``cutoff`` (Å), the initialisation ``seed``, ``n_blocks`` interaction blocks
+    of ``n_layers`` stack layers, ``n_radial`` Bessel functions into a radial network of
+    ``radial_hidden`` units, the neighbour count messages are averaged over, the envelope's power
+    ``envelope_p`` and ``energy_scale`` (see the module doc).  ``SO2Potential.config`` holds them
+    as a plain dict (``asdict``): what checkpoints and frozen models save."""
+
+    lmax: int = 2
+    focus_dim: int = 16
+    n_focus: int = 2
+    cutoff: float = 5.0
+    seed: int = 0
+    n_blocks: int = 2
+    n_layers: int = 3
+    n_radial: int = 8
+    radial_hidden: int = 32
+    avg_neighbors: float = 12.0
+    envelope_p: int = 6
+    energy_scale: float = 1.0
+
+    def __post_init__(self):
+        if self.n_blocks < 1:
+            raise ValueError(f"n_blocks must be >= 1, got {self.n_blocks}")
+        if self.avg_neighbors <= 0:
+            raise ValueError(f"avg_neighbors must be > 0, got {self.avg_neighbors}")
+        for name in ("cutoff", "avg_neighbors", "energy_scale"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+
+    def with_options(self, options: dict) -> PotentialConfig:
+        """This config with the fields named in ``options`` replaced; any other name raises
+        ``TypeError``, as an unknown keyword argument does."""
+        unknown = sorted(set(options) - {f.name for f in fields(self)})
+        if unknown:
+            raise TypeError(f"SO2Potential got unexpected keyword argument(s) {', '.join(map(repr, unknown))}")
+        return replace(self, **options)
+
+
 class SO2Potential(nn.Module):
     """An SO(2) convolution potential whose convolutions run ``mixstack.mixing_stack``.
+
+    ``SO2Potential(config=None, *, device=None, dtype=None, **options)``: the hyperparameters
+    are a ``PotentialConfig`` (default: its defaults), any of whose fields may also be given as
+    a keyword (``SO2Potential(lmax=3, focus_dim=32)``), which then replaces the field.
 
     ``forward(positions, cell, numbers, edge_index, shifts, slots)`` returns
     ``(energy (), forces (N, 3), stress (3, 3), energies (N,))`` in eV, eV/Å and
@@ -38,40 +83,30 @@ class SO2Potential(nn.Module):
     ``mixstack.potential.neighbors`` for the inputs.
     """
 
-    def __init__(self, *, lmax: int = 2, focus_dim: int = 16, n_focus: int = 2, cutoff: float = 5.0,
-                 seed: int = 0, n_blocks: int = 2, n_layers: int = 3, n_radial: int = 8,
-                 radial_hidden: int = 32, avg_neighbors: float = 12.0, envelope_p: int = 6,
-                 energy_scale: float = 1.0,
-                 device=None, dtype=None):
+    def __init__(self, config: PotentialConfig | None = None, *, device=None, dtype=None, **options):
         super().__init__()
-        if n_blocks < 1:
-            raise ValueError(f"n_blocks must be >= 1, got {n_blocks}")
-        if avg_neighbors <= 0:
-            raise ValueError(f"avg_neighbors must be > 0, got {avg_neighbors}")
-        self.config = dict(lmax=lmax, focus_dim=focus_dim, n_focus=n_focus, cutoff=float(cutoff), seed=seed,
-                           n_blocks=n_blocks, n_layers=n_layers, n_radial=n_radial,
-                           radial_hidden=radial_hidden, avg_neighbors=float(avg_neighbors),
-                           envelope_p=envelope_p, energy_scale=float(energy_scale))
-        self.lmax, self.focus_dim, self.cutoff = lmax, focus_dim, float(cutoff)
-        self.energy_scale = float(energy_scale)
+        cfg = (config or PotentialConfig()).with_options(options)
+        self.config = asdict(cfg)
+        self.lmax, self.focus_dim, self.cutoff = cfg.lmax, cfg.focus_dim, cfg.cutoff
+        self.energy_scale = cfg.energy_scale
         kw = dict(dtype=dtype)
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            self.embedding = nn.Embedding(MAX_Z + 1, focus_dim, **kw)
+            torch.manual_seed(cfg.seed)
+            self.embedding = nn.Embedding(MAX_Z + 1, cfg.focus_dim, **kw)
             self.species_energy = nn.Embedding(MAX_Z + 1, 1, **kw)
             nn.init.zeros_(self.species_energy.weight)
-            self.radial_basis = BesselBasis(cutoff, n_radial, **kw)
-            self.envelope = PolynomialEnvelope(cutoff, envelope_p)
-            self.wigner = WignerRows(lmax, keep=1, **kw)
+            self.radial_basis = BesselBasis(cfg.cutoff, cfg.n_radial, **kw)
+            self.envelope = PolynomialEnvelope(cfg.cutoff, cfg.envelope_p)
+            self.wigner = WignerRows(cfg.lmax, keep=1, **kw)
             # the constants of mixstack.edge_wigner's kernels (float32 whatever the model's dtype:
             # the kernels run float32 only), a buffer so that they follow .to(device)
-            self.register_buffer("wigner_constants", conv.edge_wigner_constants(lmax), persistent=False)
+            self.register_buffer("wigner_constants", conv.edge_wigner_constants(cfg.lmax), persistent=False)
             self.blocks = nn.ModuleList(
-                InteractionBlock(lmax=lmax, focus_dim=focus_dim, n_focus=n_focus, n_layers=n_layers,
-                                 n_radial=n_radial, radial_hidden=radial_hidden,
-                                 avg_neighbors=avg_neighbors, **kw)
-                for _ in range(n_blocks))
-            self.readout = mlp([focus_dim, radial_hidden, 1], **kw)
+                InteractionBlock(lmax=cfg.lmax, focus_dim=cfg.focus_dim, n_focus=cfg.n_focus,
+                                 n_layers=cfg.n_layers, n_radial=cfg.n_radial, radial_hidden=cfg.radial_hidden,
+                                 avg_neighbors=cfg.avg_neighbors, **kw)
+                for _ in range(cfg.n_blocks))
+            self.readout = mlp([cfg.focus_dim, cfg.radial_hidden, 1], **kw)
         if device is not None:
             self.to(device)
 
@@ -166,7 +201,7 @@ class SO2Potential(nn.Module):
         blob = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(blob, dict) or blob.get("kind") != "mixstack.SO2Potential":
             raise ValueError(f"{path} is not an SO2Potential checkpoint (written by SO2Potential.save)")
-        model = cls(**blob["config"], dtype=getattr(torch, blob["dtype"]))
+        model = cls(PotentialConfig(**blob["config"]), dtype=getattr(torch, blob["dtype"]))
         model.load_state_dict(blob["state_dict"])
         return model.to(device) if device is not None else model
 

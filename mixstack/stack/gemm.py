@@ -105,7 +105,7 @@ class Epilogue:
     def surfaces(self, unused: torch.Tensor) -> tuple:
         """``(res, out, z, y, sg, alpha)``, ``unused`` where a flag is off.  A weight tensor, never
         an activation surface, fills them, so that no surface reaches a compiler as several
-        aliased arguments (BENCHMARKS.md, "Whole frame: memory")."""
+        aliased arguments (BENCHMARKS.md, "Compiled frames")."""
         return tuple(unused if t is None else t for t in (self.res, self.out, self.z, self.y, self.sg, self.alpha))
 
 

@@ -30,10 +30,8 @@ from torch.library import wrap_triton
 
 from ..core.layout import StackLayout
 from ..kernels.curvature import tangent_kernel
-from ..kernels.reduce import alpha_grad_kernel
 from ..kernels.wgrad import chunk_sum_kernel, gate_wgrad_kernel, layer_input_kernel, wgrad_kernel
 from ..tuning.configs import (
-    ALPHA_GRAD_CONFIG,
     GATE_WGRAD_CHUNK,
     LAYER_INPUT_CONFIG,
     WGRAD_BLOCK_K,
@@ -46,6 +44,8 @@ from ..tuning.configs import (
 )
 from . import launchers
 from .gemm import BlockWeights, Epilogue, Operand, block_gemm
+from .launchers import LaunchPlan
+from .values import Saved, StackSpec, Weights
 
 
 @dataclass(frozen=True)
@@ -143,149 +143,179 @@ def layer_inputs(u0, z, gw, layout: StackLayout):
     return out
 
 
-def _weight_grads(w0, w1, gw):
-    return w0.new_zeros(w0.shape), w1.new_zeros(w1.shape), gw.new_zeros(gw.shape)
-
-
-def backward_with_weights(grad_out, y, z, u0, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
-                          gemm_cfg=None, plan: WgradPlan | None = None, compensated: bool = False, *,
+def backward_with_weights(grad_out, saved: Saved, weights: Weights, spec: StackSpec,
+                          plan: LaunchPlan = LaunchPlan(), wgrad: WgradPlan | None = None, *,
                           grad_z=None, grad_y=None):
     """``(grad_u0, grad_alpha, dw0, dw1, dgw)``: the relay backward, with the weight gradients
-    where ``plan`` is given (``u0`` then needed; else the last three are empty) and the double
-    backward's cotangents ``grad_z`` ``(n_gated, F, E, ROW)`` and ``grad_y`` ``(E, F, ROW)`` of
-    the saved ``z`` and ``y`` added (``None``: zero).  ``grad_out`` edge-major with unit column
-    stride, or ``None`` (the result has no cotangent: a loss of forces alone); ``compensated``
-    (level 3) the relay's compensated GEMMs."""
-    n_focus, n_edges = z.shape[1:3]
-    n_gated = w0.shape[0] - 1
-    weights = plan is not None
-    if weights:
-        dw0, dw1, dgw = _weight_grads(w0, w1, gw)
+    where ``wgrad`` is given (``saved.u0`` then needed; else the last three are empty) and the
+    double backward's cotangents ``grad_z`` ``(n_gated, F, E, ROW)`` and ``grad_y`` ``(E, F, ROW)``
+    of the saved ``z`` and ``y`` added (``None``: zero).  ``grad_out`` edge-major with unit column
+    stride, or ``None`` (the result has no cotangent: a loss of forces alone); ``plan`` the
+    relay's GEMM config and, at level 3, its compensated GEMMs."""
+    if wgrad is not None:
+        dw = weights.zeros()
     else:
-        dw0, dw1, dgw = (z.new_empty((0,)) for _ in range(3))
-    if _is_empty(n_edges):
-        h, ga = launchers.stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha, gemm_cfg)
-        return h, ga, dw0, dw1, dgw
-    g_top = None
-    if grad_y is not None:
-        if grad_out is None:
-            g_top = grad_y.transpose(0, 1).contiguous()
-        else:
-            g = grad_out * alpha.unsqueeze(-1) if apply_alpha else grad_out
-            g_top = (g + grad_y).transpose(0, 1).contiguous()
+        dw = Weights(*(saved.z.new_empty((0,)) for _ in range(3)))
+    if _is_empty(saved.n_edges):
+        h, ga = launchers.stack_backward(grad_out, saved, weights, spec, plan)
+        return h, ga, dw.w0, dw.w1, dw.gw
+    g_top = None if grad_y is None else _top_cotangent(grad_out, grad_y, saved.alpha if spec.apply_alpha else None)
     on_gz = None
-    if weights:
-        red = _Reductions(z, n_edges, n_focus, layout, plan)
-        inputs = layer_inputs(u0, z, gw, layout)
-
-        def input_of(k):
-            return (u0, 0) if k == 0 else (inputs, k - 1)
-
-        if g_top is not None:
-            red.blocks(*input_of(n_gated), g_top, dw0, dw1, n_gated)
-        elif grad_out is not None:
-            red.top(*input_of(n_gated), grad_out, alpha if apply_alpha else None, dw0, dw1, n_gated)
-        # else: the identity layer's cotangent is zero, and so are its weight gradients
-
-        def on_gz(k, h, gz):
-            red.gate(h, 0, z, gw, dgw, k)
-            red.blocks(*input_of(k), gz, dw0, dw1, k)
-
-    h, ga = launchers.stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha, gemm_cfg, None,
-                                     compensated, writer_amax=grad_z is None, g_top=g_top, grad_z=grad_z,
-                                     on_gz=on_gz)
-    return h, ga, dw0, dw1, dgw
+    if wgrad is not None:
+        on_gz = _weight_reductions(grad_out, g_top, saved, weights, spec, wgrad, dw)
+    h, ga = launchers.stack_backward(grad_out, saved, weights, spec, plan,
+                                     launchers.Training(g_top=g_top, grad_z=grad_z, on_gz=on_gz))
+    return h, ga, dw.w0, dw.w1, dw.gw
 
 
-def backward_chain(grad_out, y, z, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
-                   gemm_cfg=None, compensated: bool = False):
+def _top_cotangent(grad_out, grad_y, alpha):
+    """The cotangent of ``y`` focus-major ``(F, E, ROW)`` when the double backward handed back
+    ``grad_y``: ``grad_out * alpha + grad_y`` (``grad_out`` ``None``: ``grad_y`` alone; ``alpha``
+    ``None``: no scaling)."""
+    if grad_out is None:
+        return grad_y.transpose(0, 1).contiguous()
+    g = grad_out * alpha.unsqueeze(-1) if alpha is not None else grad_out
+    return (g + grad_y).transpose(0, 1).contiguous()
+
+
+def _weight_reductions(grad_out, g_top, saved: Saved, weights: Weights, spec: StackSpec, wgrad: WgradPlan,
+                       dw: Weights):
+    """Start the weight gradients of one backward: rebuild the layer inputs from ``u0`` and ``z``,
+    reduce the identity layer's now (its cotangent is ``g_top``, or ``grad_out`` with alpha,
+    or zero), and return the relay's ``on_gz`` that reduces each gated layer's."""
+    z, u0, n_gated = saved.z, saved.u0, weights.n_gated
+    red = _Reductions(z, saved.n_edges, saved.n_focus, spec.layout, wgrad)
+    inputs = layer_inputs(u0, z, weights.gw, spec.layout)
+
+    def input_of(k):
+        return (u0, 0) if k == 0 else (inputs, k - 1)
+
+    if g_top is not None:
+        red.blocks(*input_of(n_gated), g_top, dw.w0, dw.w1, n_gated)
+    elif grad_out is not None:
+        red.top(*input_of(n_gated), grad_out, saved.alpha if spec.apply_alpha else None, dw.w0, dw.w1, n_gated)
+    # else: the identity layer's cotangent is zero, and so are its weight gradients
+
+    def on_gz(k, h, gz):
+        red.gate(h, 0, z, weights.gw, dw.gw, k)
+        red.blocks(*input_of(k), gz, dw.w0, dw.w1, k)
+
+    return on_gz
+
+
+def backward_chain(grad_out, saved: Saved, weights: Weights, spec: StackSpec, plan: LaunchPlan = LaunchPlan()):
     """The relay backward that also keeps its chain: ``(grad_u0, grad_alpha, chain)``, with
     ``chain[k]`` the cotangent of gated layer ``k``'s output (what ``double_backward`` reads)."""
     n_edges, n_focus, row = grad_out.shape
-    chain = grad_out.new_empty((w0.shape[0] - 1, n_focus, n_edges, row))
-    h, ga = launchers.stack_backward(grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha, gemm_cfg, None,
-                                     compensated, chain=chain)
+    chain = grad_out.new_empty((weights.n_gated, n_focus, n_edges, row))
+    h, ga = launchers.stack_backward(grad_out, saved, weights, spec, plan, launchers.Training(chain=chain))
     return h, ga, chain
 
 
-def double_backward(v, w, grad_out, y, z, chain, alpha, w0, w1, gw, layout: StackLayout, apply_alpha: bool,
-                    gemm_cfg=None, plan: WgradPlan | None = None, compensated: bool = False, *,
+def double_backward(v, w, grad_out, saved: Saved, chain, weights: Weights, spec: StackSpec,
+                    plan: LaunchPlan = LaunchPlan(), wgrad: WgradPlan | None = None, *,
                     need_grad_out: bool = True, need_alpha: bool = True):
     """``(d_grad_out, d_y, d_z, d_alpha, dw0, dw1, dgw)``: the gradients of
     ``<grad_u0, v> + <grad_alpha, w>`` with respect to the first-order backward's inputs
     (``reference.double_backward`` is the same math in plain PyTorch).
 
-    ``v`` ``(F, E, ROW)`` and ``w`` ``(E, F)`` may be ``None`` (zero); ``chain`` is
-    ``backward_chain``'s (``None`` or empty with gated layers: recomputed here); the weight
-    terms only where ``plan`` is given (else empty); ``d_y`` only with alpha and ``w`` (else
-    empty), ``d_alpha`` only with alpha and ``need_alpha``, ``d_grad_out`` only with
-    ``need_grad_out`` (else empty: the identity layer's GEMM runs only for what needs ``y_dot``).
-    ``grad_out`` edge-major with unit column stride; ``compensated`` (level 3): the GEMMs run the
-    split fp16 products."""
+    ``v`` ``(F, E, ROW)`` and ``w`` ``(E, F)`` may be ``None`` (zero); ``saved``: the forward's
+    ``z``, ``y`` and ``alpha``; ``chain`` is ``backward_chain``'s (``None`` or empty with gated
+    layers: recomputed here); the weight terms only where ``wgrad`` is given (else empty); ``d_y``
+    only with alpha and ``w`` (else empty), ``d_alpha`` only with alpha and ``need_alpha``,
+    ``d_grad_out`` only with ``need_grad_out`` (else empty: the identity layer's GEMM runs only
+    for what needs ``y_dot``).  ``grad_out`` edge-major with unit column stride; ``plan``: the GEMM
+    config and, at level 3, the split fp16 products.
+
+    Steps: the tangent through the gated layers (``_gated_tangents``), the identity layer's weight
+    reduction, then ``y_dot`` and what reads it (``_identity_tangent``), and ``w``'s terms."""
     n_edges, n_focus, row = grad_out.shape
-    n_gated = w0.shape[0] - 1
-    weights = plan is not None
+    layout, apply_alpha = spec.layout, spec.apply_alpha
+
     def empty():                      # distinct tensors: an operator's outputs may not alias
         return grad_out.new_empty((0,))
 
     need_alpha = need_alpha and apply_alpha
     d_grad_out = grad_out.new_empty((n_edges, n_focus, row)) if need_grad_out else empty()
-    d_z = z.new_empty(z.shape)
+    d_z = saved.z.new_empty(saved.z.shape)
     d_alpha = grad_out.new_empty((n_edges, n_focus)) if need_alpha else empty()
     with_w = apply_alpha and w is not None
     d_y = grad_out.new_empty((n_edges, n_focus, row)) if with_w else empty()
-    dw0, dw1, dgw = _weight_grads(w0, w1, gw) if weights else (empty(), empty(), empty())
+    dw = weights.zeros() if wgrad is not None else Weights(empty(), empty(), empty())
     if _is_empty(n_edges):
-        return d_grad_out, d_y, d_z, d_alpha, dw0, dw1, dgw
-    if n_gated and (chain is None or chain.numel() == 0):
-        chain = backward_chain(grad_out, y, z, alpha, w0, w1, gw, layout, apply_alpha, gemm_cfg, compensated)[2]
+        return d_grad_out, d_y, d_z, d_alpha, dw.w0, dw.w1, dw.gw
+    if weights.n_gated and (chain is None or chain.numel() == 0):
+        chain = backward_chain(grad_out, saved, weights, spec, plan)[2]
     u_dot = v.clone(memory_format=torch.contiguous_format) if v is not None else grad_out.new_zeros((n_focus, n_edges, row))
-    split = launchers.split_weights(w0, w1) if compensated else None
+    split = launchers.split_weights(weights.w0, weights.w1) if plan.compensated else None
     z_dot = torch.empty_like(u_dot)
-    if weights:
-        red = _Reductions(grad_out, n_edges, n_focus, layout, plan)
-        fold = pointwise_recomputes_gate(layout)
-        sg = None if fold else grad_out.new_empty((n_focus, n_edges, layout.gate_width))
-    cfg = training_pointwise_config(layout)
-    grid = (triton.cdiv(n_edges, cfg["BLOCK_M"]), n_focus)
-    for k in range(n_gated):
-        block_gemm(Operand(u_dot), BlockWeights(w0, w1, k, layout, split=split), Epilogue(out=z_dot), gemm_cfg)
-        if weights:
-            # gz lives in d_z[k] until the tangent step overwrites it (every column): the
-            # reductions read it first, and the double backward's peak holds one surface less
-            gz = d_z[k]
-            launchers.relay_gz(chain[k], z, gw, k, n_edges, n_focus, layout, sg, gz, fold=fold)
-            red.blocks(u_dot, 0, gz, dw0, dw1, k)
-            red.gate(chain, k, z, gw, dgw, k, zd=z_dot)
-        wrap_triton(tangent_kernel)[grid](
-            u_dot, z_dot, z, chain, gw, d_z, k, k, n_edges, n_focus,
-            LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
-            GC=gate_chunk(layout), BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"],
-            num_stages=cfg["num_stages"],
-        )
-    if weights:
-        del sg
+    red = _Reductions(grad_out, n_edges, n_focus, layout, wgrad) if wgrad is not None else None
+    tangent = _Tangent(weights, layout, plan.gemm_cfg, split, red, dw)
+    _gated_tangents(tangent, u_dot, z_dot, saved.z, chain, d_z)
+    if red is not None:
         # z_dot is dead: the top reduction scales grad_out into it (no surface of its own)
-        red.top(u_dot, 0, grad_out, alpha if apply_alpha else None, dw0, dw1, n_gated, scratch=z_dot)
+        red.top(u_dot, 0, grad_out, saved.alpha if apply_alpha else None, dw.w0, dw.w1, weights.n_gated, scratch=z_dot)
     del z_dot
     if need_grad_out or need_alpha:
         # y_dot, edge-major and unscaled, straight into d_grad_out where that is wanted
         y_dot = d_grad_out if need_grad_out else grad_out.new_empty((n_edges, n_focus, row))
-        block_gemm(Operand(u_dot), BlockWeights(w0, w1, n_gated, layout, split=split),
-                   Epilogue(res=u_dot, out=y_dot, out_edge_major=True), gemm_cfg)
+        _identity_tangent(tangent, u_dot, y_dot)
         del u_dot
         if need_alpha:
-            acfg = ALPHA_GRAD_CONFIG
-            n_rows = n_edges * n_focus
-            wrap_triton(alpha_grad_kernel)[(triton.cdiv(n_rows, acfg["BLOCK_R"]),)](
-                grad_out, y_dot, d_alpha, w0, w0, n_rows, n_focus, grad_out.stride(0), grad_out.stride(1),
-                ROW=row, M0=layout.m0, WRITE_AMAX=False,                          # w0: unused pointers
-                BLOCK_R=acfg["BLOCK_R"], BLOCK_C=acfg["BLOCK_C"], num_warps=acfg["num_warps"],
-            )
+            launchers.alpha_grad(grad_out, y_dot, d_alpha, layout, weights.w0)
         if need_grad_out and apply_alpha:
-            d_grad_out.mul_(alpha.unsqueeze(-1))
+            d_grad_out.mul_(saved.alpha.unsqueeze(-1))
             if with_w:
-                d_grad_out.addcmul_(y, w.unsqueeze(-1))
+                d_grad_out.addcmul_(saved.y, w.unsqueeze(-1))
     if with_w:
         torch.mul(grad_out, w.unsqueeze(-1), out=d_y)
-    return d_grad_out, d_y, d_z, d_alpha, dw0, dw1, dgw
+    return d_grad_out, d_y, d_z, d_alpha, dw.w0, dw.w1, dw.gw
+
+
+@dataclass(frozen=True)
+class _Tangent:
+    """What every step of the double backward's pass along ``v`` reads: the weights, the layout,
+    the GEMM config and ``split`` (level 3: ``split_weights(w0, w1)``), and the weight reductions
+    (``None``: no weight terms) with the gradients ``dw`` they sum into."""
+
+    weights: Weights
+    layout: StackLayout
+    gemm_cfg: dict | None
+    split: tuple | None
+    reductions: _Reductions | None
+    dw: Weights
+
+
+def _gated_tangents(t: _Tangent, u_dot, z_dot, z, chain, d_z):
+    """The pass through the gated layers, first to last: per layer ``z_dot = u_dot @ W`` (the
+    forward's GEMM), with weight terms the relay's ``gz`` from the chain and the reductions,
+    then ``curvature.tangent_kernel``: ``u_dot`` in place and ``d_z[k]``."""
+    layout, n_focus, n_edges = t.layout, u_dot.shape[0], u_dot.shape[1]
+    red = t.reductions
+    if red is not None:
+        fold = pointwise_recomputes_gate(layout)
+        sg = None if fold else u_dot.new_empty((n_focus, n_edges, layout.gate_width))
+    cfg = training_pointwise_config(layout)
+    grid = (triton.cdiv(n_edges, cfg["BLOCK_M"]), n_focus)
+    for k in range(t.weights.n_gated):
+        block_gemm(Operand(u_dot), BlockWeights(t.weights.w0, t.weights.w1, k, layout, split=t.split),
+                   Epilogue(out=z_dot), t.gemm_cfg)
+        if red is not None:
+            # gz lives in d_z[k] until the tangent step overwrites it (every column): the
+            # reductions read it first, and the double backward's peak holds one surface less
+            gz = d_z[k]
+            launchers.relay_gz(chain[k], z, t.weights.gw, k, n_edges, n_focus, layout, sg, gz, fold=fold)
+            red.blocks(u_dot, 0, gz, t.dw.w0, t.dw.w1, k)
+            red.gate(chain, k, z, t.weights.gw, t.dw.gw, k, zd=z_dot)
+        wrap_triton(tangent_kernel)[grid](
+            u_dot, z_dot, z, chain, t.weights.gw, d_z, k, k, n_edges, n_focus,
+            LMAX=layout.lmax, CF=layout.focus_dim, CP=triton.next_power_of_2(layout.focus_dim),
+            GC=gate_chunk(layout), BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"],
+        )
+
+
+def _identity_tangent(t: _Tangent, u_dot, y_dot):
+    """``y_dot = u_dot + u_dot @ W`` of the identity layer, edge-major and unscaled."""
+    block_gemm(Operand(u_dot), BlockWeights(t.weights.w0, t.weights.w1, t.weights.n_gated, t.layout, split=t.split),
+               Epilogue(res=u_dot, out=y_dot, out_edge_major=True), t.gemm_cfg)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
@@ -31,7 +32,7 @@ from ..tuning import families as _families
 from ..tuning import registry, validity
 from ..tuning.keys import ShapeKey, as_key
 from . import probes
-from .sweep import DEFAULT_ROUNDS, DEFAULT_WARMUP, TuneError, TuneProgress, TuneResult, sweep_launches, tune_key
+from .sweep import SweepSettings, TuneError, TuneProgress, TuneResult, sweep_launches, tune_key
 
 log = logging.getLogger(__name__)
 
@@ -65,18 +66,39 @@ def resolve_families(names: Iterable[str] | None, quick: bool = False) -> list[s
     return [n for n in order if n in chosen]
 
 
-def tune(keys=None, *, families: Iterable[str] | None = None, force: bool = False,
-         rounds: int = DEFAULT_ROUNDS, warmup: int = DEFAULT_WARMUP, margin: float = 0.02,
-         persist: bool = True, device=None, progress: Callable | None = None,
-         clock: Callable | None = None, make_probe: Callable | None = None,
-         device_name: str | None = None, stop_on_error: bool = True, quick: bool = False,
-         seconds: float | None = None, now: Callable[[], float] | None = None,
-         warm_workers: int = 0, on_warm: Callable | None = None) -> list[TuneResult]:
+@dataclass(frozen=True)
+class _Plan:
+    """What one ``tune`` call holds for all its keys: the families in sweep order, the sweep's
+    settings, the probes' factory and device, the table results go to, whether a failure stops
+    the call, and the budget's deadline on its clock."""
+
+    names: list[str]
+    settings: SweepSettings
+    make_probe: Callable
+    device: object
+    device_name: str | None
+    stop_on_error: bool
+    deadline: float | None
+    now: Callable[[], float]
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and self.now() >= self.deadline
+
+
+def tune(keys=None, *, families: Iterable[str] | None = None, device=None, seconds: float | None = None,
+         warm_workers: int = 0, on_warm: Callable | None = None, stop_on_error: bool = True,
+         make_probe: Callable | None = None, device_name: str | None = None,
+         now: Callable[[], float] | None = None, **options) -> list[TuneResult]:
     """Sweep ``families`` (default: ``stack_fwd``, ``stack_bwd_relay``, ``stack_bwd_fused``,
-    ``stack_compensated``)
-    for ``keys`` (``tuning.shape_key(...)`` values; default: S1-S4 of docs/contract.md §8) on the
-    local GPU, and record each result in the user's table (``persist``; else for
-    this process only).  Covered keys are skipped unless ``force``.
+    ``stack_compensated``) for ``keys`` (``tuning.shape_key(...)`` values; default: S1-S4 of
+    docs/contract.md §8) on the local GPU, and record each result in the user's table.
+
+    ``options`` are the sweep's settings (``sweep.SweepSettings``), the same for every family
+    and key: ``force`` (sweep covered keys too; else they are skipped), ``rounds``, ``warmup``,
+    ``margin``, ``persist`` (``False``: results for this process only), ``quick`` (the quick
+    sweep: pruned candidates, a timing set half the size; default families
+    ``families.QUICK_FAMILIES``), ``progress`` (receives a ``TuneProgress`` after every step)
+    and ``clock`` (tests).  Any other keyword raises ``TypeError``.
 
     A failure raises ``TuneError`` (``stop_on_error``), or with
     ``stop_on_error=False`` becomes a "failed" result and the sweep goes on
@@ -85,11 +107,9 @@ def tune(keys=None, *, families: Iterable[str] | None = None, force: bool = Fals
     replaces ``probes.StackProbe`` (tests); results then go to ``device_name``,
     else to the probe's ``device_name``.
 
-    ``quick``: the quick sweep (pruned candidates, a timing set half the size; default
-    families ``families.QUICK_FAMILIES``).  ``seconds``: a budget; once it is spent the
-    sweep stops cleanly before the next family and key (those get status
-    "out-of-time", nothing recorded; run again to go on: covered keys are skipped).
-    ``now``: the clock of that budget (``time.monotonic``; tests pass a fake).
+    ``seconds``: a budget; once it is spent the sweep stops cleanly before the next family and
+    key (those get status "out-of-time", nothing recorded; run again to go on: covered keys are
+    skipped).  ``now``: the clock of that budget (``time.monotonic``; tests pass a fake).
 
     ``warm_workers``: compile each key's kernels in that many worker processes before its
     sweep (see the module doc; 0, the default here, compiles them in the sweep itself;
@@ -97,52 +117,68 @@ def tune(keys=None, *, families: Iterable[str] | None = None, force: bool = Fals
     receives each key's ``prewarm.Summary``; ``progress`` gets a ``TuneProgress`` of family
     ``"warm-up"`` after each task.
     """
+    settings = SweepSettings().with_options(options)
     keys = default_keys() if keys is None else list(dict.fromkeys(as_key(k) for k in keys))
-    names = resolve_families(families, quick)
-    now = now or time.monotonic
-    deadline = None if seconds is None else now() + seconds
-    make_probe = make_probe or probes.StackProbe
-    if make_probe is probes.StackProbe:
-        device = probes.tuning_device(device)
-        device_name = device_name or validity.device_name(device)
-        if quick and isinstance(make_probe, type):        # the real probe (tests replace it)
-            make_probe = functools.partial(make_probe, quick=True)
+    plan = _plan(families, settings, make_probe, device, device_name, stop_on_error, seconds, now)
     results: list[TuneResult] = []
     pool = prewarm.Pool(warm_workers) if warm_workers > 0 else None
     seen: set = set()
     try:
         for key in keys:
-            if pool is not None and (deadline is None or now() < deadline):
-                summary = _warm_key(pool, key, names, seen, force=force, quick=quick, device=device,
-                                    device_name=device_name, make_probe=make_probe, progress=progress)
+            if pool is not None and not plan.out_of_time():
+                summary = _warm_key(pool, key, plan, seen)
                 if on_warm is not None:
                     on_warm(key, summary)
-            _sweep_key(key, names, results, deadline=deadline, now=now, force=force, device=device,
-                       device_name=device_name, make_probe=make_probe, clock=clock, rounds=rounds, warmup=warmup,
-                       margin=margin, progress=progress, persist=persist, quick=quick,
-                       stop_on_error=stop_on_error)
+            results += _sweep_key(key, plan)
     finally:
         if pool is not None:
             pool.close()
     return results
 
 
-def _swept(name: str, key: ShapeKey, *, force: bool, device_name, quick: bool) -> bool:
+def _plan(families, settings: SweepSettings, make_probe, device, device_name, stop_on_error, seconds, now) -> _Plan:
+    """``tune``'s arguments resolved: the families in sweep order, the real probe on the tuning
+    device (and the table of its name) unless ``make_probe`` replaces it, the budget's deadline."""
+    names = resolve_families(families, settings.quick)
+    now = now or time.monotonic
+    deadline = None if seconds is None else now() + seconds
+    make_probe = make_probe or probes.StackProbe
+    if make_probe is probes.StackProbe:
+        device = probes.tuning_device(device)
+        device_name = device_name or validity.device_name(device)
+        if settings.quick and isinstance(make_probe, type):        # the real probe (tests replace it)
+            make_probe = functools.partial(make_probe, quick=True)
+    return _Plan(names, settings, make_probe, device, device_name, stop_on_error, deadline, now)
+
+
+def _swept(name: str, key: ShapeKey, plan: _Plan) -> bool:
     """Whether ``tune`` will sweep ``name`` for ``key`` (not covered, with candidates)."""
-    if not force and device_name and registry.covered(name, key, device_name=device_name):
-        return False
-    return bool(_families.candidates(name, key, quick=quick)) and not _without_baseline(name, key, device_name)
+    return _not_swept(name, key, plan) is None
 
 
-def _warm_key(pool, key, names, seen, *, force, quick, device, device_name, make_probe, progress) -> prewarm.Summary:
+def _not_swept(name: str, key: ShapeKey, plan: _Plan) -> TuneResult | None:
+    """The result of ``name`` for ``key`` when ``tune`` does not sweep it: covered, no
+    candidates, or a baseline that needs another family's config the key lacks."""
+    settings, device_name = plan.settings, plan.device_name
+    if not settings.force and device_name and registry.covered(name, key, device_name=device_name):
+        return TuneResult(name, key, "covered", config=registry.lookup(name, key, device_name=device_name))
+    if not _families.candidates(name, key, quick=settings.quick):
+        return TuneResult(name, key, "no-candidates")
+    if _without_baseline(name, key, device_name):
+        return TuneResult(name, key, "no-baseline")
+    return None
+
+
+def _warm_key(pool, key: ShapeKey, plan: _Plan, seen: set) -> prewarm.Summary:
     """Compile the kernels of every family ``tune`` will sweep for ``key`` in ``pool``'s workers."""
+    quick, progress = plan.settings.quick, plan.settings.progress
     launches: list = []
     earlier: list = []
-    for name in names:
-        if not _swept(name, key, force=force, device_name=device_name, quick=quick):
+    for name in plan.names:
+        if not _swept(name, key, plan):
             continue
         try:
-            probe = make_probe(name, key, device=device)
+            probe = plan.make_probe(name, key, device=plan.device)
             launches += sweep_launches(name, key, probe=probe, quick=quick, earlier=earlier)
         except Exception as exc:                 # the sweep reports it; the warm-up only logs
             log.info("warm-up of %s %s: %s: %s", name, key, type(exc).__name__, exc)
@@ -162,47 +198,44 @@ def _warm_key(pool, key, names, seen, *, force, quick, device, device_name, make
     return summary
 
 
-def _sweep_key(key, names, results, *, deadline, now, force, device, device_name, make_probe, clock, rounds,
-               warmup, margin, progress, persist, quick, stop_on_error) -> None:
-    """Sweep every family of ``names`` for ``key`` (see ``tune``), appending to ``results``."""
+def _sweep_key(key: ShapeKey, plan: _Plan) -> list[TuneResult]:
+    """The results of every family of the plan for ``key`` (see ``tune``)."""
+    results: list[TuneResult] = []
     failed: dict[str, TuneResult] = {}
-    for name in names:
-        if deadline is not None and now() >= deadline:
+    for name in plan.names:
+        if plan.out_of_time():
             results.append(TuneResult(name, key, "out-of-time"))
             continue
         dep = _DEPENDS_ON.get(name)
         if dep in failed:
             results.append(TuneResult(name, key, "not-run", error=failed[dep].error))
             continue
-        if not force and device_name and registry.covered(name, key, device_name=device_name):
-            results.append(TuneResult(name, key, "covered",
-                                      config=registry.lookup(name, key, device_name=device_name)))
-            continue
-        if not _families.candidates(name, key, quick=quick):
-            results.append(TuneResult(name, key, "no-candidates"))
-            continue
-        if _without_baseline(name, key, device_name):
-            results.append(TuneResult(name, key, "no-baseline"))
-            continue
+        result = _not_swept(name, key, plan) or _sweep_family(name, key, plan)
+        if result.status == "failed":
+            failed[name] = result
+        results.append(result)
+    return results
+
+
+def _sweep_family(name: str, key: ShapeKey, plan: _Plan) -> TuneResult:
+    """``tune_key`` of ``name`` for ``key`` with a fresh probe; a ``TuneError`` becomes a
+    "failed" result unless the plan stops on errors."""
+    try:
         try:
-            try:
-                probe = make_probe(name, key, device=device)
-            except Exception as exc:
-                raise TuneError(f"tuning {name} {key}: could not set up the inputs: "
-                                f"{type(exc).__name__}: {exc}") from exc
-            results.append(tune_key(name, key, probe=probe, clock=clock, rounds=rounds,
-                                    warmup=warmup, margin=margin, force=force, progress=progress,
-                                    device_name=device_name, persist=persist, quick=quick))
-        except TuneError as exc:
-            if stop_on_error:
-                raise
-            log.info("%s", exc)
-            failed[name] = TuneResult(name, key, "failed", error=exc)
-            results.append(failed[name])
-        finally:
-            probe = None
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            probe = plan.make_probe(name, key, device=plan.device)
+        except Exception as exc:
+            raise TuneError(f"tuning {name} {key}: could not set up the inputs: "
+                            f"{type(exc).__name__}: {exc}") from exc
+        return tune_key(name, key, probe=probe, settings=plan.settings, device_name=plan.device_name)
+    except TuneError as exc:
+        if plan.stop_on_error:
+            raise
+        log.info("%s", exc)
+        return TuneResult(name, key, "failed", error=exc)
+    finally:
+        probe = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def tune_missing(keys, *, families: Iterable[str] | None = None, **kwargs) -> list[TuneResult]:

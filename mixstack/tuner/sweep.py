@@ -30,15 +30,17 @@ inputs and runs the operator: ``probe.run(cfg) -> (outputs, dispatch Counter)``
 and ``probe.task(cfg) -> timing.Task``; ``cfg`` is a candidate or ``None`` for
 the baseline.  ``tune`` sweeps many keys and families, making a probe for each.
 
-``sweep_launches`` lists the kernel launches ``tune_key`` will make, recorded instead of run,
-for the warm-up that compiles them in worker processes first (``measure.prewarm``).
+``SweepSettings`` holds the options that travel with every sweep of one ``tune`` call (rounds,
+margin, quick or full, ...).  ``sweep_launches`` lists the kernel launches ``tune_key`` will
+make, recorded instead of run, for the warm-up that compiles them in worker processes first
+(``measure.prewarm``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 import torch
@@ -222,108 +224,187 @@ class _Tracker:
                                        min(self.done, self.total), self.total))
 
 
-def tune_key(family: str, key, *, probe, clock: Callable | None = None, rounds: int = DEFAULT_ROUNDS,
-             warmup: int = DEFAULT_WARMUP, margin: float = 0.02, force: bool = False,
-             progress: Callable[[TuneProgress], None] | None = None, device_name: str | None = None,
-             persist: bool = True, quick: bool = False) -> TuneResult:
-    """Sweep ``family`` for ``key`` with ``probe`` and record the result (see the module doc).
+@dataclass(frozen=True)
+class SweepSettings:
+    """How a key is swept, the same for every family and key of one ``tune`` call: the timing
+    (``rounds`` timed and ``warmup`` untimed samples, the ``margin`` a winner needs, ``clock`` for
+    the tests), which candidates (``quick``: the pruned sets), whether a covered key is swept
+    again (``force``), whether the result is written to the user's table (``persist``; else it
+    is registered for this process) and who hears of every step (``progress``)."""
 
-    ``device_name``: the table the result goes to (default: the probe's
-    ``device_name``, else the current device's).  ``persist=False`` registers the
-    result for this process instead of writing the user's table.  ``quick``: the pruned
-    candidates of ``families.candidates(..., quick=True)``; the rules are the same.
-    """
-    fam = families.family(family)
-    key = as_key(key)
-    device = device_name or getattr(probe, "device_name", None) or validity.device_name()
-    if not force and registry.covered(family, key, device_name=device):
-        return TuneResult(family, key, "covered", config=registry.lookup(family, key, device_name=device))
-    cands = families.candidates(family, key, quick=quick)
-    if not cands:
-        log.info("tuning %s %s: no candidates for this key; nothing to measure", family, key)
-        return TuneResult(family, key, "no-candidates")
-    labels = [families.label(c) for c in cands]
-    n_samples = warmup + rounds
-    track = _Tracker(progress, family, key, 2 + len(cands) + n_samples * (1 + len(cands)))
-    skipped, rejected, accepted = {}, {}, []
+    rounds: int = DEFAULT_ROUNDS
+    warmup: int = DEFAULT_WARMUP
+    margin: float = 0.02
+    force: bool = False
+    quick: bool = False
+    persist: bool = True
+    clock: Callable | None = None
+    progress: Callable[[TuneProgress], None] | None = None
 
-    with registry.saved_registrations():       # no registration of the probe's may outlive the sweep
-        track.emit("check", "baseline", step=False)
+    @property
+    def samples(self) -> int:
+        """The samples each timed variant takes: the untimed warm-up and the timed rounds."""
+        return self.warmup + self.rounds
+
+    def with_options(self, options: dict) -> SweepSettings:
+        """These settings with the fields named in ``options`` replaced; any other name raises
+        ``TypeError``, as an unknown keyword argument does."""
+        unknown = sorted(set(options) - {f.name for f in fields(self)})
+        if unknown:
+            raise TypeError(f"unexpected keyword argument(s) {', '.join(map(repr, unknown))} "
+                            f"(the sweep's settings are {', '.join(f.name for f in fields(self))})")
+        return replace(self, **options)
+
+
+@dataclass
+class _Checked:
+    """What the checking runs decided: the accepted candidates (label, config), and the skipped
+    and rejected ones (label -> why)."""
+
+    accepted: list = field(default_factory=list)
+    skipped: dict = field(default_factory=dict)
+    rejected: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Timed:
+    """What the timing decided: medians (ms) and relative spreads by variant, and the winner."""
+
+    medians: dict
+    spreads: dict
+    winner: dict | None
+
+
+class _KeySweep:
+    """One family's sweep of one key, in the order of the module doc's rules: the checking runs
+    (rules 1, 2 and 5), the timing (3) and the record (4), each step reported (6)."""
+
+    def __init__(self, fam: families.Family, key: ShapeKey, probe, settings: SweepSettings, n_candidates: int):
+        self.fam, self.key, self.probe, self.settings = fam, key, probe, settings
+        self.track = _Tracker(settings.progress, fam.name, key,
+                              2 + n_candidates + settings.samples * (1 + n_candidates))
+
+    def _where(self) -> str:
+        return f"tuning {self.fam.name} {self.key}"
+
+    def baseline(self) -> tuple:
+        """The baseline's outputs, checked to repeat bit for bit and to be finite."""
+        self.track.emit("check", "baseline", step=False)
         try:
-            base = _run(probe, fam, key, None)
-            track.emit("check", "baseline (repeat)")
-            again = _run(probe, fam, key, None)
+            base = _run(self.probe, self.fam, self.key, None)
+            self.track.emit("check", "baseline (repeat)")
+            again = _run(self.probe, self.fam, self.key, None)
         except TuneError:
             raise
         except Exception as exc:
-            raise TuneError(f"tuning {family} {key}: the baseline run failed: "
-                            f"{type(exc).__name__}: {exc}") from exc
+            raise TuneError(f"{self._where()}: the baseline run failed: {type(exc).__name__}: {exc}") from exc
         why = bitwise_difference(base, again)
         if why is not None:
-            raise TuneError(f"tuning {family} {key}: the baseline does not repeat bit for bit ({why})")
+            raise TuneError(f"{self._where()}: the baseline does not repeat bit for bit ({why})")
         if not all(bool(torch.isfinite(t).all()) for t in base if t.is_floating_point()):
-            raise TuneError(f"tuning {family} {key}: the baseline's outputs are not finite")
-        del again
-        for cfg, lab in zip(cands, labels):
-            track.emit("check", lab)
-            try:
-                out = _run(probe, fam, key, cfg)
-            except TuneError:
-                raise
-            except Exception as exc:
-                reason = resource_reason(exc) or (build_reason(exc) if fam.builds_may_fail else None)
-                if reason is None:
-                    raise TuneError(f"tuning {family} {key}: candidate {lab} failed: "
-                                    f"{type(exc).__name__}: {exc}") from exc
-                log.info("tuning %s %s: skipping %s: %s", family, key, lab, reason)
-                skipped[lab] = reason
-                continue
-            why = _acceptance(fam, probe, base, out)
-            del out
-            if why is not None:
-                log.warning("tuning %s %s: rejecting %s: %s", family, key, lab, why)
-                rejected[lab] = why
-            else:
-                accepted.append((lab, cfg))
-        del base
-        track.total = track.done + 1 + n_samples * (1 + len(accepted)) if accepted else track.done + 1
+            raise TuneError(f"{self._where()}: the baseline's outputs are not finite")
+        return base
 
-        medians, spreads, winner = {}, {}, None
-        if accepted:
-            variants = {"baseline": _engaged(probe.task(None), fam, key, None)}
-            variants.update({lab: _engaged(probe.task(cfg), fam, key, cfg) for lab, cfg in accepted})
-
-            def on_sample(name, timed):
-                track.emit("time" if timed else "warmup", name)
-            try:
-                samples = timing.time_interleaved(variants, rounds=rounds, warmup=warmup, clock=clock,
-                                                  device=getattr(probe, "device", None), on_sample=on_sample)
-            except TuneError:
-                raise
-            except Exception as exc:
-                raise TuneError(f"tuning {family} {key}: timing failed: {type(exc).__name__}: {exc}") from exc
-            medians = {name: s.median * 1e3 for name, s in samples.items()}
-            spreads = {name: s.rel_spread for name, s in samples.items()}
-            wins = [(samples[lab].median, i) for i, (lab, _) in enumerate(accepted)
-                    if timing.beats(samples[lab], samples["baseline"], margin)]
-            if wins:
-                winner = accepted[min(wins)[1]][1]
-        if rejected and not accepted:
+    def check(self, candidates: list[dict]) -> _Checked:
+        """Run the baseline, then every candidate, and sort the candidates by their outputs."""
+        base = self.baseline()
+        checked = _Checked()
+        for cfg in candidates:
+            self._check_candidate(cfg, base, checked)
+        if checked.rejected and not checked.accepted:
             log.warning("tuning %s %s: every candidate that ran was rejected (%s); "
-                        "a kernel bug? recording the baseline", family, key,
-                        "outside the float64 contract" if fam.accept == "float64" else
+                        "a kernel bug? recording the baseline", self.fam.name, self.key,
+                        "outside the float64 contract" if self.fam.accept == "float64" else
                         "differs from the baseline")
+        return checked
 
-    entry = {"config": winner, **validity.stamp(device, fam.name), "baseline": fam.baseline_name,
-             "winner": families.label(winner), "medians_ms": medians, "rel_spread": spreads,
-             "margin": margin, "rounds": rounds, "warmup": warmup, "sweep": "quick" if quick else "full",
-             "skipped": skipped, "rejected": rejected}
-    path = registry.record(family, key, entry, device_name=device, persist=persist)
-    track.emit("done", families.label(winner))
-    log.info("tuning %s %s: %s (medians ms: %s)", family, key, families.label(winner),
-             ", ".join(f"{k} {v:.3f}" for k, v in medians.items()) or "none")
-    return TuneResult(family, key, "tuned", config=winner, medians_ms=medians, skipped=skipped,
-                      rejected=rejected, path=path)
+    def _check_candidate(self, cfg: dict, base: tuple, checked: _Checked) -> None:
+        """Skip ``cfg`` where it is refused for resources (or does not build, where its family
+        may not), reject it where its outputs fail the family's acceptance, else accept it."""
+        lab = families.label(cfg)
+        self.track.emit("check", lab)
+        try:
+            out = _run(self.probe, self.fam, self.key, cfg)
+        except TuneError:
+            raise
+        except Exception as exc:
+            reason = resource_reason(exc) or (build_reason(exc) if self.fam.builds_may_fail else None)
+            if reason is None:
+                raise TuneError(f"{self._where()}: candidate {lab} failed: {type(exc).__name__}: {exc}") from exc
+            log.info("tuning %s %s: skipping %s: %s", self.fam.name, self.key, lab, reason)
+            checked.skipped[lab] = reason
+            return
+        why = _acceptance(self.fam, self.probe, base, out)
+        del out
+        if why is not None:
+            log.warning("tuning %s %s: rejecting %s: %s", self.fam.name, self.key, lab, why)
+            checked.rejected[lab] = why
+        else:
+            checked.accepted.append((lab, cfg))
+
+    def time(self, accepted: list) -> _Timed:
+        """Time the baseline and the ``accepted`` candidates together; the winner is the fastest
+        candidate that beats the baseline (``None``: none does, or none was accepted)."""
+        s, track = self.settings, self.track
+        track.total = track.done + 1 + s.samples * (1 + len(accepted)) if accepted else track.done + 1
+        if not accepted:
+            return _Timed({}, {}, None)
+        variants = {"baseline": _engaged(self.probe.task(None), self.fam, self.key, None)}
+        variants.update({lab: _engaged(self.probe.task(cfg), self.fam, self.key, cfg) for lab, cfg in accepted})
+
+        def on_sample(name, timed):
+            track.emit("time" if timed else "warmup", name)
+        try:
+            samples = timing.time_interleaved(variants, rounds=s.rounds, warmup=s.warmup, clock=s.clock,
+                                              device=getattr(self.probe, "device", None), on_sample=on_sample)
+        except TuneError:
+            raise
+        except Exception as exc:
+            raise TuneError(f"{self._where()}: timing failed: {type(exc).__name__}: {exc}") from exc
+        wins = [(samples[lab].median, i) for i, (lab, _) in enumerate(accepted)
+                if timing.beats(samples[lab], samples["baseline"], s.margin)]
+        return _Timed(medians={name: x.median * 1e3 for name, x in samples.items()},
+                      spreads={name: x.rel_spread for name, x in samples.items()},
+                      winner=accepted[min(wins)[1]][1] if wins else None)
+
+    def record(self, device: str, checked: _Checked, timed: _Timed) -> TuneResult:
+        """Record the winner (or ``None``) with its measurements and provenance."""
+        fam, s = self.fam, self.settings
+        entry = {"config": timed.winner, **validity.stamp(device, fam.name), "baseline": fam.baseline_name,
+                 "winner": families.label(timed.winner), "medians_ms": timed.medians, "rel_spread": timed.spreads,
+                 "margin": s.margin, "rounds": s.rounds, "warmup": s.warmup, "sweep": "quick" if s.quick else "full",
+                 "skipped": checked.skipped, "rejected": checked.rejected}
+        path = registry.record(fam.name, self.key, entry, device_name=device, persist=s.persist)
+        self.track.emit("done", families.label(timed.winner))
+        log.info("tuning %s %s: %s (medians ms: %s)", fam.name, self.key, families.label(timed.winner),
+                 ", ".join(f"{k} {v:.3f}" for k, v in timed.medians.items()) or "none")
+        return TuneResult(fam.name, self.key, "tuned", config=timed.winner, medians_ms=timed.medians,
+                          skipped=checked.skipped, rejected=checked.rejected, path=path)
+
+
+def tune_key(family: str, key, *, probe, settings: SweepSettings | None = None, device_name: str | None = None,
+             **options) -> TuneResult:
+    """Sweep ``family`` for ``key`` with ``probe`` and record the result (see the module doc).
+
+    ``settings``: the sweep's ``SweepSettings`` (default: its defaults), any of whose fields may
+    also be given as a keyword (``rounds=2``, ``quick=True``, ...), which then replaces the
+    field.  ``device_name``: the table the result goes to (default: the probe's
+    ``device_name``, else the current device's).
+    """
+    settings = (settings or SweepSettings()).with_options(options)
+    fam, key = families.family(family), as_key(key)
+    device = device_name or getattr(probe, "device_name", None) or validity.device_name()
+    if not settings.force and registry.covered(fam.name, key, device_name=device):
+        return TuneResult(fam.name, key, "covered", config=registry.lookup(fam.name, key, device_name=device))
+    cands = families.candidates(fam.name, key, quick=settings.quick)
+    if not cands:
+        log.info("tuning %s %s: no candidates for this key; nothing to measure", fam.name, key)
+        return TuneResult(fam.name, key, "no-candidates")
+    sweep = _KeySweep(fam, key, probe, settings, len(cands))
+    with registry.saved_registrations():       # no registration of the probe's may outlive the sweep
+        checked = sweep.check(cands)
+        timed = sweep.time(checked.accepted)
+    return sweep.record(device, checked, timed)
 
 
 def sweep_launches(family: str, key, *, probe, quick: bool = False, earlier=()) -> list:

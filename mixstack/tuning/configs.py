@@ -3,7 +3,8 @@ rules that pick a config from the layout.
 
 One place for every launch config that is not a tuned table entry (tables live
 in ``mixstack.tuning``; tuned configs override the GEMM and fused configs here
-at level >= 2).  Each constant carries the measurement that chose it.
+at level >= 2).  Each constant says in a line why it is what it is and names the section of
+BENCHMARKS.md that holds the measurement behind it.
 """
 
 from __future__ import annotations
@@ -11,19 +12,14 @@ from __future__ import annotations
 from ..core import config
 from ..core.layout import StackLayout, next_power_of_2
 
-# Level-1 launch configs: conservative, spill-free on every supported shape.
-# (64, 64, 32, 4 warps, 3 stages) with a pipelined K loop ran an ieee block
-# GEMM of this shape at ~42 TFLOP/s on an H200 (BENCHMARKS.md, Floors and ceilings), and
-# beat (64,128,4,3), (128,64,8,3), (64,64,4,4), (128,128,8,2), (32,64,4,3) on
-# the whole S1/S2 stack (H200, 2026-11-30).  The K tile is 32 wide (16 where
-# Cf is not a multiple of 32): at S4 (Cf = 64) a 64-wide K tile with 8 warps
-# took 35.6 ms for fwd+bwd against 30.3 ms (H200, 2026-11-30).
+# Level-1 launch configs: conservative, spill-free on every supported shape.  The GEMM's is the
+# best of six on the whole stack, with a 32-wide K tile (``block_k``) rather than a 64-wide one
+# (BENCHMARKS.md, "Level 1, step by step"; "One block GEMM: modes, launch configs, pipelining").
 GEMM_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 ALPHA_GRAD_CONFIG = {"BLOCK_R": 32, "BLOCK_C": 64, "num_warps": 4}
-# The weight gradients' recompute of the layer inputs (``kernels.wgrad.layer_input_kernel``):
-# the forward gate's 32 rows x 4 warps spilled 16 bytes at Cf 64 lmax 3 (72 registers, a
-# ptxas quirk); 64 rows x 4 warps compiled spill-free at every key tried (sm_90, offline
-# ``compiler_report``: Cf 32-128, lmax 1-6, 48-128 registers).
+# The weight gradients' recompute of the layer inputs (``kernels.wgrad.layer_input_kernel``): 64
+# rows x 4 warps, spill-free where the forward gate's config spills (BENCHMARKS.md, "The training
+# kernels' launch configs").
 LAYER_INPUT_CONFIG = {"BLOCK_M": 64, "num_warps": 4, "num_stages": 1}
 
 
@@ -65,33 +61,19 @@ def gate_chunk(layout: StackLayout) -> int:
     run the same products): the largest power of two that divides ``Cf``, at most
     ``GATE_CHUNK_MAX``.  Chunks tile ``Cf`` exactly (no padded lanes, as a power-of-two
     register tile of a 48- or 96-wide subtile had) and keep each FMA dot's operands to
-    ``GC`` columns: with whole ``Cf``-wide products, Cf 80-128 compiled to ptxas's
-    register fallback at lmax 1 (and the level-3 forward gate at every lmax), see
-    ``gate_config``."""
+    ``GC`` columns: whole ``Cf``-wide products made ptxas fall back to 32 registers at Cf 80-128
+    (BENCHMARKS.md, "The register collapse over the whole grid")."""
     cf = layout.focus_dim
     return min(cf & -cf, GATE_CHUNK_MAX)
 
 
 def gate_config(layout: StackLayout, backward: bool = False) -> dict:
-    """Launch config of the gate kernel (forward/recompute) or its backward.
-
-    Measured on an H200 (2026-11-30; S1, S2, S4; BLOCK_M/warps in {16, 32, 64,
-    128} x {4, 8}): the forward gate is flat within 5% across configs, 32 rows
-    x 4 warps among the best everywhere; the pointwise backward is best at 32
-    rows x 4 warps for Cf = 32 (0.91 ms at S1 against 1.31 for 32 x 8) and 64
-    rows x 4 warps for Cf = 64 (1.24 ms at S4 against 1.62-1.82).  Unrolling the
-    degree loop spilled 116-224 registers at Cf = 64.
-
-    The gate kernels form their products ``gate_chunk`` columns at a time.  Before that
-    (whole ``Cf``-wide products) ptxas gave up on registers at Cf 48-64 with lmax <= 2
-    under these configs (32 registers and a 3.6-9.6 KB stack; the H200 sweep saw the
-    relay at Cf 64, F 2, lmax 1 take 33.4 ms against 12.5 at lmax 2) and at Cf 80-128
-    under every config tried (lmax 1; the level-3 forward gate at every lmax), and the
-    Cf-64 pointwise kernel spilled 392 bytes at 64 x 4.  With chunks, every launch of
-    every (Cf, lmax) compiles for sm_90 without the fallback and with at most a few
-    bytes spilled (``tests/test_compiler_grid.py``), so the measured configs hold at
-    every lmax; widths above 64, whose chunks are 16 or 32 columns like Cf 32's tiles,
-    take Cf 32's config (not yet timed).
+    """Launch config of the gate kernel (forward/recompute) or its backward: 32 rows x 4 warps,
+    the backward 64 rows at Cf 33-64, the best of a rows x warps sweep (BENCHMARKS.md, "Level 1,
+    step by step").  With the products in ``gate_chunk`` columns every launch of the grid
+    compiles without ptxas's register fallback (``tests/test_compiler_grid.py``), so the configs
+    hold at every lmax; widths above 64 take Cf 32's (BENCHMARKS.md, "The register collapse over
+    the whole grid").
     """
     cp = next_power_of_2(layout.focus_dim)
     rows = 64 if backward and cp == 64 else 32
@@ -101,35 +83,22 @@ def gate_config(layout: StackLayout, backward: bool = False) -> dict:
 def pointwise_recomputes_gate(layout: StackLayout, compensated: bool = False) -> bool:
     """Whether the relay's pointwise kernel forms the gate sigmoids itself (in registers,
     from ``s`` and ``gw``) instead of a gate launch writing a sigmoid surface ``(F, E, G)``
-    for it to read.  Both give the same bits (one helper, ``gate.gate_sigmoids``).
-
-    Measured on an H200 in the whole backward, both ways in one run
-    (``scripts/probe_relay_policy.py``, 2026-12-01), ms: exact, S1 9.59 folded against
-    9.63, S3 20.20 against 20.42, S4 **18.84** against 16.29 (the folded kernel spills
-    at Cf 64); level 3, S1 **6.93** against 6.72, S3 **13.47** against 13.16, S4 8.75
-    against 8.72.  So: folded exact where Cf <= 32 (as fast, one surface fewer), never
-    at level 3.  (One layer alone, ``probe_backward.py`` had the level-3 fold 0.2 ms a
-    layer ahead: alone, each launch meets a cold L2; in the stack the gate launch's
-    sigmoids are still in L2 when the pointwise kernel reads them.)"""
+    for it to read.  Both give the same bits (one helper, ``gate.gate_sigmoids``).  Folded at
+    exact levels where Cf <= 32 (as fast, one surface fewer), never at level 3 or where the
+    folded kernel spills (BENCHMARKS.md, "The relay's sigmoid surface at exact levels")."""
     return not compensated and next_power_of_2(layout.focus_dim) <= 32
 
 
 def pointwise_config(layout: StackLayout) -> dict:
-    """Launch config of the relay's pointwise kernel: ``gate_config``'s backward rows,
-    at every level.
-
-    What level 3's split fp16 gate products bought in the backward, per gated layer on
-    an H200 (``probe_backward.py``, 2026-12-01; ms, exact -> split): the gate launch
-    0.385 -> 0.388 at the S1 key, 0.598 -> 0.471 at lmax 6, 0.504 -> 0.361 at Cf 64; the
-    pointwise kernel 0.844 -> 0.774, 1.199 -> 1.061, 1.002 -> 0.797.  With the sigmoids
-    folded in (not shipped, see ``pointwise_recomputes_gate``) the split products
-    wanted 64 rows at Cf <= 32 and 32 rows at Cf 64 (0.94 and 0.96 ms, against 1.30
-    and 1.51 on the rows here)."""
+    """Launch config of the relay's pointwise kernel: ``gate_config``'s backward rows, at every
+    level, level 3's split gate products included (BENCHMARKS.md, "The gate's products on
+    tensor cores")."""
     return gate_config(layout, backward=True)
 
 
-# Persistent programs of the fused backward per SM: each owns a scratch of
-# BLOCK_M x segment floats (~25 MB in all at S1 with 64 rows), L2-resident.
+# Persistent programs of the fused backward per SM: each owns a scratch of BLOCK_M x segment
+# floats (~25 MB in all at S1 with 64 rows), L2-resident (BENCHMARKS.md, "Second schedule: `gz`
+# staged through a per-program scratch").
 FUSED_PROGRAMS_PER_SM = 4
 INTERPRETER_PROGRAMS = 3      # few programs under the interpreter: the persistent loop is exercised
 
@@ -146,12 +115,9 @@ def conv_config(layout: StackLayout) -> dict:
     segment step's ``(BLOCK_E, NP, CP)`` product at about 32 (``NP`` the padded rows of the
     widest degree).  Rotate-in with a linear radial layer (``linear_*``) makes the weights with a
     ``tl.dot`` a row, forward and again in the backward (16 edges, channels padded to 16 at
-    least; three TF32 products, ``kernels.rotate_in``).  At C <= 32 two warps a program: at the
-    bench model's frame (C 32, lmax 3, 409,688 edges, H200) forward + backward ran 4.88 ms a
-    block against 5.19 with four warps (the backward kernel is latency-bound at 19% occupancy
-    either way; BENCHMARKS.md, "CUDA graphs and rotate-in's launch"); its backward then spills
-    0-32 bytes on the sm_90 compile at lmax 1-6.  Wider C keep ``wide // 8`` warps (at least
-    4): spill-free at C 64 (241 registers at lmax 3), 24 bytes at C 128.
+    least; three TF32 products, ``kernels.rotate_in``), with two warps a program at C <= 32
+    (faster than four: the backward kernel is latency-bound) and ``wide // 8`` (at least 4)
+    above (BENCHMARKS.md, "CUDA graphs and rotate-in's launch").
 
     Rotate-in with a degree mix (``mix_block`` edges a program; ``NB0`` / ``NB1`` the padded
     degrees of its m = 0 and |m| = 1 blocks, at least 2) holds three ``(BLOCK_E, NB, CP)``
@@ -172,10 +138,9 @@ def conv_config(layout: StackLayout) -> dict:
 
 # Weight gradients (``kernels.wgrad``).  The chunk of edges each program sums and the edges per
 # K step set the order of the sum, so they are constants, never tuned (a tuned config changes
-# BLOCK_M / BLOCK_N / warps / stages only): level 2 keeps level 1's bits.  2048 edges per
-# chunk keep ~3800 programs busy at S1 (147 chunks x 13 output tiles x 2 focus streams) with a
-# partial-sum buffer of 126 MB, added in chunk order by ``chunk_sum_kernel``; not yet timed on
-# a GPU against other chunk sizes.
+# BLOCK_M / BLOCK_N / warps / stages only): level 2 keeps level 1's bits.  A chunk of 2048 edges
+# keeps thousands of programs busy at S1 with partial sums added in chunk order by
+# ``chunk_sum_kernel`` (BENCHMARKS.md, "The training kernels' launch configs").
 WGRAD_CHUNK = 2048
 WGRAD_BLOCK_K = 32
 WGRAD_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
@@ -203,10 +168,8 @@ def training_pointwise_config(layout: StackLayout) -> dict:
     """Launch config of the double backward's tangent kernel and of the gate weight-gradient
     kernel (``BLOCK_M`` is also the gate reduction's K step, so it depends on the layout only).
     They hold about twice the relay pointwise kernel's tiles (the tangent rows beside the primal
-    ones).  Compiled offline for sm_90 (Triton 3.7, ``compiler_report``; not yet timed on a GPU):
-    at Cf 32, 32 rows x 4 warps took 229 / 255 registers (two programs per SM), 16 x 4 takes
-    128 / 168 without spills; at Cf 64, 16 x 4 spilled ~300 bytes, 16 x 8 takes 162-251 registers
-    without spills at lmax 1-6; at Cf 128 every config tried spills (like the relay's kernels)."""
+    ones), so 16 rows, with 8 warps above Cf 32: spill-free for sm_90 up to Cf 64 (BENCHMARKS.md,
+    "The training kernels' launch configs")."""
     if next_power_of_2(layout.focus_dim) <= 32:
         return {"BLOCK_M": 16, "num_warps": 4, "num_stages": 1}
     return {"BLOCK_M": 16, "num_warps": 8, "num_stages": 1}

@@ -34,12 +34,11 @@ TMA_FIELDS = GEMM_FIELDS + ("persistent", "specialised")   # the TMA kernel's fo
 FLAG_FIELDS = ("persistent", "specialised")                # fields that hold a bool, not a positive int
 FUSED_FIELDS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 
-# Hand-picked (BLOCK_M, BLOCK_N, num_warps, num_stages) around the H200 winners
-# of a 242-config sweep of one ieee block GEMM (BENCHMARKS.md, Floors and ceilings: (64,128,
-# 32,4,3) at K = 128, (64,64,32,4,3) at K = 192, 42 TFLOP/s; BM = 128 with 3
-# stages and 4 warps spilled, 4-5x slower), then filtered per key by
-# ``_gemm_sensible``.  The K tile is not tuned: it fixes the order of the K
-# sum, so another K tile would change results (``tuning.configs.block_k`` chooses it).
+# Hand-picked (BLOCK_M, BLOCK_N, num_warps, num_stages) around the winners of a sweep of one
+# ieee block GEMM, leaving out the tiles that spilled (BENCHMARKS.md, "One block GEMM: modes,
+# launch configs, pipelining"), then filtered per key by ``_gemm_sensible``.  The K tile is not
+# tuned: it fixes the order of the K sum, so another K tile would change results
+# (``tuning.configs.block_k`` chooses it).
 _GEMM = (
     (64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4),
     (64, 128, 8, 3), (64, 64, 8, 3), (32, 64, 4, 3), (32, 128, 4, 3), (32, 64, 4, 4),
@@ -49,28 +48,27 @@ _GEMM = (
 # x stages of its GEMM phase (the relay GEMM's knobs; the gate phase's tiles
 # are BLOCK_M x Cf).
 _FUSED = tuple((bm, bn, w, s) for bm in (32, 64) for bn in (64, 128) for w in (4, 8) for s in (2, 3))
-# At Cf = 64 every 32- and 64-row tile with 4 warps spills (255 registers, 120-1950
-# bytes in the offline sm_90 report of Triton 3.6 and 3.7; BENCHMARKS.md); 16-row
-# tiles take 72-96 registers and spill 0-16 bytes.
+# At Cf = 64 every 32- and 64-row tile with 4 warps spills, 16-row tiles barely (BENCHMARKS.md,
+# "What the compiler makes of it").
 _FUSED_WIDE = tuple((16, bn, w, 2) for bn in (64, 128) for w in (4, 8))
 SMEM_BUDGET = 160 * 1024   # bytes of operand tiles in flight; above it the pipeliner is refused or slow
-# Level 3: tensor-core tiles around the fp16x3 winners of the H200 GEMM sweep
-# ((64,128,32,4,4) at K = 128, (64,64,32,4,4) at K = 192; BENCHMARKS.md, Floors and ceilings),
-# and always one-stage variants: the Triton pipeliner has turned some
-# warps/stages combinations of fp16x3 kernels into silent NaN rows
-# (BENCHMARKS.md, Floors and ceilings), which the float64 check must be able to fall back from.
+# Level 3: tensor-core tiles around the fp16x3 winners of the same GEMM sweep, and always
+# one-stage variants: the Triton pipeliner has turned some warps/stages combinations of fp16x3
+# kernels into silent NaN rows, which the float64 check must be able to fall back from
+# (BENCHMARKS.md, "One block GEMM: modes, launch configs, pipelining"; "Lessons from an earlier
+# implementation that the code relies on").
 _COMPENSATED = (
     (64, 128, 4, 1), (64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 1), (64, 64, 4, 3), (64, 64, 4, 4),
     (128, 64, 8, 1), (128, 64, 8, 3), (128, 128, 8, 1), (128, 128, 8, 2), (32, 64, 4, 1), (32, 64, 4, 3),
 )
 # Level 3 on TMA loads with a warp-specialised K loop (``kernels.gemm_tma``): the level-3 tiles
 # with four warps, which Triton's Hopper warp specialisation needs; a tile the installed Triton
-# cannot build is skipped.  Not yet measured on a GPU, so left out of the default quick sweep;
-# named (``mixstack tune --family stack_compensated_tma``), its quick set is M64 N64 w4 s3, the
-# tile whose every launch built without spills for sm_90 (Triton 3.6; N128 s4 spilled up to 208
-# bytes; results/2026-12-02-sm90-tma-report/), tiled and persistent.
-# 128-row tiles are left out: Triton 3.6 and 3.7 do not build them with the kernel's row scales
-# (repro/triton_hopper_ws_partition.py).
+# cannot build is skipped.  No GPU run backs it, so the default quick sweep leaves it out; named
+# (``mixstack tune --family stack_compensated_tma``), its quick set is M64 N64 w4 s3, the tile
+# whose every launch built without spills for sm_90, tiled and persistent.  128-row tiles are
+# left out: Triton does not build them with the kernel's row scales
+# (``repro/triton_hopper_ws_partition.py``; BENCHMARKS.md, "Level 3 on TMA loads and specialised
+# warps (offline, sm_90)").
 _COMPENSATED_TMA = ((64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 2), (64, 128, 4, 3),
                     (64, 128, 4, 4))
 CONTRACT = 2e-6            # relative error of the result and of every gradient against float64
@@ -82,17 +80,14 @@ _WGRAD = (
     (32, 64, 4, 3), (64, 32, 4, 3), (32, 32, 4, 3),
 )
 
-# The quick sweep (``mixstack tune``'s default; ``--full`` for the sets above): the
-# candidates that won or came within ~1% on the shipped H200 table's 18 keys, where
-# the sets above cost ~190 s a key, nearly all of it compiling ~180 kernels.
-# - stack_bwd_relay: M64 N64 w4 s2 is the only config that ever beat the level-1 one
-#   (1.02-1.04x at four keys; within 1% of it at most others); every 32- or 128-row
-#   tile and every 8-warp one was 1-30% slower at every key.
-# - stack_compensated: the level-3 policy's config for the key
-#   (``policy.rule_config``), which names the winner of every swept key up to ties
-#   within 0.4%; the other tiles were 3-90% slower (one-stage ones 20-45%).
-# - stack_fwd and stack_bwd_fused are left out: the level-1 forward config won at every
-#   key it was swept at, and the fused backward lost at every key by 16-56%.
+# The quick sweep (``mixstack tune``'s default; ``--full`` for the sets above): the candidates
+# that won or came within about a per cent on the shipped H200 table's keys, where the full sets
+# spend most of a key's time compiling (BENCHMARKS.md, "A cheaper sweep").
+# - stack_bwd_relay: M64 N64 w4 s2, the only config that ever beat the level-1 one.
+# - stack_compensated: the level-3 policy's config for the key (``policy.rule_config``), which
+#   names the winner of every swept key up to ties.
+# - stack_fwd and stack_bwd_fused are left out: the level-1 forward config won at every key it
+#   was swept at, and the fused backward lost at every key.
 _QUICK_RELAY = ((64, 64, 4, 2),)
 QUICK_FAMILIES = ("stack_bwd_relay", "stack_compensated")
 
@@ -140,7 +135,8 @@ def _quick_gemm_candidates(key: ShapeKey) -> list[dict]:
     return out
 
 
-# The level-3 policy's configs (``policy``): the winners of the measured H200 keys.
+# The level-3 policy's configs (``policy``): the winners of the measured H200 keys
+# (BENCHMARKS.md, "Level 3 without a sweep: the policy").
 M64_N64 = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 M64_N128 = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4}
 WIDE_BLOCK = 384               # a GEMM block at least this wide takes the 128-wide N tile
@@ -149,9 +145,9 @@ WIDE_BLOCK = 384               # a GEMM block at least this wide takes the 128-w
 def rule_config(key: ShapeKey) -> dict:
     """The level-3 config the policy names for ``key`` (``policy`` says whether it engages): M64
     N128 w4 s4 where a GEMM block is at least ``WIDE_BLOCK`` wide, or Cf >= 64 with blocks wider
-    than 128, else M64 N64 w4 s3: the winner or within 0.4% of it at every H200 key where level 3
-    won.  (At Cf 64 lmax 1, blocks of 128, N128 tied with N64 on the H200, 8.18 against 8.21 ms,
-    and its level-3 identity-layer GEMM spills 136 bytes for sm_90; N64 spills none.)"""
+    than 128, else M64 N64 w4 s3: the winner, or tied with it, at every H200 key where level 3
+    won; where N128 tied at Cf 64 lmax 1, N64 is taken because N128 spills there (BENCHMARKS.md,
+    "Level 3 without a sweep: the policy")."""
     lay = key.layout
     widest = max(lay.m0, lay.m1)
     wide = widest >= WIDE_BLOCK or (key.focus_dim >= 64 and widest > 128)
@@ -209,9 +205,10 @@ def _wgrad_compensated_candidates(key: ShapeKey) -> list[dict]:
     return [dict(zip(GEMM_FIELDS, c)) for c in ((64, 64, 4, 1),) + _WGRAD if _wgrad_sensible(*c, key, fp16=True)]
 
 
-# The quick sweep of the training families: not yet pruned by a measurement (no GPU has run
-# them); the level-1 tile with 2 and 4 stages, and at level 3 the same tile, so that a key gets
-# a validated level-3 entry (or a measured ``None``) from one candidate.
+# The quick sweep of the training families, which no measurement has pruned: the level-1 tile
+# with 2 and 4 stages, and at level 3 the same tile, so that a key gets a validated level-3 entry
+# (or a measured ``None``) from one candidate (BENCHMARKS.md, "The training kernels' launch
+# configs").
 _QUICK_WGRAD = ((64, 64, 4, 2), (64, 64, 4, 4))
 _QUICK_WGRAD_COMPENSATED = ((64, 64, 4, 3),)
 

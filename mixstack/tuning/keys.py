@@ -2,8 +2,9 @@
 
 A key holds the sizes that change which launch config wins (docs/contract.md §5):
 ``focus_dim``, ``lmax``, ``n_focus`` and ``apply_alpha``.  The edge count and
-the depth are not in it: winners are stable above ~2e5 edges (upstream
-sweeps, BENCHMARKS.md, Floors and ceilings) and every layer launches the same kernels.
+the depth are not in it: winners are stable above ~2e5 edges (upstream sweeps, BENCHMARKS.md,
+"Lessons from an earlier implementation that the code relies on") and every layer launches the
+same kernels.
 
 Keys may grow fields later (an edge-count bucket, say).  Such a field arrives
 through ``shape_key(**extra)`` and is stored in ``extra``; a field left at its

@@ -8,7 +8,7 @@ the first eager call and keeps the verdict for the process.  Where the policy is
 sure, level 3 runs level 2 (``dispatch_log``: ``level3:level2``).
 
 The rule, from the last H200 table measured (18 keys swept at Cf 32 and 64, lmax 1-6,
-F 1-2, ``results/2026-12-01-h200-tuning/NVIDIA_H200.json``; BENCHMARKS.md, "Level 3 today"):
+F 1-2, under ``results/``; BENCHMARKS.md, "Level 3 today"):
 
 - level 3 won at every swept key except the smallest, Cf 32 lmax 1 F 1 (row of 128
   floats: the split work does not pay for itself; 1.04x at F 2), and its gain grew

@@ -1,8 +1,9 @@
 """What a tuning entry is valid for: the device model, the Triton version, the kernel sources.
 
 An entry measured on one GPU model, one Triton version or one version of the
-kernels says nothing about another (a tile on the wrong side of the spill point
-runs ~10x slower; BENCHMARKS.md, Floors and ceilings), so every entry carries all
+kernels says nothing about another (a tile on the wrong side of the spill point runs
+many times slower; BENCHMARKS.md, "Lessons from an earlier implementation that the code relies
+on"), so every entry carries all
 three and is ignored where any differs.  The kernel-source hash of a family's entry
 covers the code its runs compile, function by function (``kernel_hash``): editing a kernel
 invalidates the entries that ran it, without anyone having to remember to bump a version

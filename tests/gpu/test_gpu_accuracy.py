@@ -115,14 +115,14 @@ def test_gpu_the_relay_has_the_same_bits_with_or_without_the_sigmoid_surface(cas
     the GPU (FMA dots exact, tensor-core dots at level 3, different row tiles than the gate
     kernel) it must give the surface relay's bits."""
     from mixstack.stack import launchers
-    lay = case.layout
+    from mixstack.stack.values import Saved, Weights
     u0, alpha, w0, w1, gw = helpers.make_inputs(case, device=DEV)
-    out, z, y = launchers.stack_forward(u0, alpha, w0, w1, gw, lay, case.apply_alpha, compensated=compensated)
+    weights, plan = Weights(w0, w1, gw), launchers.LaunchPlan(compensated=compensated)
+    out, z, y = launchers.stack_forward(u0, alpha, weights, case.spec, plan)
     grad_out = torch.randn_like(out)
     grads = {}
     for fold in (False, True):
         monkeypatch.setattr(launchers, "pointwise_recomputes_gate", lambda layout, compensated=False, fold=fold: fold)
-        grads[fold] = launchers.stack_backward(grad_out, y, z, alpha, w0, w1, gw, lay, case.apply_alpha,
-                                            compensated=compensated)
+        grads[fold] = launchers.stack_backward(grad_out, Saved(z, y, alpha), weights, case.spec, plan)
     assert torch.equal(grads[True][0], grads[False][0])
     assert torch.equal(grads[True][1], grads[False][1])

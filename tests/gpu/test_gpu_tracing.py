@@ -88,7 +88,8 @@ def test_gpu_opcheck_stack_forward_and_stack_backward():
     _, z, y = torch.ops.mixstack.stack_forward(u0.detach(), alpha.detach(), w0, w1, gw, *case.op_args, 1)
     grad_out = helpers.make_grad_out(case, device=DEV)
     torch.library.opcheck(torch.ops.mixstack.stack_backward,
-                          (grad_out, y, z, alpha.detach(), w0, w1, gw, *case.op_args, 1))
+                          (grad_out, y, z, alpha.detach(), [w0, w1, gw], case.op_spec(1), [False, False],
+                           None, None, None))
 
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["tiled", "persistent"])

@@ -15,6 +15,7 @@ import mixstack
 from mixstack import tuning
 from mixstack.core.layout import StackLayout
 from mixstack.stack import gemm, launchers
+from mixstack.stack.values import Saved, Weights
 from mixstack.tuner.probes import StackProbe
 from mixstack.tuner.sweep import contract_difference
 from mixstack.tuning.families import CONTRACT
@@ -141,7 +142,7 @@ def test_the_writers_record_exactly_the_row_maxima_of_what_they_wrote(case):
     largest magnitude they stored."""
     lay, m0 = case.layout, case.layout.m0
     u0, alpha, w0, w1, gw = helpers.make_inputs(case, 0)
-    _, z, _ = launchers.stack_forward(u0, alpha, w0, w1, gw, lay, True)
+    _, z, _ = launchers.stack_forward(u0, alpha, Weights(w0, w1, gw), case.spec)
     sg = u0.new_empty((case.F, case.E, lay.gate_width))
     u_next = torch.full_like(u0, float("nan"))
     amax = torch.zeros(case.F, case.E, 2)
@@ -178,10 +179,11 @@ def test_the_alpha_gradient_records_the_row_maxima_of_the_scaled_incoming_gradie
             seen["amax"] = a.amax.clone()
         return real_gemm(a, weights, epilogue, config)
 
-    _, z, y = launchers.stack_forward(*inputs, lay, True)
+    weights = Weights(*inputs[2:])
+    _, z, y = launchers.stack_forward(inputs[0], alpha, weights, case.spec)
     try:
         launchers.block_gemm = spy
-        launchers.stack_backward(grad_out, y, z, *inputs[1:], lay, True, COMP, compensated=True)
+        launchers.stack_backward(grad_out, Saved(z, y, alpha), weights, case.spec, launchers.LaunchPlan(COMP, compensated=True))
     finally:
         launchers.block_gemm = real_gemm
     scaled = (grad_out * alpha[:, :, None]).transpose(0, 1)          # (F, E, ROW), as the GEMM reads it
@@ -196,14 +198,14 @@ def test_recorded_row_maxima_give_the_bits_of_the_kernels_own_pre_pass(case):
     itself: the same values, hence the same scales and the same bits.  (Scales are
     powers of two, so a maximum off within fp16's range would give the same bits
     too: this holds the recorded path's plumbing; the test above holds the values.)"""
-    lay = case.layout
     inputs = helpers.make_inputs(case, 0)
     grad_out = helpers.make_grad_out(case, 1)
+    weights = Weights(*inputs[2:])
     runs = []
     for writer_amax in (True, False):
-        out, z, y = launchers.stack_forward(*inputs, lay, True, COMP, compensated=True, writer_amax=writer_amax)
-        h, grad_alpha = launchers.stack_backward(grad_out, y, z, *inputs[1:], lay, True, COMP, compensated=True,
-                                              writer_amax=writer_amax)
+        plan = launchers.LaunchPlan(COMP, compensated=True, writer_amax=writer_amax)
+        out, z, y = launchers.stack_forward(inputs[0], inputs[1], weights, case.spec, plan)
+        h, grad_alpha = launchers.stack_backward(grad_out, Saved(z, y, inputs[1]), weights, case.spec, plan)
         runs.append((out, z, y, h, grad_alpha))
     for recorded, found in zip(*runs):
         assert torch.equal(recorded, found)
@@ -220,14 +222,14 @@ def test_the_compensated_fused_backward_meets_the_contract(case):
     """The fused backward's GEMM phase on split fp16 products, scaled by the row maxima
     its gate phase keeps in registers: within the float64 contract on partial tiles,
     like the compensated relay."""
-    lay = case.layout
     inputs = helpers.make_inputs(case, 0)
     grad_out = helpers.make_grad_out(case, 1)
-    _, z, y = launchers.stack_forward(*inputs, lay, case.apply_alpha, COMP, compensated=True)
+    weights = Weights(*inputs[2:])
+    _, z, y = launchers.stack_forward(inputs[0], inputs[1], weights, case.spec, launchers.LaunchPlan(COMP, compensated=True))
     got = {}
     for name, fused_cfg in (("relay", None), ("fused", FUSED_CFG)):
-        got[name] = launchers.stack_backward(grad_out, y, z, *inputs[1:], lay, case.apply_alpha, COMP,
-                                          fused_cfg=fused_cfg, compensated=True)[0]
+        plan = launchers.LaunchPlan(COMP, fused_cfg, compensated=True)
+        got[name] = launchers.stack_backward(grad_out, Saved(z, y, inputs[1]), weights, case.spec, plan)[0]
     _, grads64 = helpers.reference64(case, inputs, grad_out)
     want = grads64["u0"]
     assert helpers.rel_err(got["fused"], want) <= CONTRACT

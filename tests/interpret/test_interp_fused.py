@@ -9,6 +9,7 @@ from helpers import Case
 import mixstack
 from mixstack import tuning
 from mixstack.stack import launchers
+from mixstack.stack.values import Saved, Weights
 
 FUSED = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
 
@@ -73,14 +74,16 @@ def test_fused_backward_allocates_neither_the_sigmoid_nor_the_gz_surface(monkeyp
         return real_empty_like(t, *a, **k)
 
     inputs = helpers.make_inputs(case)
-    out, z, y = launchers.stack_forward(*inputs, case.layout, True)
+    u0, alpha, w0, w1, gw = inputs
+    weights = Weights(w0, w1, gw)
+    out, z, y = launchers.stack_forward(u0, alpha, weights, case.spec)
     grad_out = helpers.make_grad_out(case)
     monkeypatch.setattr(torch.Tensor, "new_empty", new_empty)
     monkeypatch.setattr(torch, "empty_like", empty_like)
-    launchers.stack_backward(grad_out, y, z, *inputs[1:], case.layout, True, fused_cfg=FUSED)
+    launchers.stack_backward(grad_out, Saved(z, y, alpha), weights, case.spec, launchers.LaunchPlan(fused_cfg=FUSED))
     fused_made = list(made)
     made.clear()
-    launchers.stack_backward(grad_out, y, z, *inputs[1:], case.layout, True)
+    launchers.stack_backward(grad_out, Saved(z, y, alpha), weights, case.spec)
     relay_made = list(made)
     surface, sig = (case.F, case.E, case.row), (case.F, case.E, case.layout.gate_width)
     # h and gz, and sg unless the relay's pointwise kernel forms the sigmoids itself

@@ -10,6 +10,7 @@ import torch
 from helpers import Case
 
 from mixstack.stack import launchers
+from mixstack.stack.values import Saved, Weights
 
 CASES = [Case(F=2, E=37, Cf=32, lmax=2, n_layers=3), Case(F=1, E=1, Cf=48, lmax=1, n_layers=2),
          Case(F=1, E=129, Cf=64, lmax=2, n_layers=2)]
@@ -20,7 +21,7 @@ CASES = [Case(F=2, E=37, Cf=32, lmax=2, n_layers=3), Case(F=1, E=1, Cf=48, lmax=
 def test_the_pointwise_kernels_own_sigmoids_give_the_relays_bits(case, compensated):
     lay = case.layout
     u0, alpha, w0, w1, gw = helpers.make_inputs(case, 0)
-    _, z, _ = launchers.stack_forward(u0, alpha, w0, w1, gw, lay, True)
+    _, z, _ = launchers.stack_forward(u0, alpha, Weights(w0, w1, gw), case.spec)
     gate_split = launchers.split_matrices(gw) if compensated else None
     h = torch.randn(case.F, case.E, lay.row, generator=torch.Generator().manual_seed(1))
     results = []
@@ -41,14 +42,13 @@ def test_the_pointwise_kernels_own_sigmoids_give_the_relays_bits(case, compensat
 @pytest.mark.parametrize("compensated", [False, True], ids=["exact", "level3"])
 def test_the_whole_backward_is_the_same_with_or_without_the_sigmoid_surface(monkeypatch, compensated):
     case = CASES[0]
-    lay = case.layout
     u0, alpha, w0, w1, gw = helpers.make_inputs(case, 2)
-    out, z, y = launchers.stack_forward(u0, alpha, w0, w1, gw, lay, True, compensated=compensated)
+    weights, plan = Weights(w0, w1, gw), launchers.LaunchPlan(compensated=compensated)
+    out, z, y = launchers.stack_forward(u0, alpha, weights, case.spec, plan)
     grad_out = torch.randn_like(out)
     grads = {}
     for fold in (False, True):
         monkeypatch.setattr(launchers, "pointwise_recomputes_gate", lambda layout, compensated=False, fold=fold: fold)
-        grads[fold] = launchers.stack_backward(grad_out, y, z, alpha, w0, w1, gw, lay, True,
-                                            compensated=compensated)
+        grads[fold] = launchers.stack_backward(grad_out, Saved(z, y, alpha), weights, case.spec, plan)
     assert torch.equal(grads[True][0], grads[False][0])
     assert torch.equal(grads[True][1], grads[False][1])

@@ -11,10 +11,8 @@ from tuning_fakes import tuning_env  # noqa: F401  (private, empty tables)
 
 from mixstack import tuning
 from mixstack.bench import grid
-from mixstack.conv import launchers as conv_launchers
 from mixstack.measure import prewarm
-from mixstack.measure.compiler_report import Launch
-from mixstack.stack import launchers, training
+from mixstack.measure.compiler_report import LAUNCHING_MODULES, Launch
 from mixstack.tuner import probes, sweep
 
 KEY = tuning.shape_key(focus_dim=16, lmax=1, n_focus=1, apply_alpha=True)
@@ -32,7 +30,7 @@ def tables(tuning_env, monkeypatch):  # noqa: F811
 def launches_made():
     """Every kernel launch made inside, as a ``LaunchSpec``, while the launches still run."""
     made = []
-    modules = (launchers, training, conv_launchers)
+    modules = LAUNCHING_MODULES
     real = [m.wrap_triton for m in modules]
 
     def spy(wrap):
