@@ -1,5 +1,5 @@
-"""What the command modules share: output (tables, progress, results folders), the argument
-types every count and number option uses, and file checks.
+"""What the command modules share: how a command's parser is made, output (tables, progress,
+results folders), the argument types every count and number option uses, and file checks.
 
 The CLI is the only part of mixstack that prints.  Tables and progress bars use rich (the
 ``[bench]`` extra) when stdout is a terminal; otherwise tables are Markdown and progress is a
@@ -23,6 +23,16 @@ MODEL_OPTIONS = {"focus": "n_focus", "focus_dim": "focus_dim", "lmax": "lmax", "
 # Without a terminal, progress is a line per finished step, at most one per this many seconds.
 PROGRESS_INTERVAL_S = 5.0
 BENCH_EXTRA_HINT = '`pip install -e ".[bench]"` from a clone of mixstack'
+
+
+# ------------------------------------------------------------------ parsers
+
+def add_command(sub, name: str, module) -> argparse.ArgumentParser:
+    """The parser of command (or bench target) ``name`` under ``sub``, made from ``module``: its
+    one-line ``HELP``, its ``DESCRIPTION`` (where it has one) and its ``add_arguments(parser)``."""
+    parser = sub.add_parser(name, help=module.HELP, description=getattr(module, "DESCRIPTION", None))
+    module.add_arguments(parser)
+    return parser
 
 
 # ------------------------------------------------------------------ argument types

@@ -10,13 +10,13 @@ from .options import MODEL_LEVELS, add_levels, add_potential, add_run, add_shape
 
 CELL_NAMES = "diamond or cu-bcc"          # potential.cells.CELLS, which imports nothing light enough for --help
 
+HELP = "a whole potential: energy + forces frames, breakdown, MD"
+DESCRIPTION = ("Time energy + forces frames of an SO2Potential on diamond and bcc Cu cells of about "
+               "500, 2000 and 4400 atoms at each level, with peak memory and the deviation from the compiled "
+               "level 0 and from float64. On a CPU: ~64-atom cells at level 0.")
 
-def add_parser(targets) -> None:
-    p = targets.add_parser(
-        "model", help="a whole potential: energy + forces frames, breakdown, MD",
-        description="Time energy + forces frames of an SO2Potential on diamond and bcc Cu cells of about "
-        "500, 2000 and 4400 atoms at each level, with peak memory and the deviation from the compiled "
-        "level 0 and from float64. On a CPU: ~64-atom cells at level 0.")
+
+def add_arguments(p) -> None:
     p.add_argument("--cell", action="append", metavar="NAME", help=f"{CELL_NAMES}; repeatable (default both)")
     p.add_argument("--atoms", action="append", type=COUNT, metavar="N",
                    help="about N atoms per cell; repeatable (default 500, 2000, 4400 on a GPU)")

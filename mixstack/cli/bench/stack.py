@@ -22,13 +22,13 @@ from .options import (
 CPU_SLOW_ELEMENTS = 20_000_000
 CUSTOM = ("focus", "focus_dim", "lmax", "layers", "no_alpha")
 
+HELP = "the operator at each level (the default target)"
+DESCRIPTION = ("Time the mixing stack's forward, backward and both at each level, with peak memory "
+               "and the error against float64. Without options: shapes S1-S4 and every level on a GPU; the small "
+               "shapes C1 and C4 at level 0 on a CPU.")
 
-def add_parser(targets) -> None:
-    p = targets.add_parser(
-        "stack", help="the operator at each level (the default target)",
-        description="Time the mixing stack's forward, backward and both at each level, with peak memory "
-        "and the error against float64. Without options: shapes S1-S4 and every level on a GPU; the small "
-        "shapes C1 and C4 at level 0 on a CPU.")
+
+def add_arguments(p) -> None:
     p.add_argument("--shape", action="append", metavar="ID",
                    help="a standard shape: S1..S4 (GPU sizes) or C1, C4 (CPU sizes); repeatable")
     p.add_argument("--edges", type=COUNT, help="a custom shape with this many edges E (its other sizes: "

@@ -8,14 +8,14 @@ from dataclasses import replace
 from ..common import COUNT, announce, command_line, progress, results_folder, write_cases
 from .options import TRAIN_LEVELS, add_levels, add_potential, add_run, add_shape, model_with, with_rounds
 
+HELP = "one force-matching training step: the stack and the potential"
+DESCRIPTION = ("Time one optimizer step of force-matching training at each level, for the stack at "
+               "S1-S4 and for the potential at about 500 and 2000 atoms, with peak memory and every gradient's "
+               "error against float64. --shape picks the stack cases, --atoms / --cell the potential's; either "
+               "alone drops the other workload.")
 
-def add_parser(targets) -> None:
-    p = targets.add_parser(
-        "train", help="one force-matching training step: the stack and the potential",
-        description="Time one optimizer step of force-matching training at each level, for the stack at "
-        "S1-S4 and for the potential at about 500 and 2000 atoms, with peak memory and every gradient's "
-        "error against float64. --shape picks the stack cases, --atoms / --cell the potential's; either "
-        "alone drops the other workload.")
+
+def add_arguments(p) -> None:
     p.add_argument("--shape", action="append", metavar="ID",
                    help="stack cases: a standard shape S1..S4 or C1, C4; repeatable")
     p.add_argument("--atoms", action="append", type=COUNT, metavar="N",
