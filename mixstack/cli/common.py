@@ -229,6 +229,23 @@ def announce(name: str, keys, skipped, notes) -> bool:
     return True
 
 
+def start_bench(name: str, bench, cfg, what: str, *details: str, warnings=None):
+    """Start a bench target's run: the device ``cfg.device`` names and the variants ``bench.plan(cfg)``
+    runs there, said in one line, ``NAME on DEVICE: WHAT; variants ...; DETAILS; R rounds after W
+    warm-up``, then ``warnings(device)``, the skip notices and the notes.  The device, or ``None``
+    (after saying so) when no variant can run."""
+    from ..measure import env
+
+    keys, skipped = bench.plan(cfg)
+    device = env.resolve_device(cfg.device)
+    variants = ", ".join(bench.VARIANTS[k] for k in keys) or "none"
+    print(f"{name} on {device}: " + "; ".join((what, f"variants {variants}", *details,
+                                              f"{cfg.rounds} rounds after {cfg.warmup} warm-up")))
+    for line in warnings(device) if warnings else ():
+        print(f"  warning: {line}")
+    return device if announce(name, keys, skipped, cfg.notes) else None
+
+
 def write_results(write, record: dict, out, no_plot: bool, failed: list[str]) -> int:
     """Write a bench's result files (without the plot if matplotlib is missing), say
     where, list the failures; the exit status: 1 if anything failed."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..common import COUNT, COUNT0, announce, command_line, progress, results_folder, write_cases
+from ..common import COUNT, COUNT0, command_line, progress, results_folder, start_bench, write_cases
 from .options import MODEL_LEVELS, add_levels, add_potential, add_run, add_shape, model_with, with_rounds
 
 CELL_NAMES = "diamond or cu-bcc"          # potential.cells.CELLS, which imports nothing light enough for --help
@@ -59,16 +59,11 @@ def config(args):
 
 def run(args, argv=None) -> int:
     from ...bench import model_bench
-    from ...measure import env
 
     cfg = config(args)
-    keys, skipped = model_bench.plan(cfg)
-    device = env.resolve_device(cfg.device)
-    names = model_bench.VARIANTS
-    print(f"mixstack bench model on {device}: cells {', '.join(cfg.cells)} at ~{', '.join(map(str, cfg.atoms))} "
-          f"atoms; variants {', '.join(names[k] for k in keys) or 'none'}; "
-          f"{cfg.rounds} rounds after {cfg.warmup} warm-up")
-    if not announce("mixstack bench model", keys, skipped, cfg.notes):
+    device = start_bench("mixstack bench model", model_bench, cfg,
+                         f"cells {', '.join(cfg.cells)} at ~{', '.join(map(str, cfg.atoms))} atoms")
+    if device is None:
         return 2
     out = results_folder(args.out, device, "bench-model")
     n_cells = len(cfg.cells) * len(cfg.atoms)
