@@ -62,7 +62,6 @@ import torch
 from ..measure import env, prewarm, report
 from ..measure.compile_log import compile_log
 from ..measure.shapes import BenchShape, make_inputs
-from ..measure.timing import clock_for
 from ..stack import level3, reference
 from . import stack_bench
 
@@ -319,8 +318,8 @@ def run_grid(cfg: GridConfig, out: str | os.PathLike, *, on_key=None, on_step=No
     """Measure the keys of ``cfg`` into ``out`` (see the module doc).  ``on_key(event, name,
     detail)`` reports progress ("skip", "warm", "start", "done", "stop").  Returns ``{"measured": [...],
     "skipped": [...], "stopped": [...]}`` (key names)."""
-    device = env.resolve_device(cfg.device)
-    run = _GridRun(cfg, out, device, clock or clock_for(device), on_key or (lambda *_a: None), on_step, now)
+    device, clock, step = stack_bench.start(cfg, on_step=on_step, clock=clock)
+    run = _GridRun(cfg, out, device, clock, on_key or (lambda *_a: None), step, now)
     groups = run.pending_groups()
     workers = cfg.warm_workers
     size = max(1, workers) if workers else max(1, len(groups))

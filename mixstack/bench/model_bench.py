@@ -45,7 +45,6 @@ Library code: nothing here prints; progress goes to ``on_step``.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import gc
 import itertools
@@ -61,13 +60,13 @@ from ..dispatch.log import dispatch_log
 from ..measure import env
 from ..measure.report import fmt as _fmt
 from ..measure.report import header_lines, markdown_table, not_run_section, require_extra, save_figure
-from ..measure.timing import Clock, Task, clock_for, time_interleaved
+from ..measure.timing import Clock, Task, time_interleaved
 from ..potential.cells import CELLS, DEFAULT_MODEL, QUICK_CPU_MODEL, build_cell
 from ..potential.graphs import GraphedFrames, run_on_capture_stream
 from . import breakdown as breakdown_mod
 from . import stack_bench
 from .breakdown import own_copy
-from .stack_bench import _peak_above, exact_fp32
+from .stack_bench import _peak_above
 
 log = logging.getLogger(__name__)
 
@@ -387,19 +386,15 @@ def run_model_bench(cfg: ModelBenchConfig, *, on_step: Callable[[str], None] | N
     """Run ``cfg``; return the JSON-serialisable record (see ``markdown``).  ``on_cell`` gets the
     record after every finished cell (the CLI writes it, so a run cut off keeps its cells)."""
     from ..potential import SO2Potential
-    device = env.resolve_device(cfg.device)
-    clock = clock or clock_for(device)
-    step = on_step or (lambda _desc: None)
+    device, clock, step = stack_bench.start(cfg, on_step=on_step, clock=clock)
     keys, skipped = plan(cfg)
     # A frame never needs the parameters' gradients; with parameters that require
     # grad, torch.compile's backward computes all of them (AOTAutograd cannot know
     # that autograd.grad asks for the positions only), in every compiled variant.
     model = SO2Potential(**cfg.model, seed=cfg.seed, device=device).eval().requires_grad_(False)
     model64 = copy.deepcopy(model).double() if cfg.float64_reference else None
-    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-    record = {"schema": SCHEMA, "command": command, "env": env.collect(device), "config": cfg.to_dict(),
-              "notes": list(cfg.notes), "skipped": skipped, "cells": []}
-    with on_device, exact_fp32():
+    record = {**stack_bench.record_head(SCHEMA, command, cfg, device, skipped), "cells": []}
+    with stack_bench.measuring(device):
         for name, target in itertools.product(cfg.cells, cfg.atoms):
             record["cells"].append(_run_cell(cfg, model, name, target, keys, device, clock, step, model64))
             _release_memory(device)

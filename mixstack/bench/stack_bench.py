@@ -23,6 +23,9 @@ with weights that do not require grad.  TF32 is off for the whole run
 exact fp32 like the Triton levels.  The fp32 roof is measured in the same run
 with a large matmul, and a copy roof with a device-to-device copy.
 
+The stack, model, training and grid benches start from ``start`` (device, clock, progress); the
+first three measure inside ``measuring`` and begin their records with ``record_head``.
+
 Library code: nothing here prints.  Progress goes to the ``on_step`` callback.
 """
 
@@ -153,6 +156,28 @@ def exact_fp32():
         torch.set_float32_matmul_precision(previous)
         if previous_backend is not None:
             matmul.fp32_precision = previous_backend
+
+
+def start(config, *, on_step: Callable[[str], None] | None = None,
+          clock: Clock | None = None) -> tuple[torch.device, Clock, Callable[[str], None]]:
+    """What every bench run starts from: the device ``config.device`` names, the clock that times
+    it (``clock``, else ``clock_for`` the device) and the progress callback (``on_step``, else none)."""
+    device = env.resolve_device(config.device)
+    return device, clock or clock_for(device), on_step or (lambda _desc: None)
+
+
+@contextlib.contextmanager
+def measuring(device: torch.device):
+    """The scope a bench run measures in: ``device`` the current CUDA device, TF32 off (``exact_fp32``)."""
+    with (torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()), exact_fp32():
+        yield
+
+
+def record_head(schema: str, command: str | None, config, device, skipped: list[dict]) -> dict:
+    """The fields every bench record begins with: its schema, the command as typed, the run's
+    environment, the config with its notes, and the variants skipped with why."""
+    return {"schema": schema, "command": command, "env": env.collect(device), "config": config.to_dict(),
+            "notes": list(config.notes), "skipped": skipped}
 
 
 def measure_roofs(device, clock: Clock, *, n: int, copy_mib: int, rounds: int = 5,
@@ -361,15 +386,10 @@ def total_steps(config: BenchConfig) -> int:
 def run_bench(config: BenchConfig, *, on_step: Callable[[str], None] | None = None,
               clock: Clock | None = None, command: str | None = None) -> dict:
     """Run ``config``; return the results record (JSON-serialisable, see ``report``)."""
-    device = env.resolve_device(config.device)
-    clock = clock or clock_for(device)
-    step = on_step or (lambda _desc: None)
+    device, clock, step = start(config, on_step=on_step, clock=clock)
     keys, skipped = plan(config)
-    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-    with on_device, exact_fp32():
-        record = {"schema": SCHEMA, "command": command, "env": env.collect(device),
-                  "config": config.to_dict(), "notes": list(config.notes), "skipped": skipped,
-                  "shapes": [], "timings": []}
+    with measuring(device):
+        record = {**record_head(SCHEMA, command, config, device, skipped), "shapes": [], "timings": []}
         cuda = device.type == "cuda"
         step("measuring the fp32 and copy roofs")
         record["roof"] = measure_roofs(device, clock, n=config.roof_n or (8192 if cuda else 1024),

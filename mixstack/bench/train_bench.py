@@ -44,12 +44,12 @@ from ..measure import env
 from ..measure.report import fmt as _fmt
 from ..measure.report import header_lines, markdown_table, not_run_section, require_extra, save_figure
 from ..measure.shapes import SMALL, STANDARD, BenchShape, make_inputs
-from ..measure.timing import Clock, Task, clock_for, time_interleaved
+from ..measure.timing import Clock, Task, time_interleaved
 from ..potential.cells import DEFAULT_MODEL
 from ..stack import reference
 from ..stack.functional import mixing_stack
 from . import stack_bench
-from .stack_bench import _peak_above, _rel_err, exact_fp32
+from .stack_bench import _peak_above, _rel_err
 
 log = logging.getLogger(__name__)
 
@@ -377,14 +377,10 @@ def total_steps(cfg: TrainBenchConfig) -> int:
 def run_train_bench(cfg: TrainBenchConfig, *, on_step: Callable[[str], None] | None = None,
                     clock: Clock | None = None, command: str | None = None) -> dict:
     """Run ``cfg``; return the JSON-serialisable record (see ``markdown``)."""
-    device = env.resolve_device(cfg.device)
-    clock = clock or clock_for(device)
-    step_cb = on_step or (lambda _desc: None)
+    device, clock, step_cb = stack_bench.start(cfg, on_step=on_step, clock=clock)
     keys, skipped = plan(cfg)
-    record = {"schema": SCHEMA, "command": command, "env": env.collect(device), "config": cfg.to_dict(),
-              "notes": list(cfg.notes), "skipped": skipped, "cases": []}
-    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-    with on_device, exact_fp32():
+    record = {**stack_bench.record_head(SCHEMA, command, cfg, device, skipped), "cases": []}
+    with stack_bench.measuring(device):
         for shape in cfg.shapes:
             record["cases"].append(_stack_case(cfg, shape, keys, device, clock, step_cb))
             if device.type == "cuda":

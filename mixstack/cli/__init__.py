@@ -1,8 +1,9 @@
 """The ``mixstack`` command.
 
 ``mixstack info``, ``mixstack bench stack|model|grid|train``, ``mixstack tune``,
-``mixstack freeze``, ``mixstack md`` and ``mixstack scaling``, one module each
-(``add_parser`` and ``run``; the bench targets one module each under ``cli/bench/``).
+``mixstack freeze``, ``mixstack md`` and ``mixstack scaling``, one module each: its ``HELP``
+line and ``DESCRIPTION``, ``add_arguments(parser)`` and ``run(args, argv)`` (the bench targets
+one module each under ``cli/bench/``, the same four names).
 ``main(argv)`` returns the exit status, so tests call it directly; the console script
 ``mixstack``, ``python -m mixstack`` and ``python -m mixstack.cli`` run it.
 Bad input (a flag, a device, a file, a value) ends with one line naming it and
@@ -19,6 +20,7 @@ import logging
 import sys
 
 from . import bench, freeze, info, md, scaling, tune
+from .common import add_command
 
 COMMANDS = {"info": info, "bench": bench, "tune": tune, "freeze": freeze, "md": md, "scaling": scaling}
 
@@ -48,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=version_line(),
                    help="print the version of mixstack, torch and Triton and exit")
     sub = p.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
-    for module in COMMANDS.values():
-        module.add_parser(sub)
+    for name, module in COMMANDS.items():
+        add_command(sub, name, module)
     return p
 
 

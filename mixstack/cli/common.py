@@ -1,5 +1,5 @@
-"""What the command modules share: output (tables, progress, results folders), the argument
-types every count and number option uses, and file checks.
+"""What the command modules share: how a command's parser is made, output (tables, progress,
+results folders), the argument types every count and number option uses, and file checks.
 
 The CLI is the only part of mixstack that prints.  Tables and progress bars use rich (the
 ``[bench]`` extra) when stdout is a terminal; otherwise tables are Markdown and progress is a
@@ -23,6 +23,16 @@ MODEL_OPTIONS = {"focus": "n_focus", "focus_dim": "focus_dim", "lmax": "lmax", "
 # Without a terminal, progress is a line per finished step, at most one per this many seconds.
 PROGRESS_INTERVAL_S = 5.0
 BENCH_EXTRA_HINT = '`pip install -e ".[bench]"` from a clone of mixstack'
+
+
+# ------------------------------------------------------------------ parsers
+
+def add_command(sub, name: str, module) -> argparse.ArgumentParser:
+    """The parser of command (or bench target) ``name`` under ``sub``, made from ``module``: its
+    one-line ``HELP``, its ``DESCRIPTION`` (where it has one) and its ``add_arguments(parser)``."""
+    parser = sub.add_parser(name, help=module.HELP, description=getattr(module, "DESCRIPTION", None))
+    module.add_arguments(parser)
+    return parser
 
 
 # ------------------------------------------------------------------ argument types
@@ -217,6 +227,23 @@ def announce(name: str, keys, skipped, notes) -> bool:
         print(f"{name}: nothing to run", file=sys.stderr)
         return False
     return True
+
+
+def start_bench(name: str, bench, cfg, what: str, *details: str, warnings=None):
+    """Start a bench target's run: the device ``cfg.device`` names and the variants ``bench.plan(cfg)``
+    runs there, said in one line, ``NAME on DEVICE: WHAT; variants ...; DETAILS; R rounds after W
+    warm-up``, then ``warnings(device)``, the skip notices and the notes.  The device, or ``None``
+    (after saying so) when no variant can run."""
+    from ..measure import env
+
+    keys, skipped = bench.plan(cfg)
+    device = env.resolve_device(cfg.device)
+    variants = ", ".join(bench.VARIANTS[k] for k in keys) or "none"
+    print(f"{name} on {device}: " + "; ".join((what, f"variants {variants}", *details,
+                                              f"{cfg.rounds} rounds after {cfg.warmup} warm-up")))
+    for line in warnings(device) if warnings else ():
+        print(f"  warning: {line}")
+    return device if announce(name, keys, skipped, cfg.notes) else None
 
 
 def write_results(write, record: dict, out, no_plot: bool, failed: list[str]) -> int:

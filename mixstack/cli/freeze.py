@@ -5,26 +5,27 @@ from __future__ import annotations
 
 from .common import COUNT, COUNT0, MODEL_OPTIONS, POSITIVE, existing_file, writable_file
 
+HELP = "export a potential with AOTInductor into a .pt2 file (docs/contract.md §6)"
+DESCRIPTION = ("Tune the model's mixing-stack keys on the local GPU (CUDA, level "
+               ">= 2), then torch.export the energy, forces and stress and compile them with "
+               "AOTInductor into a .pt2 that mixstack.load (or MixstackCalculator) runs. The "
+               "model: a checkpoint written by SO2Potential.save, or a new one from the options.")
 
-def add_parser(sub) -> None:
-    fz = sub.add_parser("freeze", help="export a potential with AOTInductor into a .pt2 file (docs/contract.md §6)",
-                        description="Tune the model's mixing-stack keys on the local GPU (CUDA, level "
-                        ">= 2), then torch.export the energy, forces and stress and compile them with "
-                        "AOTInductor into a .pt2 that mixstack.load (or MixstackCalculator) runs. The "
-                        "model: a checkpoint written by SO2Potential.save, or a new one from the options.")
-    fz.add_argument("out", help="the .pt2 file to write")
-    fz.add_argument("--checkpoint", help="an SO2Potential.save file (default: a new model)")
-    fz.add_argument("--structure", default="diamond",
-                    help="example structure: diamond, cu-bcc, or a file ASE reads (default diamond)")
+
+def add_arguments(p) -> None:
+    p.add_argument("out", help="the .pt2 file to write")
+    p.add_argument("--checkpoint", help="an SO2Potential.save file (default: a new model)")
+    p.add_argument("--structure", default="diamond",
+                   help="example structure: diamond, cu-bcc, or a file ASE reads (default diamond)")
     for opt, text in (("--lmax", "lmax (default 2)"), ("--focus-dim", "channels Cf (default 16)"),
                       ("--focus", "focus streams (default 2)"), ("--layers", "stack layers (default 3)"),
                       ("--blocks", "interaction blocks (default 2)")):
-        fz.add_argument(opt, type=COUNT, help=f"new model: {text}")
-    fz.add_argument("--cutoff", type=POSITIVE, help="new model: cutoff in Å (default 5)")
-    fz.add_argument("--float64", action="store_true", help="new model: float64 weights")
-    fz.add_argument("--seed", type=COUNT0, default=0, help="new model: initialisation seed (default 0)")
-    fz.add_argument("--device", help="where to trace and compile: cpu, cuda or cuda:N (default: cpu, or the checkpoint's)")
-    fz.add_argument("--no-tune", action="store_true", help="do not tune missing keys first")
+        p.add_argument(opt, type=COUNT, help=f"new model: {text}")
+    p.add_argument("--cutoff", type=POSITIVE, help="new model: cutoff in Å (default 5)")
+    p.add_argument("--float64", action="store_true", help="new model: float64 weights")
+    p.add_argument("--seed", type=COUNT0, default=0, help="new model: initialisation seed (default 0)")
+    p.add_argument("--device", help="where to trace and compile: cpu, cuda or cuda:N (default: cpu, or the checkpoint's)")
+    p.add_argument("--no-tune", action="store_true", help="do not tune missing keys first")
 
 
 def _example(args):

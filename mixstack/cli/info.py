@@ -11,9 +11,10 @@ LEVEL_SOURCES = {
     "default": "the default: 2 where CUDA is available, else 0",
 }
 
+HELP = "device, versions, active level, and whether the Triton levels can run"
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("info", help="device, versions, active level, and whether the Triton levels can run")
+
+def add_arguments(p) -> None:
     p.add_argument("--device", help="device to report on: cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--json", action="store_true", help="print the record as JSON")
 

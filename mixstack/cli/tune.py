@@ -21,38 +21,39 @@ from .common import (
     writable_folder,
 )
 
+HELP = "measure launch configs and the fused backward on this GPU (docs/contract.md §5)"
+DESCRIPTION = ("Sweep the tuning families for shape keys on the local GPU and "
+               "record the results in the user's table (MIXSTACK_CACHE_DIR). Without options: "
+               "the keys of S1-S4, every family; keys with an entry are skipped.")
 
-def add_parser(sub) -> None:
-    t = sub.add_parser("tune", help="measure launch configs and the fused backward on this GPU (docs/contract.md §5)",
-                       description="Sweep the tuning families for shape keys on the local GPU and "
-                       "record the results in the user's table (MIXSTACK_CACHE_DIR). Without options: "
-                       "the keys of S1-S4, every family; keys with an entry are skipped.")
-    t.add_argument("--shape", action="append", metavar="ID", help="a standard shape S1..S4; repeatable")
-    t.add_argument("--focus-dim", type=COUNT, nargs="+", metavar="CF",
+
+def add_arguments(p) -> None:
+    p.add_argument("--shape", action="append", metavar="ID", help="a standard shape S1..S4; repeatable")
+    p.add_argument("--focus-dim", type=COUNT, nargs="+", metavar="CF",
                    help="custom keys: channels Cf (with --lmax); several values sweep every combination")
-    t.add_argument("--lmax", type=COUNT, nargs="+", metavar="L", help="custom keys: lmax (with --focus-dim)")
-    t.add_argument("--focus", type=COUNT, nargs="+", default=[2], metavar="F",
+    p.add_argument("--lmax", type=COUNT, nargs="+", metavar="L", help="custom keys: lmax (with --focus-dim)")
+    p.add_argument("--focus", type=COUNT, nargs="+", default=[2], metavar="F",
                    help="custom keys: focus streams F (default 2)")
-    t.add_argument("--no-alpha", action="store_true", help="custom key: apply_alpha=False")
-    t.add_argument("--keys-of", metavar="TABLE.json",
+    p.add_argument("--no-alpha", action="store_true", help="custom key: apply_alpha=False")
+    p.add_argument("--keys-of", metavar="TABLE.json",
                    help="every shape key of a tuning table file (e.g. mixstack/tables/NVIDIA_H200.json: "
                         "re-sweep the keys it covered after a kernel change voided them)")
-    t.add_argument("--family", action="append", metavar="NAME",
+    p.add_argument("--family", action="append", metavar="NAME",
                    help="stack_fwd, stack_bwd_relay, stack_bwd_fused, stack_compensated; repeatable "
                         "(default: stack_bwd_relay and stack_compensated; with --full all four); the "
                         "training families stack_wgrad and stack_wgrad_compensated run only when named")
-    t.add_argument("--full", action="store_true",
+    p.add_argument("--full", action="store_true",
                    help="the full candidate sets, timing set and rounds (minutes a key) instead of the "
                         "quick sweep (pruned candidates, half the timing set, 5 rounds: ~30 s a key)")
-    t.add_argument("--seconds", type=POSITIVE, help="stop cleanly before the next family and key once this "
+    p.add_argument("--seconds", type=POSITIVE, help="stop cleanly before the next family and key once this "
                    "many seconds are spent (run again to go on: covered keys are skipped)")
-    t.add_argument("--force", action="store_true", help="measure keys that already have an entry")
-    t.add_argument("--rounds", type=COUNT, help="timed rounds (default 5; --full 20)")
-    t.add_argument("--warmup", type=COUNT0, help="untimed warm-up rounds (default 1; --full 2)")
-    t.add_argument("--margin", type=NONNEGATIVE, default=0.02,
+    p.add_argument("--force", action="store_true", help="measure keys that already have an entry")
+    p.add_argument("--rounds", type=COUNT, help="timed rounds (default 5; --full 20)")
+    p.add_argument("--warmup", type=COUNT0, help="untimed warm-up rounds (default 1; --full 2)")
+    p.add_argument("--margin", type=NONNEGATIVE, default=0.02,
                    help="fraction a candidate must win by, beyond the baseline's spread (default 0.02)")
-    t.add_argument("--device", help="CUDA device (default: the current one)")
-    t.add_argument("--warm-workers", default="auto", metavar="N",
+    p.add_argument("--device", help="CUDA device (default: the current one)")
+    p.add_argument("--warm-workers", default="auto", metavar="N",
                    help="worker processes that compile each key's kernels before its sweep times anything "
                         "(default auto: half the cores, at most 8; 0: compile inside the sweep)")
 

@@ -33,25 +33,21 @@ from .radial import BesselBasis, PolynomialEnvelope
 
 @dataclass(frozen=True)
 class PotentialConfig:
-    """The hyperparameters of an ``SO2Potential``: the stack's ``lmax``, ``focus_dim`` and
-    ``n_focus``, the ``cutoff`` (Å), the initialisation ``seed``, ``n_blocks`` interaction blocks
-    of ``n_layers`` stack layers, ``n_radial`` Bessel functions into a radial network of
-    ``radial_hidden`` units, the neighbour count messages are averaged over, the envelope's power
-    ``envelope_p`` and ``energy_scale`` (see the module doc).  ``SO2Potential.config`` holds them
-    as a plain dict (``asdict``): what checkpoints and frozen models save."""
+    """The hyperparameters of an ``SO2Potential``, one field each.  ``SO2Potential.config`` holds
+    them as a plain dict (``asdict``): what checkpoints and frozen models save."""
 
-    lmax: int = 2
-    focus_dim: int = 16
-    n_focus: int = 2
-    cutoff: float = 5.0
-    seed: int = 0
-    n_blocks: int = 2
-    n_layers: int = 3
-    n_radial: int = 8
-    radial_hidden: int = 32
-    avg_neighbors: float = 12.0
-    envelope_p: int = 6
-    energy_scale: float = 1.0
+    lmax: int = 2                   # the stack's lmax
+    focus_dim: int = 16             # the stack's channels per focus stream
+    n_focus: int = 2                # the stack's focus streams
+    cutoff: float = 5.0             # Å
+    seed: int = 0                   # of the initialisation
+    n_blocks: int = 2               # interaction blocks
+    n_layers: int = 3               # stack layers in each block
+    n_radial: int = 8               # Bessel functions into the radial network
+    radial_hidden: int = 32         # the radial network's hidden units
+    avg_neighbors: float = 12.0     # the neighbour count messages are averaged over
+    envelope_p: int = 6             # the envelope's power
+    energy_scale: float = 1.0       # multiplies the learned per-atom energy (see the module doc)
 
     def __post_init__(self):
         if self.n_blocks < 1:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from ..core.layout import LMAX_RANGE, StackLayout
 
+# The fields every key has, in the order of its string form (an ``extra`` field may not reuse a name).
 _BASE = ("focus_dim", "lmax", "n_focus", "apply_alpha")
 
 
@@ -72,8 +73,7 @@ class ShapeKey:
         return dict(self.extra).get(name, default)
 
     def __str__(self) -> str:
-        parts = [f"focus_dim={self.focus_dim}", f"lmax={self.lmax}", f"n_focus={self.n_focus}",
-                 f"apply_alpha={int(self.apply_alpha)}"]
+        parts = [f"{name}={int(getattr(self, name))}" for name in _BASE]
         for name, value in self.extra:
             text = ("b:" + str(int(value))) if isinstance(value, bool) else (
                 str(value) if isinstance(value, int) else "s:" + value)
@@ -104,6 +104,7 @@ class ShapeKey:
             base = {n: int(fields.pop(n)) for n in _BASE}
             if base["apply_alpha"] not in (0, 1):
                 raise ValueError
+            base["apply_alpha"] = bool(base["apply_alpha"])
             extra = {}
             for name, value in fields.items():
                 if value.startswith("b:"):
@@ -114,8 +115,7 @@ class ShapeKey:
                     extra[name] = int(value)
         except ValueError:
             raise ValueError(f"not a shape key: {text!r}") from None
-        return shape_key(focus_dim=base["focus_dim"], lmax=base["lmax"], n_focus=base["n_focus"],
-                         apply_alpha=bool(base["apply_alpha"]), **extra)
+        return shape_key(**base, **extra)
 
 
 def shape_key(*, focus_dim: int, lmax: int, n_focus: int, apply_alpha: bool, **extra) -> ShapeKey:

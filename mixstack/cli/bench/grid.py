@@ -12,13 +12,13 @@ from .options import STACK_LEVELS, add_check_edges, add_levels, add_passes, add_
 
 GRID_PASSES = ("fwd", "bwd", "both")
 
+HELP = "every supported (Cf, lmax, F) against the compiled reference, resumable"
+DESCRIPTION = ("Measure every supported key (Cf 16-128, lmax 1-6, F 1, 2, 4) at each level against "
+               "the compiled level 0, one key file each as it finishes, then a heat map, JSON, CSV and the "
+               "level-3 verdicts. Run again with --resume to go on where a run stopped.")
 
-def add_parser(targets) -> None:
-    p = targets.add_parser(
-        "grid", help="every supported (Cf, lmax, F) against the compiled reference, resumable",
-        description="Measure every supported key (Cf 16-128, lmax 1-6, F 1, 2, 4) at each level against "
-        "the compiled level 0, one key file each as it finishes, then a heat map, JSON, CSV and the "
-        "level-3 verdicts. Run again with --resume to go on where a run stopped.")
+
+def add_arguments(p) -> None:
     add_shape(p, "a comma-separated subset of the grid (Cf 16,32,...,128; lmax 1..6; F 1,2,4)", lists=True)
     p.add_argument("--edges", type=COUNT, help="one edge count for every key (default: by key)")
     add_levels(p, STACK_LEVELS)

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..common import COUNT, COUNT0, announce, command_line, progress, results_folder, write_cases
+from ..common import COUNT, COUNT0, command_line, progress, results_folder, start_bench, write_cases
 from .options import MODEL_LEVELS, add_levels, add_potential, add_run, add_shape, model_with, with_rounds
 
 CELL_NAMES = "diamond or cu-bcc"          # potential.cells.CELLS, which imports nothing light enough for --help
 
+HELP = "a whole potential: energy + forces frames, breakdown, MD"
+DESCRIPTION = ("Time energy + forces frames of an SO2Potential on diamond and bcc Cu cells of about "
+               "500, 2000 and 4400 atoms at each level, with peak memory and the deviation from the compiled "
+               "level 0 and from float64. On a CPU: ~64-atom cells at level 0.")
 
-def add_parser(targets) -> None:
-    p = targets.add_parser(
-        "model", help="a whole potential: energy + forces frames, breakdown, MD",
-        description="Time energy + forces frames of an SO2Potential on diamond and bcc Cu cells of about "
-        "500, 2000 and 4400 atoms at each level, with peak memory and the deviation from the compiled "
-        "level 0 and from float64. On a CPU: ~64-atom cells at level 0.")
+
+def add_arguments(p) -> None:
     p.add_argument("--cell", action="append", metavar="NAME", help=f"{CELL_NAMES}; repeatable (default both)")
     p.add_argument("--atoms", action="append", type=COUNT, metavar="N",
                    help="about N atoms per cell; repeatable (default 500, 2000, 4400 on a GPU)")
@@ -59,16 +59,11 @@ def config(args):
 
 def run(args, argv=None) -> int:
     from ...bench import model_bench
-    from ...measure import env
 
     cfg = config(args)
-    keys, skipped = model_bench.plan(cfg)
-    device = env.resolve_device(cfg.device)
-    names = model_bench.VARIANTS
-    print(f"mixstack bench model on {device}: cells {', '.join(cfg.cells)} at ~{', '.join(map(str, cfg.atoms))} "
-          f"atoms; variants {', '.join(names[k] for k in keys) or 'none'}; "
-          f"{cfg.rounds} rounds after {cfg.warmup} warm-up")
-    if not announce("mixstack bench model", keys, skipped, cfg.notes):
+    device = start_bench("mixstack bench model", model_bench, cfg,
+                         f"cells {', '.join(cfg.cells)} at ~{', '.join(map(str, cfg.atoms))} atoms")
+    if device is None:
         return 2
     out = results_folder(args.out, device, "bench-model")
     n_cells = len(cfg.cells) * len(cfg.atoms)

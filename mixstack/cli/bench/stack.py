@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..common import COUNT, announce, command_line, fancy_output, print_table, progress, results_folder, write_results
+from ..common import (
+    COUNT,
+    command_line,
+    fancy_output,
+    print_table,
+    progress,
+    results_folder,
+    start_bench,
+    write_results,
+)
 from .options import (
     STACK_LEVELS,
     add_check_edges,
@@ -22,13 +31,13 @@ from .options import (
 CPU_SLOW_ELEMENTS = 20_000_000
 CUSTOM = ("focus", "focus_dim", "lmax", "layers", "no_alpha")
 
+HELP = "the operator at each level (the default target)"
+DESCRIPTION = ("Time the mixing stack's forward, backward and both at each level, with peak memory "
+               "and the error against float64. Without options: shapes S1-S4 and every level on a GPU; the small "
+               "shapes C1 and C4 at level 0 on a CPU.")
 
-def add_parser(targets) -> None:
-    p = targets.add_parser(
-        "stack", help="the operator at each level (the default target)",
-        description="Time the mixing stack's forward, backward and both at each level, with peak memory "
-        "and the error against float64. Without options: shapes S1-S4 and every level on a GPU; the small "
-        "shapes C1 and C4 at level 0 on a CPU.")
+
+def add_arguments(p) -> None:
     p.add_argument("--shape", action="append", metavar="ID",
                    help="a standard shape: S1..S4 (GPU sizes) or C1, C4 (CPU sizes); repeatable")
     p.add_argument("--edges", type=COUNT, help="a custom shape with this many edges E (its other sizes: "
@@ -98,18 +107,13 @@ def failures(record: dict) -> list[str]:
 
 def run(args, argv=None) -> int:
     from ...bench import stack_bench, stack_report
-    from ...measure import env, report
+    from ...measure import report
 
     cfg = config(args)
-    keys, skipped = stack_bench.plan(cfg)
-    device = env.resolve_device(cfg.device)
-    print(f"mixstack bench on {device}: shapes {', '.join(s.name for s in cfg.shapes)}; "
-          f"variants {', '.join(stack_bench.VARIANTS[k] for k in keys) or 'none'}; "
-          f"passes {', '.join(stack_bench.PASS_LABELS[p] for p in cfg.passes)}; "
-          f"{cfg.rounds} rounds after {cfg.warmup} warm-up")
-    for line in cpu_warnings(cfg, device):
-        print(f"  warning: {line}")
-    if not announce("mixstack bench", keys, skipped, cfg.notes):
+    device = start_bench("mixstack bench", stack_bench, cfg, f"shapes {', '.join(s.name for s in cfg.shapes)}",
+                         f"passes {', '.join(stack_bench.PASS_LABELS[p] for p in cfg.passes)}",
+                         warnings=lambda device: cpu_warnings(cfg, device))
+    if device is None:
         return 2
     out = results_folder(args.out, device, "bench")
     fancy = fancy_output()

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..common import COUNT, announce, command_line, progress, results_folder, write_cases
+from ..common import COUNT, command_line, progress, results_folder, start_bench, write_cases
 from .options import TRAIN_LEVELS, add_levels, add_potential, add_run, add_shape, model_with, with_rounds
 
+HELP = "one force-matching training step: the stack and the potential"
+DESCRIPTION = ("Time one optimizer step of force-matching training at each level, for the stack at "
+               "S1-S4 and for the potential at about 500 and 2000 atoms, with peak memory and every gradient's "
+               "error against float64. --shape picks the stack cases, --atoms / --cell the potential's; either "
+               "alone drops the other workload.")
 
-def add_parser(targets) -> None:
-    p = targets.add_parser(
-        "train", help="one force-matching training step: the stack and the potential",
-        description="Time one optimizer step of force-matching training at each level, for the stack at "
-        "S1-S4 and for the potential at about 500 and 2000 atoms, with peak memory and every gradient's "
-        "error against float64. --shape picks the stack cases, --atoms / --cell the potential's; either "
-        "alone drops the other workload.")
+
+def add_arguments(p) -> None:
     p.add_argument("--shape", action="append", metavar="ID",
                    help="stack cases: a standard shape S1..S4 or C1, C4; repeatable")
     p.add_argument("--atoms", action="append", type=COUNT, metavar="N",
@@ -49,16 +49,12 @@ def config(args):
 
 def run(args, argv=None) -> int:
     from ...bench import train_bench
-    from ...measure import env
 
     cfg = config(args)
-    keys, skipped = train_bench.plan(cfg)
-    device = env.resolve_device(cfg.device)
-    print(f"mixstack bench train on {device}: stack {', '.join(s.name for s in cfg.shapes) or '—'}; potential "
-          f"{', '.join(f'~{a}' for a in cfg.atoms) or '—'} atoms; variants "
-          f"{', '.join(train_bench.VARIANTS[k] for k in keys) or 'none'}; {cfg.rounds} rounds after "
-          f"{cfg.warmup} warm-up")
-    if not announce("mixstack bench train", keys, skipped, cfg.notes):
+    device = start_bench("mixstack bench train", train_bench, cfg,
+                         f"stack {', '.join(s.name for s in cfg.shapes) or '—'}; potential "
+                         f"{', '.join(f'~{a}' for a in cfg.atoms) or '—'} atoms")
+    if device is None:
         return 2
     out = results_folder(args.out, device, "bench-train")
     bar, step = progress(train_bench.total_steps(cfg))
