@@ -10,7 +10,7 @@
 #   BUDGET (seconds, default 530) bounds the whole run; each step's timeout is what is left of it
 #   (capped per step), so a slow step leaves the later ones their share or is cut, never the run.
 #   ATOMS (default 4000), VARIANTS (default dp0,dp2,dp3,ms2,ms3), ROUNDS (default 10),
-#   MD_STEPS (default 20), CONFIGS (default "water two_stream") change the bench.
+#   MD_STEPS (default 20), TESTS_SECONDS (default 170: the GPU tests' cap), CONFIGS (default "water two_stream") change the bench.
 set -u
 OUT=${OUT:?set OUT to a results folder}
 mkdir -p "$OUT"
@@ -34,8 +34,8 @@ export PYTHONPATH=$PWD:/tmp/site
   python3 -c "import mixstack; print('mixstack from', mixstack.__file__)"
 } 2>&1 | tee "$OUT/env.log"
 
-echo "== tests ($(left 170) s)"
-timeout "$(left 170)" python3 -m pytest tests/gpu/test_gpu_deepmd.py tests/gpu/test_gpu_conv_streams.py -m gpu -q \
+echo "== tests ($(left ${TESTS_SECONDS:-170}) s)"
+timeout "$(left ${TESTS_SECONDS:-170})" python3 -m pytest tests/gpu/test_gpu_deepmd.py tests/gpu/test_gpu_conv_streams.py -m gpu -q \
   -p no:cacheprovider -rs --durations=10 2>&1 | tee "$OUT/tests.log" | tail -n 25
 echo "tests exit ${PIPESTATUS[0]}" | tee -a "$OUT/tests.log"
 
