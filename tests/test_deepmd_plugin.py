@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -151,3 +152,27 @@ def test_dp_train_and_dp_test_run_accelerated(tmp_path):
         ref = np.loadtxt(tmp_path / f"deepmd.{kind}.out")
         assert np.abs(ref[:, 1:]).max() > 0
         np.testing.assert_allclose(fast, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+
+
+def test_the_op_library_stands_in_where_its_mpi_package_is_missing():
+    """A wheel-built deepmd-kit loads libmpi from the ``mpich`` package before its ops; without
+    that package ``deepmd.pt`` still imports, with the stand-in, and says why."""
+    code = textwrap.dedent("""
+        import importlib.metadata as md
+        real = md.files
+        def files(name):
+            if name == "mpich":
+                raise md.PackageNotFoundError(name)
+            return real(name)
+        md.files = files
+        from deepmd.env import GLOBAL_CONFIG
+        GLOBAL_CONFIG["cibuildwheel"] = "1"
+        from mixstack.deepmd.compat import deepmd_pt, op_library_stood_in
+        deepmd_pt()
+        print("stood in", op_library_stood_in())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "stood in True" in out.stdout
+    assert "mpich" in out.stderr

@@ -4,7 +4,8 @@
 against another torch than the one installed raises there, and the whole backend with it,
 although those ops serve only model compression and the LAMMPS plugin: nothing the SeZM
 models, their training or ``dp --pt test`` call.  ``deepmd_pt`` imports the backend as usual
-and, only when that load fails with deepmd-kit's own version or ABI message, imports it again
+and, only when that load fails with deepmd-kit's own version or ABI message (or, for a wheel,
+when the ``mpich`` package its op library links against is missing), imports it again
 with a stand-in ``deepmd.pt.cxx_op`` that reports the ops as absent
 (``ENABLE_CUSTOMIZED_OP = False``, the value deepmd-kit itself uses when the library file is
 missing), and logs why.
@@ -13,6 +14,7 @@ missing), and logs why.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import logging
 import sys
 import types
@@ -22,6 +24,7 @@ logger = logging.getLogger(__name__)
 INSTALL_HINT = 'pip install -e ".[deepmd]" from a clone of mixstack'
 _OP_LIBRARY = "deepmd_op_pt"
 _STAND_IN = "deepmd.pt.cxx_op"
+_MPI_PACKAGE = "mpich"                # a wheel-built deepmd-kit loads libmpi from it before its ops
 
 
 def deepmd_pt():
@@ -29,6 +32,10 @@ def deepmd_pt():
     is not installed."""
     try:
         return importlib.import_module("deepmd.pt")
+    except importlib.metadata.PackageNotFoundError as err:
+        if err.name != _MPI_PACKAGE:
+            raise
+        reason = f"the {_MPI_PACKAGE} package its MPI library comes from is not installed"
     except ModuleNotFoundError as err:
         if err.name and err.name.split(".")[0] in {"deepmd", "torch"}:
             raise ImportError(f"mixstack.deepmd needs deepmd-kit >= 3.2 with its PyTorch backend "
