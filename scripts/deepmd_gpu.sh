@@ -47,7 +47,7 @@ for config in "${configs[@]}"; do
   share=$(( $(left 100000) / (n - i) ))
   i=$((i + 1))
   echo "== bench $config ($share s)"
-  timeout "$share" python3 -m mixstack.bench.deepmd_bench --atoms "${ATOMS:-4000}" --configs "$config" \
+  timeout "$share" python3 -m mixstack bench deepmd --atoms "${ATOMS:-4000}" --configs "$config" \
     --systems water --variants "${VARIANTS:-dp0,dp2,dp3,ms2,ms3}" --rounds "${ROUNDS:-10}" --warmup 2 \
     --breakdown --breakdown-rounds 3 --md-steps "${MD_STEPS:-20}" --md-warmup 3 --out "$OUT/bench-$config" \
     2>&1 | tee "$OUT/bench-$config.log" | grep -v "DP_INFER_BATCH_SIZE" | tail -n 30

@@ -158,12 +158,28 @@ def test_python_dash_m_runs_the_cli():
     (["scaling", "--report", "nowhere"], "--report nowhere: no points/ folder"),
     (["md", "--engine", "ase", "--ensemble", "npt"], "--engine ase runs nve and nvt"),
     (["md", "--device", "tpu"], "unknown device 'tpu'"),
+    (["bench", "deepmd", "--atoms", "0"], "argument --atoms: must be an integer >= 1, got '0'"),
+    (["bench", "deepmd", "--systems", "water,graphene"], "argument --systems: takes water, rocksalt"),
+    (["bench", "deepmd", "--configs", "dpa3"], "argument --configs: takes water, two_stream, default"),
+    (["bench", "deepmd", "--rest-level", "4"], "argument --rest-level: invalid choice: 4"),
+    (["bench", "deepmd", "--md-dt", "0"], "argument --md-dt: must be a number > 0, got '0'"),
+    (["bench", "deepmd", "--variants", "dp0,ms4"], "--variants: variant must be dpN or msN"),
 ])
 def test_bad_input_ends_with_one_line_that_names_it_and_no_traceback(capsys, tmp_path, monkeypatch, argv, says):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err
+
+
+def test_bench_deepmd_without_deepmd_kit_names_the_extra(capsys, tmp_path, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "deepmd", None)
+    monkeypatch.setitem(sys.modules, "deepmd.pt", None)
+    assert main(["bench", "deepmd", "--device", "cpu", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert 'mixstack bench: error: mixstack.deepmd needs deepmd-kit' in err and 'pip install -e ".[deepmd]"' in err
+    assert "Traceback" not in err and list(tmp_path.iterdir()) == []
 
 
 def test_a_gpu_shape_on_a_cpu_is_announced_as_minutes_long():

@@ -30,9 +30,11 @@ def _subprocess(code: str, *args: str) -> subprocess.CompletedProcess:
 # ------------------------------------------------------------------ no torch before the work
 
 HELP_LINES = [["--help"], ["--version"], ["bench", "--help"], ["bench", "stack", "--help"], ["bench", "model", "--help"],
-              ["bench", "grid", "--help"], ["bench", "train", "--help"], ["info", "--help"], ["tune", "--help"],
-              ["freeze", "--help"], ["md", "--help"], ["scaling", "--help"],
-              ["bench", "--edges", "0"], ["bench", "model", "--shape", "S1"], ["md", "--atoms", "x"], ["--bogus"], []]
+              ["bench", "grid", "--help"], ["bench", "train", "--help"], ["bench", "deepmd", "--help"], ["info", "--help"],
+              ["tune", "--help"], ["freeze", "--help"], ["md", "--help"], ["scaling", "--help"],
+              ["bench", "--edges", "0"], ["bench", "model", "--shape", "S1"], ["bench", "deepmd", "--atoms", "0"],
+              ["md", "--atoms", "x"], ["--bogus"], []]
+HEAVY = ("torch", "triton", "numpy", "deepmd")
 
 
 def test_help_version_and_argument_errors_do_not_import_torch():
@@ -40,12 +42,30 @@ def test_help_version_and_argument_errors_do_not_import_torch():
     (torch takes seconds to import; it used to make ``mixstack --help`` take 6.5 s)."""
     code = ("import json, sys\nfrom mixstack.cli import main\n"
             f"codes = [main(argv) for argv in {HELP_LINES!r}]\n"
-            "print(json.dumps([codes, sorted(m for m in ('torch', 'triton', 'numpy') if m in sys.modules)]))\n")
+            f"print(json.dumps([codes, sorted(m for m in {HEAVY!r} if m in sys.modules)]))\n")
     done = _subprocess(code)
     assert done.returncode == 0, done.stderr
     codes, heavy = json.loads(done.stdout.strip().splitlines()[-1])
-    assert codes == [0] * 12 + [2] * 5
+    assert codes == [0] * 13 + [2] * 6
     assert heavy == []
+
+
+DEEPMD_OPTIONS = ["--atoms", "--configs", "--systems", "--variants", "--rest-level", "--rounds", "--warmup",
+                  "--breakdown", "--breakdown-rounds", "--md-steps", "--md-warmup", "--md-dt", "--rcut", "--seed",
+                  "--device", "--out"]
+
+
+def test_the_deepmd_bench_help_lists_its_options_without_torch_or_deepmd_kit():
+    code = ("import contextlib, io, json, sys\nfrom mixstack.cli import main\nout = io.StringIO()\n"
+            "with contextlib.redirect_stdout(out):\n    code = main(['bench', 'deepmd', '--help'])\n"
+            f"print(json.dumps([code, out.getvalue(), sorted(m for m in {HEAVY!r} if m in sys.modules)]))\n")
+    done = _subprocess(code)
+    assert done.returncode == 0, done.stderr
+    code, text, heavy = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code == 0 and heavy == [] and text.startswith("usage: mixstack bench deepmd")
+    for option in DEEPMD_OPTIONS:
+        assert re.search(rf"^  {option}\b", text, re.M), option
+    assert 'pip install -e ".[deepmd]"' in " ".join(text.split())
 
 
 def test_python_dash_m_mixstack_help_imports_no_torch():
@@ -112,6 +132,7 @@ def test_each_bench_target_takes_only_its_own_options():
     assert not train & {"--pass", "--breakdown", "--md-steps", "--edges", "--resume"}
     shared = {"--device", "--seed", "--repeats", "--warmup", "--out", "--no-plot", "--levels"}
     assert all(shared <= opts for opts in (stack, model, grid, train))
+    assert _options("bench", "deepmd") == set(DEEPMD_OPTIONS)
 
 
 @pytest.mark.parametrize("target, bench_module, help_text", [
@@ -246,12 +267,15 @@ def test_the_stack_bench_shows_progress_when_output_is_not_a_terminal(tmp_path, 
 
 def test_the_names_the_parsers_spell_out_are_the_librarys():
     """The parsers cannot import the modules that define these (they import torch)."""
+    from mixstack.bench import deepmd_bench
     from mixstack.cli import md
     from mixstack.cli import scaling as scaling_cli
-    from mixstack.cli.bench import model
+    from mixstack.cli.bench import deepmd, model
+    from mixstack.deepmd import configs
     from mixstack.lammps import runs, scaling
     from mixstack.potential import cells
     assert (md.BUILDERS, md.ENSEMBLES, md.ENGINES, md.MODEL_NAMES) == (
         runs.BUILDERS, runs.ENSEMBLES, runs.ENGINES, runs.MODEL_NAMES)
     assert model.CELL_NAMES == " or ".join(cells.CELLS)
     assert float(scaling_cli.MEMORY_FRACTION_TEXT) == scaling.MEMORY_FRACTION
+    assert (deepmd.CONFIG_NAMES, deepmd.SYSTEM_NAMES) == (tuple(configs.CONFIGS), tuple(deepmd_bench.SYSTEMS))

@@ -1,4 +1,4 @@
-"""``python -m mixstack.bench.deepmd_bench`` runs on a CPU at a tiny size and writes its results."""
+"""``mixstack bench deepmd`` runs on a CPU at a tiny size and writes its results."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ import pytest
 from deepmd_cases import one_torch_thread, require_deepmd  # noqa: F401
 
 from mixstack.bench import deepmd_bench as bench
+from mixstack.cli import main
 
 require_deepmd()
 
 
 def test_the_bench_writes_json_markdown_and_csv_with_two_variants(tmp_path):
-    assert bench.main(["--atoms", "6", "--configs", "water", "--systems", "water", "--variants", "dp0,ms0",
-                       "--rcut", "3.0", "--rounds", "2", "--warmup", "1", "--breakdown", "--breakdown-rounds", "1",
-                       "--md-steps", "2", "--md-warmup", "1", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    assert main(["bench", "deepmd", "--atoms", "6", "--configs", "water", "--systems", "water", "--variants",
+                 "dp0,ms0", "--rcut", "3.0", "--rounds", "2", "--warmup", "1", "--breakdown", "--breakdown-rounds", "1",
+                 "--md-steps", "2", "--md-warmup", "1", "--device", "cpu", "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "deepmd_bench.json").read_text())
     (case,) = record["cases"]
     assert (case["config"], case["system"], case["atoms"]) == ("water", "water", 6)
@@ -32,7 +33,7 @@ def test_the_bench_writes_json_markdown_and_csv_with_two_variants(tmp_path):
         assert md["ns_per_day"] == pytest.approx(md["steps_per_s"] * 0.5 * 86400 / 1e6)
     assert dp0["breakdown"]["stages"]["wigner"]["forward_ms"] > 0                      # deepmd builds them
     assert ms0["breakdown"]["stages"]["wigner"] == {"forward_ms": 0.0, "backward_ms": 0.0}  # mixstack skips them
-    assert record["env"]["deepmd_kit"] and "dp0,ms0" in record["command"]
+    assert record["env"]["deepmd_kit"] and record["command"].startswith("mixstack bench deepmd --atoms 6")
     markdown = (tmp_path / "deepmd_bench.md").read_text()
     assert "| water | water | 6 | ms0 |" in markdown and "| wigner | value path | rest of convolution |" in markdown
     assert markdown.count("| water | water | 6 | ms0 |") == 2                         # the frame row, the stage row

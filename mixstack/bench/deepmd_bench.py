@@ -1,8 +1,8 @@
 """deepmd-kit's own levels against the accelerated model, on one device in one run.
 
-``python -m mixstack.bench.deepmd_bench --atoms 500 2000 4000 --out DIR`` (``mixstack bench deepmd``
-later).  A frame is deepmd-kit's own forward of a SeZM model: ``model(coord, atype, box)`` in
-evaluation, energy, forces and virial (its neighbour list included).  Variants:
+``mixstack bench deepmd --atoms 500 2000 4000`` (its options: ``mixstack.cli.bench.deepmd``).  A
+frame is deepmd-kit's own forward of a SeZM model: ``model(coord, atype, box)`` in evaluation,
+energy, forces and virial (its neighbour list included).  Variants:
 
 * ``dp0``, ``dp2``, ``dp3``: deepmd-kit at ``DP_TRITON_INFER`` 0, 2, 3 (read when a model is
   built, so each variant is its own model with the same weights);
@@ -25,11 +25,9 @@ energy drift; the variants run one after another, not interleaved).  Results:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import os
-import sys
 import tempfile
 
 import torch
@@ -41,7 +39,6 @@ from . import breakdown, deepmd_md
 from .deepmd_ranges import STAGES
 
 SYSTEMS = {"water": (systems.water, ["O", "H"]), "rocksalt": (systems.rocksalt, ["Ni", "O"])}
-DEFAULT_VARIANTS = ("dp0", "dp2", "dp3", "ms2", "ms3")
 
 
 def parse_variant(key: str) -> tuple[str, int, bool]:
@@ -287,52 +284,25 @@ def long_rows(record: dict) -> list[dict]:
     return rows
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m mixstack.bench.deepmd_bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--atoms", type=int, nargs="+", default=[500], help="system sizes (atoms, about)")
-    p.add_argument("--configs", default="water,two_stream", help="model configs (mixstack.deepmd.configs)")
-    p.add_argument("--systems", default="water,rocksalt", help=f"systems: {', '.join(SYSTEMS)}")
-    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help="dpN / msN, g suffix: CUDA graph")
-    p.add_argument("--rest-level", type=int, default=2, help="DP_TRITON_INFER of the accelerated models")
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--breakdown", action="store_true", help="device time per stage (profiler)")
-    p.add_argument("--breakdown-rounds", type=int, default=3)
-    p.add_argument("--md-steps", type=int, default=0, help="NVE steps through deepmd-kit's ASE calculator (0: none)")
-    p.add_argument("--md-warmup", type=int, default=3, help="untimed NVE steps first")
-    p.add_argument("--md-dt", type=float, default=0.5, help="NVE time step, fs")
-    p.add_argument("--rcut", type=float, default=None, help="override the configs' cutoff (tiny CPU runs)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    p.add_argument("--out", required=True, help="results folder")
-    return p.parse_args(argv)
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    device = env.resolve_device(args.device)
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    for key in variants:
-        parse_variant(key)
-    for name in args.systems.split(","):
-        if name not in SYSTEMS:
-            raise SystemExit(f"--systems: unknown system {name!r} (known: {', '.join(SYSTEMS)})")
+def run_deepmd_bench(args, device, *, command: str, on_case=None) -> dict:
+    """Every config x system x size of the parsed ``mixstack bench deepmd`` options ``args`` on
+    ``device``: the record (``on_case(label)`` before each case)."""
     from ..deepmd.compat import deepmd_pt
+
     deepmd_pt()
     import deepmd
-    record = {"env": {**env.collect(device), "deepmd_kit": deepmd.__version__},
-              "command": " ".join(["python -m mixstack.bench.deepmd_bench", *(sys.argv[1:] if argv is None else argv)]),
+    record = {"env": {**env.collect(device), "deepmd_kit": deepmd.__version__}, "command": command,
               "rest_level": args.rest_level, "rounds": args.rounds, "warmup": args.warmup, "cases": []}
-    for config_name in args.configs.split(","):
-        for system in args.systems.split(","):
+    for config_name in args.configs:
+        for system in args.systems:
             for atoms in args.atoms:
-                print(f"{config_name} / {system} / {atoms} atoms", file=sys.stderr, flush=True)
-                record["cases"].append(run_case(config_name, system, atoms, variants, args, device))
-    paths = report.write(record, args.out, with_plot=False, names=("deepmd_bench.json", "deepmd_bench.md", ""),
-                         render_markdown=markdown, render_rows=long_rows)
-    print("\n".join(str(p) for p in paths.values()), file=sys.stderr)
-    return 0
+                if on_case:
+                    on_case(f"{config_name} / {system} / {atoms} atoms")
+                record["cases"].append(run_case(config_name, system, atoms, args.variants, args, device))
+    return record
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def write(record: dict, out, *, with_plot: bool = False) -> dict:
+    """``deepmd_bench.json``, ``.md`` and ``.csv`` in ``out`` (the bench draws no plot)."""
+    return report.write(record, out, with_plot=with_plot, names=("deepmd_bench.json", "deepmd_bench.md", ""),
+                        render_markdown=markdown, render_rows=long_rows)

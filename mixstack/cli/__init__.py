@@ -1,6 +1,6 @@
 """The ``mixstack`` command.
 
-``mixstack info``, ``mixstack bench stack|model|grid|train``, ``mixstack tune``,
+``mixstack info``, ``mixstack bench stack|model|grid|train|deepmd``, ``mixstack tune``,
 ``mixstack freeze``, ``mixstack md`` and ``mixstack scaling``, one module each: its ``HELP``
 line and ``DESCRIPTION``, ``add_arguments(parser)`` and ``run(args, argv)`` (the bench targets
 one module each under ``cli/bench/``, the same four names).

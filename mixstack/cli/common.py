@@ -69,6 +69,20 @@ def count_list(minimum: int = 1):
     return parse
 
 
+def name_list(known: tuple[str, ...] | None = None):
+    """``"a,b"`` -> ``("a", "b")``: names separated by commas, each once, each one of ``known``
+    (any name when ``None``)."""
+    def parse(text: str) -> tuple[str, ...]:
+        items = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+        bad = [t for t in items if known is not None and t not in known]
+        if bad or not items:
+            takes = f"takes {', '.join(known)}" if known else "takes names"
+            raise argparse.ArgumentTypeError(f"{takes}, separated by commas; got {text!r}")
+        return items
+    parse.__name__ = "name list"
+    return parse
+
+
 def number(minimum: float = 0.0, *, inclusive: bool = False):
     """The argparse type of every real-valued option: a number ``> minimum`` (``>=`` if ``inclusive``)."""
     def parse(text: str) -> float:

@@ -20,7 +20,7 @@ from deepmd_cases import (
 )
 
 import mixstack
-from mixstack.bench import deepmd_bench as bench
+from mixstack.cli import main
 from mixstack.deepmd import systems
 
 pytestmark = [
@@ -73,9 +73,9 @@ def test_levels_match_deepmd_and_float64(name, deterministic):
 
 
 def test_the_bench_runs_on_the_gpu(tmp_path):
-    assert bench.main(["--atoms", "96", "--configs", "water", "--systems", "water", "--variants",
-                       "dp0,dp2,ms2,ms2g", "--rounds", "3", "--warmup", "1", "--breakdown", "--md-steps", "3",
-                       "--md-warmup", "1", "--device", DEV, "--out", str(tmp_path)]) == 0
+    assert main(["bench", "deepmd", "--atoms", "96", "--configs", "water", "--systems", "water", "--variants",
+                 "dp0,dp2,ms2,ms2g", "--rounds", "3", "--warmup", "1", "--breakdown", "--md-steps", "3",
+                 "--md-warmup", "1", "--device", DEV, "--out", str(tmp_path)]) == 0
     (case,) = json.loads((tmp_path / "deepmd_bench.json").read_text())["cases"]
     for key in ("dp0", "dp2", "ms2"):
         v = case["variants"][key]

@@ -8,13 +8,13 @@ target is a module here with those four names and a line in ``TARGETS``.
 from __future__ import annotations
 
 from ..common import add_command
-from . import grid, model, stack, train
+from . import deepmd, grid, model, stack, train
 
-TARGETS = {"stack": stack, "model": model, "grid": grid, "train": train}
+TARGETS = {"stack": stack, "model": model, "grid": grid, "train": train, "deepmd": deepmd}
 DEFAULT_TARGET = "stack"
 HELP_FLAGS = ("-h", "--help")
 
-HELP = "time, peak memory and accuracy of each level: stack (default), model, grid, train"
+HELP = "time, peak memory and accuracy of each level: stack (default), model, grid, train, deepmd"
 DESCRIPTION = ("Benchmark the mixing stack and what is built on it. `mixstack bench [options]` "
                "without a target is `mixstack bench stack [options]`: shapes S1-S4 and every level on a GPU; "
                "two small shapes at level 0 on a CPU. Each target lists its own options: "

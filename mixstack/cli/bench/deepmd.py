@@ -1,0 +1,72 @@
+"""``mixstack bench deepmd``: deepmd-kit's SeZM (DPA4) models at deepmd-kit's own levels against
+the same models accelerated by ``mixstack.deepmd`` (docs/deepmd.md).  The options are defined
+here only; the bench is ``mixstack.bench.deepmd_bench``."""
+
+from __future__ import annotations
+
+from ..common import COUNT, COUNT0, POSITIVE, command_line, name_list, results_folder, write_results
+
+# The names the parsers spell out: the modules that define them import torch.
+CONFIG_NAMES = ("water", "two_stream", "default")       # mixstack.deepmd.configs.CONFIGS
+SYSTEM_NAMES = ("water", "rocksalt")                    # mixstack.bench.deepmd_bench.SYSTEMS
+REST_LEVELS = (0, 1, 2, 3)                              # deepmd-kit's DP_TRITON_INFER
+
+HELP = "deepmd-kit's SeZM models: deepmd-kit's levels against the accelerated model"
+DESCRIPTION = ("Time deepmd-kit's own forward of a SeZM (DPA4) model (energy, forces and virial, its "
+               "neighbour list included) at deepmd-kit's levels (dpN: DP_TRITON_INFER=N) against the same "
+               "weights accelerated by mixstack.deepmd (msN: mixstack level N), a g suffix replaying the frame "
+               "from a CUDA graph; with peak memory and the deviation from the float64 model, the value path's "
+               "stages (--breakdown) and NVE through deepmd-kit's ASE calculator (--md-steps). Needs the "
+               "[deepmd] extra: pip install -e \".[deepmd]\" from a clone of mixstack.")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--atoms", type=COUNT, nargs="+", default=[500], metavar="N",
+                   help="system sizes, about N atoms each (default 500)")
+    p.add_argument("--configs", type=name_list(CONFIG_NAMES), default="water,two_stream", metavar="LIST",
+                   help=f"model configs (mixstack.deepmd.configs), comma-separated: {', '.join(CONFIG_NAMES)} "
+                        "(default water,two_stream)")
+    p.add_argument("--systems", type=name_list(SYSTEM_NAMES), default="water,rocksalt", metavar="LIST",
+                   help=f"systems, comma-separated: {', '.join(SYSTEM_NAMES)} (default water,rocksalt)")
+    p.add_argument("--variants", type=name_list(), default="dp0,dp2,dp3,ms2,ms3", metavar="LIST",
+                   help="comma-separated: dpN (deepmd-kit at DP_TRITON_INFER=N) or msN (mixstack level N), "
+                        "N in 0..3, a g suffix for the frame replayed from a CUDA graph "
+                        "(default dp0,dp2,dp3,ms2,ms3)")
+    p.add_argument("--rest-level", type=int, choices=REST_LEVELS, default=2,
+                   help="DP_TRITON_INFER of the accelerated models: deepmd-kit's kernels for the rest "
+                        "of the model (default 2)")
+    p.add_argument("--rounds", type=COUNT, default=10, help="timed rounds, interleaved (default 10)")
+    p.add_argument("--warmup", type=COUNT0, default=2, help="untimed warm-up rounds (default 2)")
+    p.add_argument("--breakdown", action="store_true", help="device time per stage, forward and backward (profiler)")
+    p.add_argument("--breakdown-rounds", type=COUNT, default=3, help="profiled frames per variant (default 3)")
+    p.add_argument("--md-steps", type=COUNT0, default=0, metavar="N",
+                   help="NVE steps per variant through deepmd-kit's ASE calculator (default 0: none)")
+    p.add_argument("--md-warmup", type=COUNT0, default=3, metavar="N", help="untimed NVE steps first (default 3)")
+    p.add_argument("--md-dt", type=POSITIVE, default=0.5, metavar="FS", help="NVE time step in fs (default 0.5)")
+    p.add_argument("--rcut", type=POSITIVE, metavar="R", help="the configs' cutoff in Å, overridden (tiny CPU runs)")
+    p.add_argument("--seed", type=COUNT0, default=0, help="seed of the weights' perturbation and the frames (default 0)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
+    p.add_argument("--out", help="results folder, created and checked before anything runs (default: a new "
+                   "<date>-<device>-<purpose> folder in the user results folder, MIXSTACK_RESULTS_DIR)")
+
+
+def run(args, argv=None) -> int:
+    from ...bench import deepmd_bench
+    from ...deepmd.compat import deepmd_pt
+    from ...measure import env
+
+    try:
+        for key in args.variants:
+            deepmd_bench.parse_variant(key)
+    except ValueError as exc:
+        raise ValueError(f"--variants: {exc}") from None
+    device = env.resolve_device(args.device)
+    deepmd_pt()
+    out = results_folder(args.out, device, "bench-deepmd")
+    print(f"mixstack bench deepmd on {device}: configs {', '.join(args.configs)}; systems "
+          f"{', '.join(args.systems)} at ~{', '.join(map(str, args.atoms))} atoms; variants "
+          f"{', '.join(args.variants)}; {args.rounds} rounds after {args.warmup} warm-up", flush=True)
+    record = deepmd_bench.run_deepmd_bench(args, device, command=command_line(argv),
+                                           on_case=lambda case: print(f"  {case}", flush=True))
+    print(deepmd_bench.markdown(record), end="")
+    return write_results(deepmd_bench.write, record, out, True, [])
