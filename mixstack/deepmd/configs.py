@@ -94,5 +94,5 @@ def perturb(model, *, seed: int = 0, scale: float = 0.05):
     with torch.no_grad():
         for p in model.parameters():
             if p.dtype.is_floating_point:
-                p.add_(scale * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype))
+                p.add_(scale * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.device, p.dtype))
     return model
