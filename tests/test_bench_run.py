@@ -187,3 +187,23 @@ def test_a_pass_that_fails_while_timed_is_recorded_and_the_others_still_run(monk
     assert rec["shapes"][0]["failed_passes"] == {"bwd": "RuntimeError: out of memory, pretend"}
     assert [t["pass"] for t in rec["timings"]] == ["fwd"]
     assert "bwd: timing failed: RuntimeError: out of memory, pretend" in report.markdown(rec)
+
+
+def test_results_files_are_replaced_whole_and_a_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
+    from mixstack.measure import report as results
+    path = results.replace_text(tmp_path / "r.json", "old\n")
+    results.replace_text(path, "new\n")
+    assert path.read_text() == "new\n"
+
+    def fail(src, dst):
+        raise OSError("disk full")
+    monkeypatch.setattr(results.os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        results.replace_text(path, "half")
+    assert path.read_text() == "new\n" and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_csv_rows_may_lack_columns_the_others_have(tmp_path):
+    from mixstack.measure import report as results
+    path = results.write_csv([{"a": 1}, {"a": 2, "b": 3}], tmp_path / "r.csv")
+    assert list(csv.reader(path.open())) == [["a", "b"], ["1", ""], ["2", "3"]]

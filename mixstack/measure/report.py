@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import importlib
+import io
 import json
 import os
 from pathlib import Path
@@ -87,15 +88,30 @@ def quality_rows(base: dict, variant: dict) -> list[dict]:
     return rows
 
 
-def write_csv(rows: list[dict], path: str | os.PathLike) -> Path:
-    """``rows`` (dicts with the same keys) as a CSV file with a header line."""
+def replace_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` whole or not at all: a temporary file beside it, then
+    ``os.replace``, so that a run killed while writing leaves the previous file, never half of one."""
     path = Path(path)
-    with path.open("w", newline="") as fh:
-        if rows:
-            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w", newline="") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
+
+
+def write_csv(rows: list[dict], path: str | os.PathLike) -> Path:
+    """``rows`` (dicts; a key some rows lack is a blank cell there) as a CSV file with a header
+    line, the columns in the order they first appear (written whole: ``replace_text``)."""
+    text = io.StringIO(newline="")
+    if rows:
+        writer = csv.DictWriter(text, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        writer.writeheader()
+        writer.writerows(rows)
+    return replace_text(path, text.getvalue())
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -135,7 +151,8 @@ def write(record: dict, out_dir: str | os.PathLike, *, names: tuple[str, str, st
     (JSON, Markdown, plot; the CSV is named after the JSON) and the bench's renderers.
 
     The JSON, Markdown and CSV are written first, so a missing matplotlib (the
-    ImportError from the plot) never loses the measurements.
+    ImportError from the plot) never loses the measurements; each whole or not at all
+    (``replace_text``), so a bench may write its partial record as it goes.
     """
     json_name, md_name, plot_name = names
     to_markdown, to_plot, to_rows = render_markdown, render_plot, render_rows
@@ -143,8 +160,8 @@ def write(record: dict, out_dir: str | os.PathLike, *, names: tuple[str, str, st
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / json_name, "markdown": out / md_name}
-    paths["json"].write_text(json.dumps(record, indent=1) + "\n")
-    paths["markdown"].write_text(to_markdown(record))
+    replace_text(paths["json"], json.dumps(record, indent=1) + "\n")
+    replace_text(paths["markdown"], to_markdown(record))
     paths["csv"] = write_csv(to_rows(record), out / (Path(json_name).stem + ".csv"))
     if with_plot:
         paths["plot"] = to_plot(record, out / plot_name)
