@@ -13,7 +13,11 @@ from mixstack.cli import main
 require_deepmd()
 
 
-def test_the_bench_writes_json_markdown_and_csv_with_two_variants(tmp_path):
+TINY = ["bench", "deepmd", "--atoms", "6", "--configs", "water", "--systems", "water", "--variants", "dp0,ms0",
+        "--rcut", "3.0", "--rounds", "2", "--warmup", "1", "--device", "cpu"]
+
+
+def test_the_bench_writes_json_markdown_and_csv_with_two_variants(tmp_path, capsys):
     assert main(["bench", "deepmd", "--atoms", "6", "--configs", "water", "--systems", "water", "--variants",
                  "dp0,ms0", "--rcut", "3.0", "--rounds", "2", "--warmup", "1", "--breakdown", "--breakdown-rounds", "1",
                  "--md-steps", "2", "--md-warmup", "1", "--device", "cpu", "--out", str(tmp_path)]) == 0
@@ -38,6 +42,77 @@ def test_the_bench_writes_json_markdown_and_csv_with_two_variants(tmp_path):
     assert "| water | water | 6 | ms0 |" in markdown and "| wigner | value path | rest of convolution |" in markdown
     assert markdown.count("| water | water | 6 | ms0 |") == 2                         # the frame row, the stage row
     assert (tmp_path / "deepmd_bench.csv").read_text().count("\n") == 3
+    assert not {"running", "failed", "stopped"} & set(record) and "## Not run" not in markdown
+    said = capsys.readouterr().out
+    for step in ("float64 reference frame: ", "dp0: built + first frame: ", "ms0: built + first frame: ",
+                 "timing 2 rounds (after 1 warm-up) x 2 variants: ", "breakdown dp0: ", "breakdown ms0: ",
+                 "MD dp0: ", "MD ms0: "):                                             # a line each, as it ends
+        assert said.count(f" s] {step}") == 1, step
+    assert "(force max abs " in said and " steps/s)" in said
+
+
+def test_out_of_time_the_bench_runs_nothing_writes_its_files_and_exits_0(tmp_path, capsys):
+    assert main([*TINY, "--md-steps", "2", "--seconds", "0.001", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "deepmd_bench.json").read_text())
+    why = "out of time (--seconds 0.001)"
+    assert record["stopped"] == why and record["seconds"] == 0.001
+    (case,) = record["cases"]
+    assert case["not_run"] == why and case["variants"] == {"dp0": {"not_run": why}, "ms0": {"not_run": why}}
+    assert f"- water / water / 6 atoms: {why}" in (tmp_path / "deepmd_bench.md").read_text()
+    assert (tmp_path / "deepmd_bench.csv").read_text().count(why) == 2
+    assert f"stopped: {why}" in capsys.readouterr().out
+
+
+def test_the_record_is_on_disk_as_each_step_starts_and_a_budget_spent_midway_stops_the_rest(tmp_path, monkeypatch):
+    real = bench.time_interleaved
+    seen = {}
+
+    def timing(*args, **kwargs):                # the record on disk names the step it is in, and what came before
+        seen.update(json.loads((tmp_path / "deepmd_bench.json").read_text()))
+        out = real(*args, **kwargs)
+        monkeypatch.setattr(bench.Progress, "out_of_time", lambda self: self.record.setdefault("stopped", "spent"))
+        return out
+    monkeypatch.setattr(bench, "time_interleaved", timing)
+    assert main([*TINY, "--breakdown", "--md-steps", "2", "--out", str(tmp_path)]) == 0
+    assert seen["running"]["step"] == "timing 2 rounds (after 1 warm-up) x 2 variants"
+    assert set(seen["cases"][0]["variants"]) == {"dp0", "ms0"} and "time" not in seen["cases"][0]["variants"]["dp0"]
+    record = json.loads((tmp_path / "deepmd_bench.json").read_text())
+    assert record["stopped"] == "spent" and "running" not in record
+    for v in record["cases"][0]["variants"].values():
+        assert v["time"]["median_ms"] > 0 and v["steps_not_run"] == {"breakdown": "spent", "md": "spent"}
+    assert "- water / water / 6 atoms, ms0: breakdown, MD: spent" in (tmp_path / "deepmd_bench.md").read_text()
+
+
+def test_a_step_that_fails_leaves_the_steps_before_it_on_disk(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("profiler broke")
+    monkeypatch.setattr(bench, "_stage_times", broken)
+    with pytest.raises(RuntimeError, match="profiler broke"):
+        main([*TINY, "--breakdown", "--out", str(tmp_path)])
+    record = json.loads((tmp_path / "deepmd_bench.json").read_text())
+    assert record["failed"] == {"step": "breakdown dp0", "error": "RuntimeError: profiler broke"}
+    for v in record["cases"][0]["variants"].values():                      # built, checked and timed before it
+        assert v["accuracy"]["force_max_abs"] < 1e-4 and v["time"]["median_ms"] > 0
+    assert "- failed in breakdown dp0: RuntimeError: profiler broke" in (tmp_path / "deepmd_bench.md").read_text()
+
+
+def test_progress_times_steps_writes_around_them_and_stops_at_the_budget():
+    now = [0.0]
+    said, written = [], []
+    record = {}
+    progress = bench.Progress(record, seconds=10, start=0.0, on_step=said.append,
+                              on_write=lambda r: written.append(json.dumps(r)), clock=lambda: now[0])
+    with progress.step("one") as notes:
+        now[0] = 2.5
+        notes.append("fine")
+    assert said == ["one: 2.5 s (fine)"] and [json.loads(w).get("running") for w in written] == [
+        {"step": "one", "from_s": 0.0}, None]
+    assert progress.out_of_time() is None
+    now[0] = 10.0
+    assert progress.out_of_time() == record["stopped"] == "out of time (--seconds 10)"
+    with pytest.raises(ValueError), progress.step("two"):
+        raise ValueError("bad\nmore")
+    assert record["failed"] == {"step": "two", "error": "ValueError: bad"} and "running" not in record
 
 
 @pytest.mark.parametrize("key, parsed", [("dp0", ("dp", 0, False)), ("ms3g", ("ms", 3, True))])

@@ -4,6 +4,8 @@ here only; the bench is ``mixstack.bench.deepmd_bench``."""
 
 from __future__ import annotations
 
+import time
+
 from ..common import COUNT, COUNT0, POSITIVE, command_line, name_list, results_folder, write_results
 
 # The names the parsers spell out: the modules that define them import torch.
@@ -44,6 +46,9 @@ def add_arguments(p) -> None:
     p.add_argument("--md-warmup", type=COUNT0, default=3, metavar="N", help="untimed NVE steps first (default 3)")
     p.add_argument("--md-dt", type=POSITIVE, default=0.5, metavar="FS", help="NVE time step in fs (default 0.5)")
     p.add_argument("--rcut", type=POSITIVE, metavar="R", help="the configs' cutoff in Å, overridden (tiny CPU runs)")
+    p.add_argument("--seconds", type=POSITIVE, metavar="S",
+                   help="start no step once S seconds have gone: what is left is marked not run, the results "
+                        "are written and the exit status is 0 (default: no limit)")
     p.add_argument("--seed", type=COUNT0, default=0, help="seed of the weights' perturbation and the frames (default 0)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--out", help="results folder, created and checked before anything runs (default: a new "
@@ -51,6 +56,7 @@ def add_arguments(p) -> None:
 
 
 def run(args, argv=None) -> int:
+    t0 = time.monotonic()                                  # --seconds counts from here
     from ...bench import deepmd_bench
     from ...deepmd.compat import deepmd_pt
     from ...measure import env
@@ -65,8 +71,18 @@ def run(args, argv=None) -> int:
     out = results_folder(args.out, device, "bench-deepmd")
     print(f"mixstack bench deepmd on {device}: configs {', '.join(args.configs)}; systems "
           f"{', '.join(args.systems)} at ~{', '.join(map(str, args.atoms))} atoms; variants "
-          f"{', '.join(args.variants)}; {args.rounds} rounds after {args.warmup} warm-up", flush=True)
-    record = deepmd_bench.run_deepmd_bench(args, device, command=command_line(argv),
-                                           on_case=lambda case: print(f"  {case}", flush=True))
+          f"{', '.join(args.variants)}; {args.rounds} rounds after {args.warmup} warm-up"
+          + (f"; at most {args.seconds:g} s" if args.seconds else "") + f"; into {out}", flush=True)
+
+    def say(text):                  # each step as it ends, with the seconds since the start
+        print(f"  [{time.monotonic() - t0:5.0f} s] {text}", flush=True)
+
+    def keep(partial):              # the record so far, as each step starts and ends: a run cut off keeps it
+        deepmd_bench.write(partial, out)
+    record = deepmd_bench.run_deepmd_bench(args, device, command=command_line(argv), start=t0,
+                                           on_case=lambda case: print(f"  {case}", flush=True),
+                                           on_step=say, on_write=keep)
+    if record.get("stopped"):
+        print(f"  stopped: {record['stopped']}; what it left is marked not run", flush=True)
     print(deepmd_bench.markdown(record), end="")
     return write_results(deepmd_bench.write, record, out, True, [])
