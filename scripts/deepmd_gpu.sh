@@ -10,7 +10,9 @@
 #   BUDGET (seconds, default 530) bounds the whole run; each step's timeout is what is left of it
 #   (capped per step), so a slow step leaves the later ones their share or is cut, never the run.
 #   ATOMS (default 4000), VARIANTS (default dp0,dp2,dp3,ms2,ms3), ROUNDS (default 10),
-#   MD_STEPS (default 20), TESTS_SECONDS (default 170: the GPU tests' cap), CONFIGS (default "water two_stream") change the bench.
+#   MD_STEPS (default 20; 0 without ase), TESTS_SECONDS (default 170: the GPU tests' cap), CONFIGS (default
+#   "water two_stream") change the bench; SECONDS_MARGIN (default 15) is how long before its share
+#   each bench stops starting steps (--seconds), the share itself the hard stop (timeout).
 set -u
 OUT=${OUT:?set OUT to a results folder}
 mkdir -p "$OUT"
@@ -30,7 +32,21 @@ export PYTHONPATH=$PWD:/tmp/site
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
-  python3 -c "import deepmd, e3nn, ase; from mixstack.deepmd.compat import deepmd_pt; deepmd_pt(); print('deepmd-kit', deepmd.__version__, 'e3nn', e3nn.__version__, 'ase', ase.__version__)"
+  python3 - <<'PY'
+import importlib
+found, missing = {}, []
+for name in ("deepmd", "e3nn", "ase"):                  # ase: only MD (--md-steps) needs it
+    try:
+        found[name] = importlib.import_module(name).__version__
+    except Exception as err:                             # one missing package must not hide the others
+        missing.append(f"{name} ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})")
+if "deepmd" in found:
+    from mixstack.deepmd.compat import deepmd_pt
+    deepmd_pt()
+print(", ".join(f"{name} {version}" for name, version in found.items()) or "none of deepmd, e3nn, ase")
+if missing:
+    print("missing:", "; ".join(missing))
+PY
   python3 -c "import mixstack; print('mixstack from', mixstack.__file__)"
 } 2>&1 | tee "$OUT/env.log"
 
@@ -39,6 +55,15 @@ timeout "$(left ${TESTS_SECONDS:-170})" python3 -m pytest tests/gpu/test_gpu_dee
   -p no:cacheprovider -rs --durations=10 2>&1 | tee "$OUT/tests.log" | tail -n 25
 echo "tests exit ${PIPESTATUS[0]}" | tee -a "$OUT/tests.log"
 
+md_steps=${MD_STEPS:-20}
+if ((md_steps > 0)) && ! python3 -c "import ase" 2>/dev/null; then
+  echo "ase is missing (its wheel in .whl/?): the bench runs without MD"
+  md_steps=0
+fi
+# deepmd-kit's SeZM kernels autotune at their first call (DP_TRITON_INFER >= 1): each says how long
+# in the bench's log, and the sum is printed after it
+export TRITON_PRINT_AUTOTUNING=${TRITON_PRINT_AUTOTUNING:-1}
+
 configs=(${CONFIGS:-water two_stream})
 n=${#configs[@]}
 i=0
@@ -46,14 +71,22 @@ for config in "${configs[@]}"; do
   # what is left, shared by the configs still to run
   share=$(( $(left 100000) / (n - i) ))
   i=$((i + 1))
-  echo "== bench $config ($share s)"
+  # the bench stops starting steps SECONDS_MARGIN s before its share and writes what it has;
+  # timeout is the hard stop (the record on disk then names the step it was in)
+  seconds=$((share - ${SECONDS_MARGIN:-15}))
+  ((seconds < 1)) && seconds=1
+  echo "== bench $config ($share s, --seconds $seconds)"
   timeout "$share" python3 -m mixstack bench deepmd --atoms "${ATOMS:-4000}" --configs "$config" \
     --systems water --variants "${VARIANTS:-dp0,dp2,dp3,ms2,ms3}" --rounds "${ROUNDS:-10}" --warmup 2 \
-    --breakdown --breakdown-rounds 3 --md-steps "${MD_STEPS:-20}" --md-warmup 3 --out "$OUT/bench-$config" \
-    2>&1 | tee "$OUT/bench-$config.log" | grep -v "DP_INFER_BATCH_SIZE" | tail -n 30
+    --breakdown --breakdown-rounds 3 --md-steps "$md_steps" --md-warmup 3 --seconds "$seconds" \
+    --out "$OUT/bench-$config" 2>&1 | tee "$OUT/bench-$config.log" \
+    | grep -v -e "DP_INFER_BATCH_SIZE" -e "^Triton autotuning for function" -e "^with key as" \
+      -e "^finished after" -e "^best config selected" | tail -n 60
   echo "bench $config exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench-$config.log"
+  grep -h "^finished after" "$OUT/bench-$config.log" \
+    | awk '{n++; s += $3} END {if (n) printf "Triton autotuning: %d kernels, %.1f s\n", n, s}'
 done
 echo "== done in $(( $(date +%s) - START )) s"
-for config in "${configs[@]}"; do
+for config in "${configs[@]}"; do        # also a run cut off: its record as far as it got
   [ -f "$OUT/bench-$config/deepmd_bench.md" ] && cat "$OUT/bench-$config/deepmd_bench.md"
 done
