@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from deepmd_cases import one_torch_thread, require_deepmd  # noqa: F401
@@ -94,6 +95,12 @@ def test_a_step_that_fails_leaves_the_steps_before_it_on_disk(tmp_path, monkeypa
     for v in record["cases"][0]["variants"].values():                      # built, checked and timed before it
         assert v["accuracy"]["force_max_abs"] < 1e-4 and v["time"]["median_ms"] > 0
     assert "- failed in breakdown dp0: RuntimeError: profiler broke" in (tmp_path / "deepmd_bench.md").read_text()
+
+
+def test_md_without_ase_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ase", None)
+    assert main([*TINY, "--md-steps", "2", "--out", str(tmp_path)]) == 2
+    assert 'pip install -e ".[deepmd]"' in capsys.readouterr().err and not (tmp_path / "deepmd_bench.json").exists()
 
 
 def test_progress_times_steps_writes_around_them_and_stops_at_the_budget():

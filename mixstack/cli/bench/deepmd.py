@@ -59,7 +59,7 @@ def run(args, argv=None) -> int:
     t0 = time.monotonic()                                  # --seconds counts from here
     from ...bench import deepmd_bench
     from ...deepmd.compat import deepmd_pt
-    from ...measure import env
+    from ...measure import env, report
 
     try:
         for key in args.variants:
@@ -68,6 +68,8 @@ def run(args, argv=None) -> int:
         raise ValueError(f"--variants: {exc}") from None
     device = env.resolve_device(args.device)
     deepmd_pt()
+    if args.md_steps:               # deepmd-kit's ASE calculator: said now, not after the frames are timed
+        report.require_extra("ase", "deepmd")
     out = results_folder(args.out, device, "bench-deepmd")
     print(f"mixstack bench deepmd on {device}: configs {', '.join(args.configs)}; systems "
           f"{', '.join(args.systems)} at ~{', '.join(map(str, args.atoms))} atoms; variants "
