@@ -1,8 +1,8 @@
 """Levels 1-3 (Triton kernels, interpreted) against the float64 reference.
 
 Covering set (not the full product; the interpreter is slow): every case has a
-partial edge tile or a single edge, and together they cover E in {1, 129}
-(E = 0 in test_interp_edge_cases), Cf in {16, 48} (48: padded register tiles),
+partial edge tile or a single edge, and together they cover E in {1, 70, 129} (70 and 129:
+two and three of the level-1 GEMM's 64-row tiles, the last partial; E = 0 in test_interp_edge_cases), Cf in {16, 48} (48: padded register tiles),
 lmax in {1, 3, 6} (2, 4, 5 in a lighter test), n_layers 1 (identity layer only) and > 1, F in {1, 3},
 alpha on and off.
 """
@@ -19,10 +19,10 @@ from helpers import Case, assert_close_rel, case_id
 import mixstack
 
 CASES = [
-    Case(F=1, E=129, Cf=16, lmax=1, n_layers=1, apply_alpha=True),    # no gated layer
-    Case(F=3, E=129, Cf=16, lmax=3, n_layers=3, apply_alpha=False),   # 2 gated layers, F=3
-    Case(F=1, E=129, Cf=48, lmax=1, n_layers=2, apply_alpha=True),    # non-power-of-two Cf
-    Case(F=1, E=129, Cf=16, lmax=6, n_layers=2, apply_alpha=True),    # lmax 6
+    Case(F=1, E=129, Cf=16, lmax=1, n_layers=1, apply_alpha=True),    # no gated layer, a 1-row last tile
+    Case(F=3, E=70, Cf=16, lmax=3, n_layers=3, apply_alpha=False),    # 2 gated layers, F=3
+    Case(F=1, E=70, Cf=48, lmax=1, n_layers=2, apply_alpha=True),     # non-power-of-two Cf
+    Case(F=1, E=70, Cf=16, lmax=6, n_layers=2, apply_alpha=True),     # lmax 6
     Case(F=3, E=1, Cf=48, lmax=3, n_layers=2, apply_alpha=False),     # one edge, Cf 48, F=3
     Case(F=1, E=1, Cf=48, lmax=6, n_layers=3, apply_alpha=True),      # widest row, one edge
 ]

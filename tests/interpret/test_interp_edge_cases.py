@@ -11,9 +11,9 @@ from helpers import Case
 import mixstack
 
 SMALL = Case(F=2, E=5, Cf=16, lmax=1, n_layers=2, apply_alpha=True)
-DETERMINISM_CASES = [
-    Case(F=1, E=129, Cf=48, lmax=1, n_layers=2, apply_alpha=True),
-    Case(F=3, E=129, Cf=16, lmax=3, n_layers=3, apply_alpha=False),
+DETERMINISM_CASES = [     # test_interp_accuracy's, whose level-1 runs (cached_run) are the first runs here
+    Case(F=1, E=70, Cf=48, lmax=1, n_layers=2, apply_alpha=True),
+    Case(F=3, E=70, Cf=16, lmax=3, n_layers=3, apply_alpha=False),
 ]
 
 
@@ -49,7 +49,7 @@ def _non_contiguous_like(t: torch.Tensor, dims=(0, 1)) -> torch.Tensor:
 
 
 def test_level1_accepts_non_contiguous_inputs_with_identical_results(cached_run):
-    case = Case(F=2, E=129, Cf=16, lmax=1, n_layers=2, apply_alpha=True)
+    case = Case(F=2, E=70, Cf=16, lmax=1, n_layers=2, apply_alpha=True)
     u0, alpha, w0, w1, gw = helpers.make_inputs(case)
     grad_out = helpers.make_grad_out(case)
     nc = (_non_contiguous_like(u0), _non_contiguous_like(alpha), _non_contiguous_like(w0, (-1, -2)),
@@ -121,7 +121,7 @@ def test_level1_grad_alpha_is_right_where_alpha_is_zero():
     helpers.assert_close_rel(got["grad_u0"], want["u0"], "grad_u0")
 
 
-@pytest.mark.parametrize("case", [Case(F=2, E=129, Cf=16, lmax=2, n_layers=3, apply_alpha=True),
+@pytest.mark.parametrize("case", [Case(F=2, E=70, Cf=16, lmax=2, n_layers=3, apply_alpha=True),
                                   Case(F=3, E=1, Cf=32, lmax=1, n_layers=2, apply_alpha=False)],
                          ids=helpers.case_id)
 def test_level1_sum_over_focus_gradient_is_read_in_place_with_the_same_bits(case):
