@@ -20,7 +20,7 @@ TILE = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
 
 CASES = [
     Case(F=2, E=37, Cf=16, lmax=1, n_layers=3),                   # every E tile count partial
-    Case(F=1, E=70, Cf=16, lmax=2, n_layers=3),                   # block 0 (48 columns): a partial N tile
+    Case(F=1, E=37, Cf=16, lmax=2, n_layers=3),                   # block 0 (48 columns): a partial N tile
     Case(F=1, E=33, Cf=32, lmax=1, n_layers=2, apply_alpha=False),
 ]
 
@@ -42,12 +42,23 @@ def _launched(monkeypatch) -> list[str]:
     return names
 
 
+_POINTER: dict = {}
+
+
+def _pointer_run(case, inputs, grad_out):
+    """Level 3 on the pointer kernel (TILE registered), once per case: the tiled and the persistent
+    TMA runs are each held to it."""
+    if case not in _POINTER:
+        _POINTER[case] = helpers.run_stack(case, 3, inputs, grad_out)
+    return _POINTER[case]
+
+
 @pytest.mark.parametrize("persistent", [False, True], ids=["tiled", "persistent"])
 @pytest.mark.parametrize("case", CASES, ids=helpers.case_id)
 def test_the_tma_gemms_give_the_pointer_kernels_bits_through_the_stack(case, persistent, monkeypatch):
     inputs, grad_out = helpers.make_inputs(case, 0), helpers.make_grad_out(case, 1)
     with tuning.registration("stack_compensated", _key(case), TILE):
-        pointer = helpers.run_stack(case, 3, inputs, grad_out)
+        pointer = _pointer_run(case, inputs, grad_out)
         launched = _launched(monkeypatch)
         with tuning.registration("stack_compensated_tma", _key(case), dict(TILE, persistent=persistent, specialised=True)):
             tma = helpers.run_stack(case, 3, inputs, grad_out)
