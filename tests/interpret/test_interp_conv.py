@@ -199,6 +199,7 @@ def test_linear_radial_forward_and_forces_gradients_run_the_kernels_and_match_fl
     helpers.assert_close_rel(u, whole, "linear radial against the whole weights")
 
 
+@pytest.mark.slow           # a negative control of the tolerance: the full suite
 def test_linear_radial_wrong_layer_is_caught():
     """Negative control: the bias of the wrong focus stream (rows swapped) fails the comparison."""
     case, hidden_dim = LINEAR_CASES[0]
