@@ -28,13 +28,17 @@ CASES = [
 ]
 # Level 2 and level 3 rerun everything: a representative subset.
 LEVEL_EQ_CASES = [CASES[1], CASES[2], CASES[5]]
-# The widest row (Cf 48, lmax 6: 6-8 s a test through the interpreter) runs in the full suite
-# only; the quick tier keeps the other five shapes.
-PARAMS = [pytest.param(c, marks=pytest.mark.slow) if c is CASES[5] else c for c in CASES]
-LEVEL_EQ_PARAMS = [pytest.param(c, marks=pytest.mark.slow) if c is CASES[5] else c for c in LEVEL_EQ_CASES]
+# The dearest shapes through the interpreter run in the full suite only: the widest row, the one
+# edge at Cf 48 and F 3 (one edge in the quick tier: test_interp_edge_cases' sum over the streams
+# and test_interp_training's weight gradients), and F 3 at levels 2 and 3 (the quick tier keeps
+# Cf 48 there).
+PARAMS = [pytest.param(c, marks=pytest.mark.slow) if c in (CASES[4], CASES[5]) else c for c in CASES]
+LEVEL_EQ_PARAMS = [pytest.param(c, marks=pytest.mark.slow) if c in (CASES[1], CASES[5]) else c
+                   for c in LEVEL_EQ_CASES]
 # Weight gradients and the double backward run the training kernels here; their full covering
-# set, with the incoming gradient's and alpha's terms, is tests/interpret/test_interp_training.py.
-TRAINING_CASES = [CASES[0], CASES[2], CASES[3]]
+# set, with the incoming gradient's and alpha's terms, is tests/interpret/test_interp_training.py
+# (lmax 6 runs in the full suite only, there and here).
+TRAINING_CASES = [CASES[0], CASES[2], pytest.param(CASES[3], marks=pytest.mark.slow)]
 
 RELAY_GRADS = ("grad_u0", "grad_alpha")
 

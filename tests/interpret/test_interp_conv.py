@@ -167,13 +167,24 @@ def _run_linear(inp, level, *, layer_grads=False, create_graph=False):
     return u, dict(zip(names, grads)), dict(log), leaves
 
 
+_LINEAR: dict = {}
+
+
+def _linear_level1(case, hidden_dim):
+    """``_run_linear`` at level 1 on ``_linear_inputs(case, hidden_dim)``, computed once per test run."""
+    key = (str(case), hidden_dim)
+    if key not in _LINEAR:
+        _LINEAR[key] = _run_linear(_linear_inputs(case, hidden_dim), 1)
+    return _LINEAR[key]
+
+
 @pytest.mark.parametrize("case,hidden_dim", LINEAR_CASES, ids=lambda v: str(v))
 def test_linear_radial_forward_and_forces_gradients_run_the_kernels_and_match_float64(case, hidden_dim):
     """The radial weights made per tile from the layer: forward and the gradients a force pass
     wants (every input but the layer's own weight and bias) from the kernels, against float64;
     and the same numbers as rotate-in fed the whole weights (to rounding)."""
     inp = _linear_inputs(case, hidden_dim)
-    u, grads, log, _ = _run_linear(inp, 1)
+    u, grads, log, _ = _linear_level1(case, hidden_dim)
     assert log == {"conv_in:triton": 1, "conv_in_bwd:triton": 1}, log
     u64, grads64, _, _ = _run_linear(_linear_inputs(case, hidden_dim, torch.float64), 0)
     helpers.assert_close_rel(u, u64, "rotate_in (linear radial)")
@@ -188,11 +199,12 @@ def test_linear_radial_forward_and_forces_gradients_run_the_kernels_and_match_fl
     helpers.assert_close_rel(u, whole, "linear radial against the whole weights")
 
 
+@pytest.mark.slow           # a negative control of the tolerance: the full suite
 def test_linear_radial_wrong_layer_is_caught():
     """Negative control: the bias of the wrong focus stream (rows swapped) fails the comparison."""
     case, hidden_dim = LINEAR_CASES[0]
     inp = _linear_inputs(case, hidden_dim)
-    u, _, _, _ = _run_linear(inp, 1)
+    u, _, _, _ = _linear_level1(case, hidden_dim)
     inp["lin_bias"] = inp["lin_bias"].flip(0)
     u_wrong, _, _, _ = _run_linear(inp, 1)
     with pytest.raises(AssertionError):
@@ -220,7 +232,7 @@ def test_linear_radial_layer_gradients_and_double_backward_run_the_reference_for
 def test_linear_radial_runs_and_levels_1_to_3_give_the_same_bits():
     case, hidden_dim = LINEAR_CASES[0]
     inp = _linear_inputs(case, hidden_dim)
-    first = _run_linear(inp, 1)
+    first = _linear_level1(case, hidden_dim)
     for level in (1, 2, 3):
         u, grads, _, _ = _run_linear(inp, level)
         assert torch.equal(u, first[0]) and all(torch.equal(grads[k], first[1][k]) for k in grads)

@@ -13,7 +13,7 @@ from mixstack.stack import launchers
 from mixstack.stack.values import Saved, Weights
 
 CASES = [Case(F=2, E=37, Cf=32, lmax=2, n_layers=3), Case(F=1, E=1, Cf=48, lmax=1, n_layers=2),
-         Case(F=1, E=129, Cf=64, lmax=2, n_layers=2)]
+         Case(F=1, E=70, Cf=64, lmax=2, n_layers=2)]       # Cf 64: the pointwise kernel's 64-row tiles, 2
 
 
 @pytest.mark.parametrize("compensated", [False, True], ids=["exact", "level3"])
@@ -39,7 +39,8 @@ def test_the_pointwise_kernels_own_sigmoids_give_the_relays_bits(case, compensat
         assert torch.equal(amax_fold, amax_surface)
 
 
-@pytest.mark.parametrize("compensated", [False, True], ids=["exact", "level3"])
+# Level 3's whole backward in the full suite (each kernel's fold at level 3 is in the test above).
+@pytest.mark.parametrize("compensated", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["exact", "level3"])
 def test_the_whole_backward_is_the_same_with_or_without_the_sigmoid_surface(monkeypatch, compensated):
     case = CASES[0]
     u0, alpha, w0, w1, gw = helpers.make_inputs(case, 2)

@@ -14,11 +14,12 @@ ROW = KEY.layout.row
 
 @pytest.fixture(scope="module")
 def relay_probe():
-    return StackProbe("stack_bwd_relay", KEY)
+    return StackProbe("stack_bwd_relay", KEY, edges=65, partial_edges=33)    # small sets: interpreted
 
 
 def test_the_probe_checks_a_partial_tile_and_the_timing_set(relay_probe):
-    assert relay_probe.partial_edges % 2 == 1                  # no block size divides it
+    assert StackProbe("stack_bwd_relay", KEY).partial_edges % 2 == 1     # by default no block size divides it
+    assert relay_probe.partial_edges % 2 == 1
     with tuning.saved_registrations(), mixstack.use_level(2):
         outputs, counts = relay_probe.run(None)
     shapes = [lambda e: (e, 1, ROW), lambda e: (1, e, ROW), lambda e: (e, 1)]   # result, grad_u0, grad_alpha
