@@ -20,6 +20,8 @@ def test_edges_hold_a_fixed_number_of_row_floats():
     assert grid.grid_edges(1, 16, 1) == 2 ** 18 * 10 + 1                 # the narrowest key: 2.6 M edges
     assert grid.grid_edges(4, 128, 6) == 2 ** 18 * 640 // (4 * 19 * 128) | 1
     assert all(grid.grid_edges(f, c, l) % 2 for f in (1, 2, 4) for c in (16, 48, 128) for l in (1, 6))
+    assert grid.grid_edges(2, 32, 3, 0.25) == 2 ** 16 + 1                # a quarter of the row floats
+    assert grid.GridConfig(edge_scale=0.25).shape(32, 3, 2).edges == 2 ** 16 + 1
 
 
 @pytest.mark.slow

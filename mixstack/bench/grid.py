@@ -78,11 +78,12 @@ LEVEL_VARIANTS = ("L1", "L2", "L3")
 SLOWER_THAN_COMPILED = 0.05            # the done-when bar: no level more than 5% slower than 0c
 
 
-def grid_edges(focus: int, focus_dim: int, lmax: int) -> int:
-    """Edges of a key: ``EDGE_ROW_FLOATS`` row floats, odd (a partial last tile everywhere)."""
+def grid_edges(focus: int, focus_dim: int, lmax: int, scale: float = 1.0) -> int:
+    """Edges of a key: ``scale`` x ``EDGE_ROW_FLOATS`` row floats, odd (a partial last tile
+    everywhere)."""
     row = (3 * lmax + 1) * focus_dim
-    edges = min(MAX_EDGES, EDGE_ROW_FLOATS // (focus * row))
-    return edges | 1
+    edges = min(MAX_EDGES, int(EDGE_ROW_FLOATS * scale) // (focus * row))
+    return max(edges, 1) | 1
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class GridConfig:
     rounds: int = 5
     warmup: int = 1
     edges: int | None = None
+    edge_scale: float = 1.0
     check_edges: int = 4096
     device: str | None = None
     seed: int = 0
@@ -113,7 +115,7 @@ class GridConfig:
         return list(itertools.product(self.focus_dims, self.lmaxes, self.focus))
 
     def shape(self, cf: int, lmax: int, focus: int) -> BenchShape:
-        edges = self.edges or grid_edges(focus, cf, lmax)
+        edges = self.edges or grid_edges(focus, cf, lmax, self.edge_scale)
         return BenchShape(key_name(cf, lmax, focus), edges, focus, cf, lmax)
 
     def bench_config(self, shape: BenchShape) -> stack_bench.BenchConfig:

@@ -7,7 +7,7 @@ import sys
 import time
 from dataclasses import replace
 
-from ..common import COUNT, NONNEGATIVE, announce, writable_folder
+from ..common import COUNT, NONNEGATIVE, POSITIVE, announce, writable_folder
 from .options import STACK_LEVELS, add_check_edges, add_levels, add_passes, add_run, add_shape, check_lmax, passes
 
 GRID_PASSES = ("fwd", "bwd", "both")
@@ -21,6 +21,8 @@ DESCRIPTION = ("Measure every supported key (Cf 16-128, lmax 1-6, F 1, 2, 4) at 
 def add_arguments(p) -> None:
     add_shape(p, "a comma-separated subset of the grid (Cf 16,32,...,128; lmax 1..6; F 1,2,4)", lists=True)
     p.add_argument("--edges", type=COUNT, help="one edge count for every key (default: by key)")
+    p.add_argument("--edge-scale", type=POSITIVE, help="scale every key's default edge count by this "
+                   "factor (default 1: the tuner's timing set's row floats, ~0.67 GB a surface)")
     add_levels(p, STACK_LEVELS)
     add_passes(p)
     add_check_edges(p)
@@ -30,6 +32,10 @@ def add_arguments(p) -> None:
     p.add_argument("--warm-workers", default="auto", metavar="N",
                    help="worker processes that compile each batch of keys before it is measured "
                         "(default auto: half the cores, at most 8; 0: compile while measuring)")
+    p.add_argument("--check", metavar="GRID",
+                   help="after the run, compare --out's keys with this committed grid (a grid folder or its "
+                        "grid.json) and name every key and level slower by more than its noise; exit 1 if "
+                        "any (with --seconds 0: compare without measuring)")
     add_run(p, quick=None)
 
 
@@ -50,7 +56,7 @@ def config(args):
         cfg = replace(cfg, variants=stack_bench.parse_variants(args.levels))
     if args.passes:
         cfg = replace(cfg, passes=passes(args, GRID_PASSES))
-    for field in ("repeats", "warmup", "check_edges", "edges"):
+    for field in ("repeats", "warmup", "check_edges", "edges", "edge_scale"):
         if getattr(args, field) is not None:
             cfg = replace(cfg, **{"rounds" if field == "repeats" else field: getattr(args, field)})
     return cfg
@@ -70,6 +76,10 @@ def run(args, argv=None) -> int:
     from ...measure import env
 
     cfg = config(args)
+    baseline = None
+    if args.check:
+        from ...bench import grid_check
+        baseline = grid_check.load(args.check)      # a bad baseline fails before any measuring
     device = env.resolve_device(cfg.device)
     keys, skipped = stack_bench.plan(cfg.bench_config(cfg.shape(*cfg.keys()[0])))
     out = args.out or default_out(device)
@@ -98,4 +108,9 @@ def run(args, argv=None) -> int:
               for v in r["shape"]["variants"] if v["failed"]]
     for line in failed:
         print(f"FAILED {line}", file=sys.stderr)
-    return 1 if failed else 0
+    slower = []
+    if baseline is not None:
+        verdict = grid_check.compare(baseline, grid.load_records(out))
+        print(verdict.report())
+        slower = verdict.slower
+    return 1 if failed or slower else 0
