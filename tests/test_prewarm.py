@@ -198,7 +198,7 @@ def test_a_grid_with_warm_workers_measures_the_same_keys_and_records_the_warm_up
 
 def test_grid_seconds_bound_the_warm_up_too(tmp_path, monkeypatch):
     batches = []
-    monkeypatch.setattr(grid, "_warm_batch", lambda cfg, pool, batch, *a: batches.append(batch) or {})
+    monkeypatch.setattr(grid, "_warm_batch", lambda cfg, pool, batch, *a: batches.append(batch) or (lambda: {}))
     nothing = grid.run_grid(grid.GridConfig(**{**TINY, "variants": ("0",)}, seconds=0, warm_workers=2), tmp_path)
     assert nothing["measured"] == [] and len(nothing["stopped"]) == 2 and batches == []
     cfg = grid.GridConfig(**{**TINY, "variants": ("0",), "focus_dims": (16, 32)}, warm_workers=1)
@@ -243,3 +243,16 @@ def test_a_warmed_launch_is_filed_under_the_measured_launchs_cache_key(focus, co
     off = [prewarm._pointer(prewarm.TensorArg(s.args[0].dtype, 4))] + \
         [prewarm._pointer(a) if isinstance(a, prewarm.TensorArg) else a for a in s.args[1:]]
     assert _disk_key(first.kernel, off, dict(s.kwargs)) != _disk_key(first.kernel, first.args, dict(first.kwargs))
+
+
+def test_the_grid_hands_over_the_next_batch_before_it_measures_this_one(tmp_path, monkeypatch):
+    order = []
+
+    def warm(cfg, pool, batch, *a):
+        order.append(("submit", batch[0][0]))
+        return lambda: order.append(("wait", batch[0][0])) or {}
+    monkeypatch.setattr(grid, "_warm_batch", warm)
+    cfg = grid.GridConfig(**{**TINY, "variants": ("0",), "focus_dims": (16, 32), "focus": (1,)}, warm_workers=1)
+    grid.run_grid(cfg, tmp_path, on_key=lambda event, name, _d: event == "start" and order.append(("measure", name)))
+    assert order == [("submit", (16, 1)), ("wait", (16, 1)), ("submit", (32, 1)), ("measure", "Cf16-l1-F1"),
+                     ("wait", (32, 1)), ("measure", "Cf32-l1-F1")]

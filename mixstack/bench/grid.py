@@ -108,6 +108,7 @@ class GridConfig:
     resume: bool = False
     compile_backend: str = "inductor"
     warm_workers: int = 0
+    batch_groups: int = 0                # (Cf, lmax) groups per warm-up batch (0: one per worker)
 
     def keys(self) -> list[tuple[int, int, int]]:
         """``(Cf, lmax, F)`` in run order: the F values of one ``(Cf, lmax)`` together (they
@@ -287,9 +288,11 @@ def warm_compiled_reference(cfg: GridConfig, cf: int, lmax: int, focus: tuple[in
                 torch.cuda.empty_cache()
 
 
-def _warm_batch(cfg: GridConfig, pool: prewarm.Pool, batch, device, seen: set, say) -> dict:
-    """Compile what measuring ``batch`` (``[((Cf, lmax), [F, ...]), ...]``) will: the compiled
-    reference per group (submitted first: the longest tasks), the Triton launches of every key."""
+def _warm_batch(cfg: GridConfig, pool: prewarm.Pool, batch, device, seen: set, say) -> Callable[[], dict]:
+    """Hand the workers what measuring ``batch`` (``[((Cf, lmax), [F, ...]), ...]``) will compile:
+    the compiled reference per group (submitted first: the longest tasks), the Triton launches of
+    every key; returns at once.  The returned ``finish()`` waits for them and gives the batch's
+    warm-up record."""
     tasks = []
     if "0c" in stack_bench.plan(cfg.bench_config(cfg.shape(*batch[0][0], batch[0][1][0])))[0]:
         tasks += [prewarm.Task(f"0c Cf{cf}-l{lmax}", warm_compiled_reference, (cfg, cf, lmax, tuple(fs), str(device)))
@@ -304,41 +307,58 @@ def _warm_batch(cfg: GridConfig, pool: prewarm.Pool, batch, device, seen: set, s
                          type(exc).__name__, exc)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    summary = pool.run(tasks)
-    refs = {r.name: r.seconds for r in summary.results if r.name.startswith("0c ") and r.error is None}
-    info = {"workers": pool.processes, "seconds": summary.seconds, "groups": len(batch),
-            "kernels": len(tasks) - n_ref, "compiled_references": n_ref,
-            "reference_seconds": refs, "failed": [f"{r.name}: {r.error.splitlines()[0]}" for r in summary.failed]}
-    say("warm", f"{len(batch)} (Cf, lmax)", f"{info['kernels']} kernels and {n_ref} compiled references in "
-        f"{summary.seconds:.1f} s on {pool.processes} workers"
-        + (f"; {len(summary.failed)} failed (compiled when measured)" if summary.failed else ""))
-    return info
+    pending = pool.submit(tasks)
+
+    def finish() -> dict:
+        summary = pending.wait()
+        refs = {r.name: r.seconds for r in summary.results if r.name.startswith("0c ") and r.error is None}
+        info = {"workers": pool.processes, "seconds": summary.seconds, "groups": len(batch),
+                "kernels": len(tasks) - n_ref, "compiled_references": n_ref, "reference_seconds": refs,
+                "failed": [f"{r.name}: {r.error.splitlines()[0]}" for r in summary.failed]}
+        say("warm", f"{len(batch)} (Cf, lmax)", f"{info['kernels']} kernels and {n_ref} compiled references in "
+            f"{summary.seconds:.1f} s on {pool.processes} workers"
+            + (f"; {len(summary.failed)} failed (compiled when measured)" if summary.failed else ""))
+        return info
+    return finish
 
 
 def run_grid(cfg: GridConfig, out: str | os.PathLike, *, on_key=None, on_step=None, clock=None,
              now: Callable[[], float] = time.monotonic) -> dict:
     """Measure the keys of ``cfg`` into ``out`` (see the module doc).  ``on_key(event, name,
     detail)`` reports progress ("skip", "warm", "start", "done", "stop").  Returns ``{"measured": [...],
-    "skipped": [...], "stopped": [...]}`` (key names)."""
+    "skipped": [...], "stopped": [...]}`` (key names).  With warm-up workers, the next batch
+    compiles while this one is measured."""
     device, clock, step = stack_bench.start(cfg, on_step=on_step, clock=clock)
     run = _GridRun(cfg, out, device, clock, on_key or (lambda *_a: None), step, now)
     groups = run.pending_groups()
     workers = cfg.warm_workers
-    size = max(1, workers) if workers else max(1, len(groups))
+    size = max(1, cfg.batch_groups or workers) if workers else max(1, len(groups))
     seen: set = set()
     with contextlib.ExitStack() as stack:
         pool = stack.enter_context(prewarm.Pool(workers)) if workers else None
         stack.enter_context(stack_bench.exact_fp32())
         i = 0
-        while i < len(groups):
+
+        def next_batch(queued: int = 0):
+            """The next batch that fits the budget after ``queued`` keys still to measure, its
+            warm-up handed to the workers; ``None`` at the end (the rest stopped)."""
+            nonlocal i
             batch = groups[i:i + size]
-            if pool is not None and cfg.seconds is not None:
-                batch = run.batch_that_fits(batch)
+            if batch and pool is not None and cfg.seconds is not None:
+                batch = run.batch_that_fits(batch, queued)
                 if not batch:
                     run.stop(groups[i:])
-                    break
+                    i = len(groups)
+            if not batch:
+                return None
             i += len(batch)
-            info = run.warm(pool, batch, seen) if pool is not None else None
+            return batch, (run.warm_start(pool, batch, seen) if pool is not None else None)
+
+        ahead = next_batch()
+        while ahead is not None:
+            batch, finish = ahead
+            info = run.warm_finish(finish, batch) if finish is not None else None
+            ahead = next_batch(sum(len(fs) for _, fs in batch))   # compiles while this batch is measured
             for (cf, lmax), fs in batch:
                 for focus in fs:
                     run.measure(cf, lmax, focus, info)
@@ -360,7 +380,8 @@ class _GridRun:
         self.done = {"measured": [], "skipped": [], "stopped": []}
         self.roof = None
         self.durations: list[float] = []
-        self.warm_per_group = 0.0                 # the slowest batch's warm-up seconds per group
+        self.warm_per_group = 0.0                 # the last batch's warm-up seconds per group, waited
+        self.waited = 0.0
 
     def estimate(self) -> float:
         """The seconds a key is expected to take: the longest so far."""
@@ -381,11 +402,12 @@ class _GridRun:
             groups[-1][1].append(focus)
         return groups
 
-    def batch_that_fits(self, batch: list) -> list:
-        """The leading groups of ``batch`` whose warm-up and keys fit the budget (at least one,
-        where its warm-up and a first key fit), or ``[]``: no group warmed that would not be measured."""
+    def batch_that_fits(self, batch: list, queued: int = 0) -> list:
+        """The leading groups of ``batch`` whose warm-up and keys fit the budget after ``queued``
+        keys still to measure (at least one, where its warm-up and a first key fit), or ``[]``: no
+        group warmed that would not be measured."""
         seconds, estimate = self.cfg.seconds, self.estimate()
-        elapsed = self.now() - self.start
+        elapsed = self.now() - self.start + queued * estimate
         if seconds <= 0 or elapsed + self.warm_per_group + estimate > seconds:
             return []
         fit, need = 0, elapsed
@@ -400,11 +422,22 @@ class _GridRun:
         for (cf, lmax), fs in groups:
             self.done["stopped"] += [key_name(cf, lmax, f) for f in fs]
 
-    def warm(self, pool: prewarm.Pool, batch: list, seen: set) -> dict:
-        """Compile ahead what measuring ``batch`` will (``_warm_batch``), timing the warm-up."""
+    def warm_start(self, pool: prewarm.Pool, batch: list, seen: set) -> Callable[[], dict]:
+        """Hand the workers what measuring ``batch`` will compile (``_warm_batch``); the seconds
+        spent recording its launches count as waiting."""
         t0 = self.now()
-        info = _warm_batch(self.cfg, pool, batch, self.device, seen, self.say)
-        self.warm_per_group = max(self.warm_per_group, (self.now() - t0) / len(batch))
+        finish = _warm_batch(self.cfg, pool, batch, self.device, seen, self.say)
+        self.waited = self.now() - t0
+        return finish
+
+    def warm_finish(self, finish: Callable[[], dict], batch: list) -> dict:
+        """Wait for ``batch``'s warm-up; the seconds this process waited for it (recording
+        included: a warm-up that ran beside the last batch's measurement costs only the rest)
+        per group are what the budget expects of the next."""
+        t0 = self.now()
+        info = finish()
+        self.warm_per_group = (self.waited + self.now() - t0) / len(batch)
+        info["waited_seconds"] = self.waited + self.now() - t0
         return info
 
     def measure(self, cf: int, lmax: int, focus: int, warm_info: dict | None) -> None:

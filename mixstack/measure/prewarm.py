@@ -25,9 +25,11 @@ Two kinds of task:
 raised: the measuring process then compiles that kernel itself.  Workers are spawned
 (never forked from a process that holds a CUDA context), inherit the environment
 (``MIXSTACK_*``, ``TRITON_*``, ``TORCHINDUCTOR_*``: the same caches and switches) and
-split the host's cores for Inductor's own compile threads.  The callers run the tasks
-before timing anything, never beside it: a worker compiling or launching on the GPU would
-disturb the timing.  Nothing here prints.
+split the host's cores for Inductor's own compile threads.  ``Pool.submit`` returns at once:
+``mixstack tune`` waits for a key's tasks before timing it; ``mixstack bench grid`` measures one
+batch of keys while the workers compile the next (BENCHMARKS.md, "The whole grid": the compiles
+are host work, and the measured medians were checked against runs with idle workers).  Nothing
+here prints.
 """
 
 from __future__ import annotations
@@ -162,42 +164,62 @@ class Pool:
     def run(self, tasks: Iterable[Task], on_done: Callable[[Result, int, int], None] | None = None) -> Summary:
         """Run every task; ``on_done(result, done, total)`` after each.  Never raises for a
         task: a failure (or a worker that died) becomes a ``Result`` with its ``error``."""
+        return self.submit(tasks, on_done).wait()
+
+    def submit(self, tasks: Iterable[Task], on_done: Callable[[Result, int, int], None] | None = None) -> Batch:
+        """Hand ``tasks`` to the workers and return at once (``processes=0``: run them now);
+        ``Batch.wait()`` collects them.  A caller may measure while a batch compiles (the grid
+        measures one batch of keys while the workers compile the next)."""
         tasks = list(tasks)
-        t0 = time.perf_counter()
-        summary = Summary(workers=self.processes)
-        done = on_done or (lambda *_a: None)
-
-        def finish(result: Result) -> None:
-            summary.results.append(result)
-            if result.error is not None:          # the first few in full; the count in the summary
-                (log.warning if len(summary.failed) <= 3 else log.info)(
-                    "warm-up %s failed (the measuring process compiles it itself): %s", result.name, result.error)
-            done(result, len(summary.results), len(tasks))
-
+        batch = Batch(self, tasks, on_done or (lambda *_a: None))
         if self.processes == 0:
             for task in tasks:
-                finish(_call(task))
+                batch.finish(_call(task))
         elif tasks:
             try:
-                futures = {self._start().submit(_call, task): task for task in tasks}
+                batch.futures = {self._start().submit(_call, task): task for task in tasks}
             except BrokenProcessPool:
-                futures = {}
-            left = set(futures)
+                batch.futures = {}
+        return batch
+
+
+class Batch:
+    """Tasks handed to a ``Pool``: ``wait()`` blocks until all are done and returns the ``Summary``
+    (its ``seconds`` from the submission)."""
+
+    def __init__(self, pool: Pool, tasks: list[Task], on_done: Callable[[Result, int, int], None]):
+        self.pool, self.tasks, self.on_done = pool, tasks, on_done
+        self.futures: dict = {}
+        self.t0 = time.perf_counter()
+        self.summary = Summary(workers=pool.processes)
+
+    def finish(self, result: Result) -> None:
+        self.summary.results.append(result)
+        if result.error is not None:          # the first few in full; the count in the summary
+            (log.warning if len(self.summary.failed) <= 3 else log.info)(
+                "warm-up %s failed (the measuring process compiles it itself): %s", result.name, result.error)
+        self.on_done(result, len(self.summary.results), len(self.tasks))
+
+    def wait(self) -> Summary:
+        summary = self.summary
+        if self.pool.processes and self.tasks and not summary.seconds:
+            left = set(self.futures)
             while left:
                 ready, left = wait(left, return_when=FIRST_COMPLETED)
                 for fut in ready:
                     try:
-                        finish(fut.result())
+                        self.finish(fut.result())
                     except BrokenProcessPool as exc:
-                        finish(Result(futures[fut].name, 0.0, f"a worker died: {exc}"))
+                        self.finish(Result(self.futures[fut].name, 0.0, f"a worker died: {exc}"))
                     except Exception as exc:                # e.g. an argument that does not pickle
-                        finish(Result(futures[fut].name, 0.0, f"{type(exc).__name__}: {exc}"))
-            for task in tasks[len(futures):]:
-                finish(Result(task.name, 0.0, "the worker pool could not start"))
+                        self.finish(Result(self.futures[fut].name, 0.0, f"{type(exc).__name__}: {exc}"))
+            for task in self.tasks[len(self.futures):]:
+                self.finish(Result(task.name, 0.0, "the worker pool could not start"))
             if any(r.error and r.error.startswith("a worker died") for r in summary.results):
-                self.close()                                # a fresh pool for the next batch
-        summary.seconds = time.perf_counter() - t0
-        (log.warning if summary.failed else log.info)("warm-up: %s", summary.describe())
+                self.pool.close()                              # a fresh pool for the next batch
+        if not summary.seconds:
+            summary.seconds = time.perf_counter() - self.t0
+            (log.warning if summary.failed else log.info)("warm-up: %s", summary.describe())
         return summary
 
 
