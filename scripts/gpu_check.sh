@@ -29,6 +29,9 @@
 #   compiled in workers before its sweep times anything; their logs end with the seconds per key.
 #   MODEL_ARGS replaces the model bench's default arguments (--levels 0c,2c,3c --atoms 4400
 #   --repeats 6 --md-steps 0: the frames the whole-frame targets are set on, ~6 min).
+#   "gridcheck": the regression guard on the GPU: `mixstack bench grid GRIDCHECK_ARGS --check
+#   GRIDCHECK_BASE` (default the newest results/*-h200-grid) into $OUT/gridcheck, bounded by the
+#   time left; the summary names the keys slower than their noise.
 #   "md": MD_ARGS (default --cell cu-bcc --atoms 4400 --levels 2g,3g,2,3,0c --repeats 2 --md-steps 100)
 #   adds the MD columns (NVE through the ASE calculator; compiled variants compile with dynamic
 #   shapes), ~6 min; several runs separated by " | " write $OUT/md, $OUT/md-2, ...
@@ -137,6 +140,16 @@ part_grid() {
     2>&1 | tee "$OUT/grid.log" | tail -n 40
   r=${PIPESTATUS[0]}; rc=$(( rc || r ))
   summary+=("bench grid rc=$r: $(grep -o 'measured [0-9]*, skipped [0-9]* (done before), left [0-9]*' "$OUT/grid.log") in $(( $(date +%s) - t0 )) s; warm-up: $(grep -c '\] warm ' "$OUT/grid.log") batches")
+}
+part_gridcheck() {
+  # the regression guard: a grid (GRIDCHECK_ARGS, default the whole grid at the committed grid's
+  # edge scale) measured and held to the committed grid (GRIDCHECK_BASE)
+  local base=${GRIDCHECK_BASE:-$(ls -d results/*-h200-grid | tail -n 1)}
+  mkdir -p "$OUT/gridcheck"
+  timeout "$(left)" python3 -m mixstack bench grid ${GRIDCHECK_ARGS:-} --check "$base" --seconds "$(( $(left) - 30 ))" \
+    --warm-workers "${GRID_WARM_WORKERS:-auto}" --out "$OUT/gridcheck" 2>&1 | tee "$OUT/gridcheck.log" | tail -n 30
+  r=${PIPESTATUS[0]}; rc=$(( rc || r ))
+  summary+=("bench grid --check $base rc=$r: $(grep -o 'grid check: .*' "$OUT/gridcheck.log")")
 }
 part_stack() {
   mkdir -p "$OUT/bench"
@@ -310,9 +323,9 @@ part_tma() {
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|model|md|breakdown|baseline|probe|convprobe|train|lammps|scaling|tma) "part_$part" ;;
+    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|convprobe|train|lammps|scaling|tma) "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, retune, grid, stack, model, md, breakdown, baseline, probe, convprobe, train, lammps, scaling, tma)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, convprobe, train, lammps, scaling, tma)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

@@ -188,3 +188,17 @@ def test_every_bench_and_scaling_run_of_the_gpu_check_writes_under_out(name):
     assert [c for c in commands if "--out" not in c] == []
     text = open(os.path.join(ROOT, "scripts", "gpu_check.sh"), encoding="utf-8").read()
     assert "mixstack.lammps.scaling" not in text
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_the_gridcheck_part_holds_a_new_grid_to_the_committed_one(tmp_path):
+    """``gridcheck`` runs one ``mixstack bench grid`` that parses, with ``--check`` on the newest
+    committed H200 grid (or GRIDCHECK_BASE) and GRIDCHECK_ARGS passed through."""
+    from mixstack.cli import parse_args
+
+    calls = [argv[2:] for _, argv in _recorded_commands(tmp_path, "gridcheck", GRIDCHECK_ARGS="--lmax 1,2")
+             if argv[:2] == ["-m", "mixstack"]]
+    assert len(calls) == 1 and calls[0][:2] == ["bench", "grid"]
+    args = parse_args(calls[0])
+    newest = sorted(p for p in os.listdir(os.path.join(ROOT, "results")) if p.endswith("-h200-grid"))[-1]
+    assert args.check == f"results/{newest}" and list(args.lmax) == [1, 2] and args.seconds > 0
