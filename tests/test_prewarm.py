@@ -254,5 +254,10 @@ def test_the_grid_hands_over_the_next_batch_before_it_measures_this_one(tmp_path
     monkeypatch.setattr(grid, "_warm_batch", warm)
     cfg = grid.GridConfig(**{**TINY, "variants": ("0",), "focus_dims": (16, 32), "focus": (1,)}, warm_workers=1)
     grid.run_grid(cfg, tmp_path, on_key=lambda event, name, _d: event == "start" and order.append(("measure", name)))
-    assert order == [("submit", (16, 1)), ("wait", (16, 1)), ("submit", (32, 1)), ("measure", "Cf16-l1-F1"),
+    assert order == [("submit", (16, 1)), ("submit", (32, 1)), ("wait", (16, 1)), ("measure", "Cf16-l1-F1"),
                      ("wait", (32, 1)), ("measure", "Cf32-l1-F1")]
+    order.clear()                                 # three batches ahead: all three handed over first
+    cfg = grid.GridConfig(**{**TINY, "variants": ("0",), "focus_dims": (16, 32, 48), "focus": (1,)}, warm_workers=1,
+                          batches_ahead=3)
+    grid.run_grid(cfg, tmp_path / "b", on_key=lambda event, name, _d: event == "start" and order.append(("measure", name)))
+    assert [o[0] for o in order] == ["submit"] * 3 + ["wait", "measure"] * 3

@@ -46,6 +46,7 @@ times add up.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import json
@@ -109,6 +110,8 @@ class GridConfig:
     compile_backend: str = "inductor"
     warm_workers: int = 0
     batch_groups: int = 0                # (Cf, lmax) groups per warm-up batch (0: one per worker)
+    warm_runs: bool = True               # the workers also run each key's Triton variants once
+    batches_ahead: int = 1               # batches handed to the workers beyond the one measured next
 
     def keys(self) -> list[tuple[int, int, int]]:
         """``(Cf, lmax, F)`` in run order: the F values of one ``(Cf, lmax)`` together (they
@@ -288,6 +291,32 @@ def warm_compiled_reference(cfg: GridConfig, cf: int, lmax: int, focus: tuple[in
                 torch.cuda.empty_cache()
 
 
+WARM_RUN_EDGES = 65537      # odd like every key's edge count, and past 528 tiles of 128 rows (persistent launches)
+
+
+def warm_run_key(cfg: GridConfig, cf: int, lmax: int, focus: int, device: str) -> None:
+    """A worker's run of one key's Triton variants, once each, on at most ``WARM_RUN_EDGES`` edges:
+    each variant's setup (``"3r"`` validates the rule's config there) and a forward and backward,
+    level 3 validating the policy's config where it engages, as the measurement will.  Triton
+    compiles whatever those launches need that the recorded launches missed (the arguments'
+    specialisation classes are those of the key's own edge count), so that the measuring process
+    only loads."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is not None:
+        torch.cuda.set_device(dev)
+    full = cfg.shape(cf, lmax, focus)
+    shape = replace(full, edges=min(full.edges, WARM_RUN_EDGES))
+    keys = [k for k in stack_bench.plan(cfg.bench_config(full))[0] if k in TRITON_VARIANTS]
+    inp = make_inputs(shape, dev, seed=cfg.seed)
+    u0, alpha, wrt = stack_bench.differentiable(shape, inp)
+    with stack_bench.exact_fp32():
+        for key in keys:
+            scope = stack_bench._scope(key, shape, dev)
+            fwd = stack_bench.forward_fn(key, shape, inp)
+            with scope():
+                torch.autograd.grad(fwd(u0, alpha), wrt, inp.grad_out)
+
+
 def _warm_batch(cfg: GridConfig, pool: prewarm.Pool, batch, device, seen: set, say) -> Callable[[], dict]:
     """Hand the workers what measuring ``batch`` (``[((Cf, lmax), [F, ...]), ...]``) will compile:
     the compiled reference per group (submitted first: the longest tasks), the Triton launches of
@@ -307,15 +336,20 @@ def _warm_batch(cfg: GridConfig, pool: prewarm.Pool, batch, device, seen: set, s
                          type(exc).__name__, exc)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+    n_launch = len(tasks) - n_ref
+    tasks += [prewarm.Task(f"run {key_name(cf, lmax, f)}", warm_run_key, (cfg, cf, lmax, f, str(device)))
+              for (cf, lmax), fs in batch for f in fs if cfg.warm_runs]       # last: they mostly load
     pending = pool.submit(tasks)
 
     def finish() -> dict:
         summary = pending.wait()
         refs = {r.name: r.seconds for r in summary.results if r.name.startswith("0c ") and r.error is None}
         info = {"workers": pool.processes, "seconds": summary.seconds, "groups": len(batch),
-                "kernels": len(tasks) - n_ref, "compiled_references": n_ref, "reference_seconds": refs,
+                "kernels": n_launch, "compiled_references": n_ref, "reference_seconds": refs,
+                "warm_runs": len(tasks) - n_ref - n_launch,
                 "failed": [f"{r.name}: {r.error.splitlines()[0]}" for r in summary.failed]}
-        say("warm", f"{len(batch)} (Cf, lmax)", f"{info['kernels']} kernels and {n_ref} compiled references in "
+        say("warm", f"{len(batch)} (Cf, lmax)", f"{info['kernels']} kernels, {n_ref} compiled references and "
+            f"{info['warm_runs']} key runs in "
             f"{summary.seconds:.1f} s on {pool.processes} workers"
             + (f"; {len(summary.failed)} failed (compiled when measured)" if summary.failed else ""))
         return info
@@ -354,11 +388,24 @@ def run_grid(cfg: GridConfig, out: str | os.PathLike, *, on_key=None, on_step=No
             i += len(batch)
             return batch, (run.warm_start(pool, batch, seen) if pool is not None else None)
 
-        ahead = next_batch()
-        while ahead is not None:
-            batch, finish = ahead
-            info = run.warm_finish(finish, batch) if finish is not None else None
-            ahead = next_batch(sum(len(fs) for _, fs in batch))   # compiles while this batch is measured
+        def keys_in(batches) -> int:
+            return sum(len(fs) for b, _ in batches for _, fs in b)
+
+        ahead = collections.deque()
+        while True:
+            while len(ahead) < 1 + (cfg.batches_ahead if pool is not None else 0) and i < len(groups):
+                nxt = next_batch(keys_in(ahead))        # compiles while the batches before it are measured
+                if nxt is None:
+                    break
+                ahead.append(nxt)
+            if not ahead:
+                break
+            batch, started = ahead.popleft()
+            info = run.warm_finish(started, batch) if started is not None else None
+            if pool is not None and i < len(groups) and len(ahead) < cfg.batches_ahead:
+                nxt = next_batch(keys_in(ahead) + keys_in([(batch, None)]))
+                if nxt is not None:
+                    ahead.append(nxt)
             for (cf, lmax), fs in batch:
                 for focus in fs:
                     run.measure(cf, lmax, focus, info)
@@ -381,7 +428,6 @@ class _GridRun:
         self.roof = None
         self.durations: list[float] = []
         self.warm_per_group = 0.0                 # the last batch's warm-up seconds per group, waited
-        self.waited = 0.0
 
     def estimate(self) -> float:
         """The seconds a key is expected to take: the longest so far."""
@@ -422,22 +468,23 @@ class _GridRun:
         for (cf, lmax), fs in groups:
             self.done["stopped"] += [key_name(cf, lmax, f) for f in fs]
 
-    def warm_start(self, pool: prewarm.Pool, batch: list, seen: set) -> Callable[[], dict]:
+    def warm_start(self, pool: prewarm.Pool, batch: list, seen: set) -> tuple[Callable[[], dict], float]:
         """Hand the workers what measuring ``batch`` will compile (``_warm_batch``); the seconds
         spent recording its launches count as waiting."""
         t0 = self.now()
         finish = _warm_batch(self.cfg, pool, batch, self.device, seen, self.say)
-        self.waited = self.now() - t0
-        return finish
+        return finish, self.now() - t0
 
-    def warm_finish(self, finish: Callable[[], dict], batch: list) -> dict:
+    def warm_finish(self, started: tuple[Callable[[], dict], float], batch: list) -> dict:
         """Wait for ``batch``'s warm-up; the seconds this process waited for it (recording
-        included: a warm-up that ran beside the last batch's measurement costs only the rest)
-        per group are what the budget expects of the next."""
+        included: a warm-up that ran beside the measurement of earlier batches costs only the
+        rest) per group are what the budget expects of the next."""
+        finish, recorded = started
         t0 = self.now()
         info = finish()
-        self.warm_per_group = (self.waited + self.now() - t0) / len(batch)
-        info["waited_seconds"] = self.waited + self.now() - t0
+        waited = recorded + self.now() - t0
+        self.warm_per_group = waited / len(batch)
+        info["waited_seconds"] = waited
         return info
 
     def measure(self, cf: int, lmax: int, focus: int, warm_info: dict | None) -> None:

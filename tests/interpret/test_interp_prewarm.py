@@ -107,3 +107,20 @@ def test_the_forced_level3_variant_runs_compensated_kernels_where_the_policy_is_
     assert grid.compensated_ran(rec) is False and grid.compensated_ran(rec, "L3-rule")
     assert identities(made) <= listed
     assert grid.level3_verdicts([rec])["focus_dim=16;lmax=1;n_focus=1;apply_alpha=1"]["measured_by"] == "L3-rule"
+
+
+@pytest.mark.slow
+def test_a_warm_run_of_a_key_makes_every_compile_its_measurement_makes(tmp_path):
+    """``grid.warm_run_key`` (what a worker runs after the recorded launches): the forced level 3's
+    validation and each Triton variant once; every distinct launch of the measurement is among its
+    launches, at Cf 16 (the rule forced) and Cf 32 (the policy's own validation)."""
+    for cf, variants in ((16, ("1", "3r")), (32, ("2", "3"))):
+        cfg = grid.GridConfig(focus_dims=(cf,), lmaxes=(1,), focus=(2,), variants=variants, edges=37, rounds=1,
+                              warmup=0, check_edges=16, device="cpu")
+        tuning.policy.forget_verdicts()
+        with launches_made() as warm:
+            grid.warm_run_key(cfg, cf, 1, 2, "cpu")
+        tuning.policy.forget_verdicts()
+        with launches_made() as made:
+            grid.run_grid(cfg, tmp_path / str(cf))
+        assert identities(made) <= identities(warm) and len(made) > 10

@@ -35,6 +35,8 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-groups", type=COUNT, metavar="N",
                    help="(Cf, lmax) groups per warm-up batch (default: one per worker); the next batch "
                         "compiles while this one is measured")
+    p.add_argument("--batches-ahead", type=COUNT, metavar="N",
+                   help="batches handed to the workers beyond the one measured next (default 1)")
     p.add_argument("--check", metavar="GRID",
                    help="after the run, compare --out's keys with this committed grid (a grid folder or its "
                         "grid.json) and name every key and level slower by more than its noise; exit 1 if "
@@ -59,7 +61,7 @@ def config(args):
         cfg = replace(cfg, variants=stack_bench.parse_variants(args.levels))
     if args.passes:
         cfg = replace(cfg, passes=passes(args, GRID_PASSES))
-    for field in ("repeats", "warmup", "check_edges", "edges", "edge_scale", "batch_groups"):
+    for field in ("repeats", "warmup", "check_edges", "edges", "edge_scale", "batch_groups", "batches_ahead"):
         if getattr(args, field) is not None:
             cfg = replace(cfg, **{"rounds" if field == "repeats" else field: getattr(args, field)})
     return cfg
