@@ -261,3 +261,16 @@ def test_the_grid_hands_over_the_next_batch_before_it_measures_this_one(tmp_path
                           batches_ahead=3)
     grid.run_grid(cfg, tmp_path / "b", on_key=lambda event, name, _d: event == "start" and order.append(("measure", name)))
     assert [o[0] for o in order] == ["submit"] * 3 + ["wait", "measure"] * 3
+
+
+def test_the_triton_cache_folder_is_pinned_before_workers_or_the_compiled_reference_can_move_it(
+        tmp_path, monkeypatch):
+    from triton import knobs
+
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    default = str(knobs.cache.dir)
+    grid.run_grid(grid.GridConfig(**{**TINY, "variants": ("0",), "focus": (1,)}), tmp_path)
+    assert os.environ["TRITON_CACHE_DIR"] == default                # Inductor leaves a set variable alone
+    assert prewarm.worker_env()["TRITON_CACHE_DIR"] == default      # and the workers inherit it
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    assert prewarm.pin_triton_cache() == str(tmp_path / "mine")     # a user's folder is kept

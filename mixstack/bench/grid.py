@@ -362,6 +362,7 @@ def run_grid(cfg: GridConfig, out: str | os.PathLike, *, on_key=None, on_step=No
     detail)`` reports progress ("skip", "warm", "start", "done", "stop").  Returns ``{"measured": [...],
     "skipped": [...], "stopped": [...]}`` (key names).  With warm-up workers, the next batch
     compiles while this one is measured."""
+    prewarm.pin_triton_cache()              # before the compiled reference can move it
     device, clock, step = stack_bench.start(cfg, on_step=on_step, clock=clock)
     run = _GridRun(cfg, out, device, clock, on_key or (lambda *_a: None), step, now)
     groups = run.pending_groups()

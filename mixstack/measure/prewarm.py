@@ -112,6 +112,19 @@ class Summary:
                 f"({busy:.1f} s of work){f'; {len(self.failed)} failed' if self.failed else ''}")
 
 
+def pin_triton_cache() -> str:
+    """Fix ``TRITON_CACHE_DIR`` (to Triton's own default where unset) for this process and the
+    workers it spawns, and return it.  Why: Inductor points the variable at its own folder the
+    first time a process loads a compiled graph's kernels, unless it is set; Triton reads it at
+    every compile, so a measuring process that ran ``torch.compile`` looks for mixstack's kernels
+    in another folder than the one its workers filled, and compiles them again (BENCHMARKS.md,
+    "The whole grid")."""
+    if not os.environ.get("TRITON_CACHE_DIR"):
+        from triton import knobs
+        os.environ["TRITON_CACHE_DIR"] = str(knobs.cache.dir)
+    return os.environ["TRITON_CACHE_DIR"]
+
+
 def worker_env() -> dict[str, str]:
     """The parent's variables that a worker must see (``ENV_PREFIXES``)."""
     return {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
@@ -156,6 +169,7 @@ class Pool:
 
     def _start(self) -> ProcessPoolExecutor:
         if self._executor is None:
+            pin_triton_cache()
             threads = max(1, (os.cpu_count() or 1) // self.processes)
             self._executor = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
                                                  initializer=_init_worker, initargs=(worker_env(), threads))
