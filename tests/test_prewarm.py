@@ -185,11 +185,15 @@ def test_a_grid_with_warm_workers_measures_the_same_keys_and_records_the_warm_up
     done = grid.run_grid(grid.GridConfig(**one, warm_workers=1), tmp_path / "warm",
                          on_key=lambda *e: events.append(e))
     assert done == plain
-    assert [e[0] for e in events] == ["warm", "start", "done"]
+    assert [e[0] for e in events] == ["warm", "warm", "start", "done"]     # the references first, then the batch
     recs = grid.load_records(tmp_path / "warm")
-    info = recs[0]["warmup"]
-    assert info["workers"] == 1 and info["compiled_references"] == 1 and info["failed"] == []
-    assert list(info["reference_seconds"]) == ["0c Cf16-l1"] and info["kernels"] == 0   # no Triton on a CPU
+    info, refs = recs[0]["warmup"], recs[0]["reference_warmup"]
+    assert info["workers"] == 1 and info["compiled_references"] == 0 and info["failed"] == []
+    assert list(refs["reference_seconds"]) == ["0c Cf16-l1"] and refs["failed"] == [] and info["kernels"] == 0
+    inline = grid.run_grid(grid.GridConfig(**one, warm_workers=1, references_first=False), tmp_path / "inline")
+    assert inline == plain
+    info = grid.load_records(tmp_path / "inline")[0]["warmup"]
+    assert info["compiled_references"] == 1 and list(info["reference_seconds"]) == ["0c Cf16-l1"]
     assert [r["compile"]["graphs"] for r in recs] == [1]        # the measuring process still traces its own
     for a, b in zip(grid.load_records(tmp_path / "plain"), recs):
         assert {t["variant"] for t in a["timings"]} == {t["variant"] for t in b["timings"]}

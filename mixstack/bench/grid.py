@@ -110,7 +110,8 @@ class GridConfig:
     compile_backend: str = "inductor"
     warm_workers: int = 0
     batch_groups: int = 0                # (Cf, lmax) groups per warm-up batch (0: one per worker)
-    warm_runs: bool = True               # the workers also run each key's Triton variants once
+    warm_runs: bool = False              # the workers also run each key's Triton variants once (on the GPU)
+    references_first: bool = True        # every group's reference compiled before any measuring
     batches_ahead: int = 1               # batches handed to the workers beyond the one measured next
 
     def keys(self) -> list[tuple[int, int, int]]:
@@ -317,15 +318,33 @@ def warm_run_key(cfg: GridConfig, cf: int, lmax: int, focus: int, device: str) -
                 torch.autograd.grad(fwd(u0, alpha), wrt, inp.grad_out)
 
 
+def reference_tasks(cfg: GridConfig, groups, device) -> list[prewarm.Task]:
+    """One warm-up task per ``(Cf, lmax)`` group compiling its reference (where ``0c`` is measured)."""
+    if not groups or "0c" not in stack_bench.plan(cfg.bench_config(cfg.shape(*groups[0][0], groups[0][1][0])))[0]:
+        return []
+    return [prewarm.Task(f"0c Cf{cf}-l{lmax}", warm_compiled_reference, (cfg, cf, lmax, tuple(fs), str(device)))
+            for (cf, lmax), fs in groups]
+
+
+def _warm_references(cfg: GridConfig, pool: prewarm.Pool, groups, device, say) -> dict:
+    """Compile every group's reference before anything is measured: those tasks run a forward and
+    backward on the GPU, which would disturb a measurement beside them (BENCHMARKS.md, "The whole
+    grid")."""
+    summary = pool.run(reference_tasks(cfg, groups, device))
+    say("warm", f"{len(groups)} (Cf, lmax)", f"{len(summary.results)} compiled references in {summary.seconds:.1f} s "
+        f"on {pool.processes} workers" + (f"; {len(summary.failed)} failed" if summary.failed else ""))
+    return {"seconds": summary.seconds, "reference_seconds": {r.name: r.seconds for r in summary.results
+                                                              if r.error is None},
+            "failed": [f"{r.name}: {r.error.splitlines()[0]}" for r in summary.failed]}
+
+
 def _warm_batch(cfg: GridConfig, pool: prewarm.Pool, batch, device, seen: set, say) -> Callable[[], dict]:
     """Hand the workers what measuring ``batch`` (``[((Cf, lmax), [F, ...]), ...]``) will compile:
-    the compiled reference per group (submitted first: the longest tasks), the Triton launches of
-    every key; returns at once.  The returned ``finish()`` waits for them and gives the batch's
+    the compiled reference per group unless they were compiled first (submitted first: the longest
+    tasks), the Triton launches of every key (compiled, not run), and with ``warm_runs`` a run of
+    each key's Triton variants; returns at once.  The returned ``finish()`` waits for them and gives the batch's
     warm-up record."""
-    tasks = []
-    if "0c" in stack_bench.plan(cfg.bench_config(cfg.shape(*batch[0][0], batch[0][1][0])))[0]:
-        tasks += [prewarm.Task(f"0c Cf{cf}-l{lmax}", warm_compiled_reference, (cfg, cf, lmax, tuple(fs), str(device)))
-                  for (cf, lmax), fs in batch]
+    tasks = [] if cfg.references_first else reference_tasks(cfg, batch, device)
     n_ref = len(tasks)
     for (cf, lmax), fs in batch:
         for f in fs:
@@ -392,6 +411,8 @@ def run_grid(cfg: GridConfig, out: str | os.PathLike, *, on_key=None, on_step=No
         def keys_in(batches) -> int:
             return sum(len(fs) for b, _ in batches for _, fs in b)
 
+        if pool is not None and cfg.references_first and groups:
+            run.references = _warm_references(cfg, pool, groups, device, run.say)
         ahead = collections.deque()
         while True:
             while len(ahead) < 1 + (cfg.batches_ahead if pool is not None else 0) and i < len(groups):
@@ -429,6 +450,7 @@ class _GridRun:
         self.roof = None
         self.durations: list[float] = []
         self.warm_per_group = 0.0                 # the last batch's warm-up seconds per group, waited
+        self.references = None                    # the up-front warm-up of every group's reference
 
     def estimate(self) -> float:
         """The seconds a key is expected to take: a quarter more than the mean of the last 12
@@ -508,6 +530,7 @@ class _GridRun:
         rec = run_key(self.cfg, cf, lmax, focus, self.compiled, device=self.device, clock=self.clock,
                       roof=self.roof, on_step=self.on_step)
         rec["warmup"] = warm_info
+        rec["reference_warmup"] = self.references
         _write_json(path, rec)
         self.durations.append(self.now() - t0)
         self.done["measured"].append(name)
