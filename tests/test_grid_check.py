@@ -68,7 +68,10 @@ def test_other_edge_counts_and_missing_keys_are_listed_not_judged(committed):
 
 
 def test_the_cli_compares_without_measuring_and_exits_1_on_a_slower_key(tmp_path, committed, capsys):
-    shutil.copytree(COMMITTED / "keys", tmp_path / "new" / "keys")
+    (tmp_path / "new" / "keys").mkdir(parents=True)
+    for path in (COMMITTED / "keys").glob("*.json"):        # a variant that failed there exits 1 by itself
+        if not any(v["failed"] for v in json.loads(path.read_text())["shape"]["variants"]):
+            shutil.copy(path, tmp_path / "new" / "keys")
     args = ["bench", "grid", "--device", "cpu", "--levels", "0", "--seconds", "0", "--no-plot",
             "--out", str(tmp_path / "new"), "--check", str(COMMITTED)]
     assert main(args) == 0
