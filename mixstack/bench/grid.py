@@ -110,7 +110,7 @@ class GridConfig:
     compile_backend: str = "inductor"
     warm_workers: int = 0
     batch_groups: int = 0                # (Cf, lmax) groups per warm-up batch (0: one per worker)
-    warm_runs: bool = False              # the workers also run each key's Triton variants once (on the GPU)
+    warm_validations: bool = True        # the workers also run each key's level-3 validations
     references_first: bool = True        # every group's reference compiled before any measuring
     batches_ahead: int = 1               # batches handed to the workers beyond the one measured next
 
@@ -292,30 +292,24 @@ def warm_compiled_reference(cfg: GridConfig, cf: int, lmax: int, focus: tuple[in
                 torch.cuda.empty_cache()
 
 
-WARM_RUN_EDGES = 65537      # odd like every key's edge count, and past 528 tiles of 128 rows (persistent launches)
-
-
-def warm_run_key(cfg: GridConfig, cf: int, lmax: int, focus: int, device: str) -> None:
-    """A worker's run of one key's Triton variants, once each, on at most ``WARM_RUN_EDGES`` edges:
-    each variant's setup (``"3r"`` validates the rule's config there) and a forward and backward,
-    level 3 validating the policy's config where it engages, as the measurement will.  Triton
-    compiles whatever those launches need that the recorded launches missed (the arguments'
-    specialisation classes are those of the key's own edge count), so that the measuring process
-    only loads."""
+def warm_validations(cfg: GridConfig, cf: int, lmax: int, focus: int, device: str) -> None:
+    """A worker's run of the float64 validations one key's measurement starts with: level 3's
+    rule config where ``"3r"`` is measured, the policy's where level 3 engages by itself, each at
+    ``level3.validation_edges`` (a few thousand edges and single rows: milliseconds on the GPU).
+    Triton compiles what their launches need that the recorded launches missed, so that the
+    measuring process only loads; a failed validation is the measurement's to report."""
+    from ..tuning import validity
+    from ..tuning.policy import rule_config
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is not None:
         torch.cuda.set_device(dev)
-    full = cfg.shape(cf, lmax, focus)
-    shape = replace(full, edges=min(full.edges, WARM_RUN_EDGES))
-    keys = [k for k in stack_bench.plan(cfg.bench_config(full))[0] if k in TRITON_VARIANTS]
-    inp = make_inputs(shape, dev, seed=cfg.seed)
-    u0, alpha, wrt = stack_bench.differentiable(shape, inp)
-    with stack_bench.exact_fp32():
-        for key in keys:
-            scope = stack_bench._scope(key, shape, dev)
-            fwd = stack_bench.forward_fn(key, shape, inp)
-            with scope():
-                torch.autograd.grad(fwd(u0, alpha), wrt, inp.grad_out)
+    shape = cfg.shape(cf, lmax, focus)
+    key = shape.tuning_key()
+    for variant in stack_bench.plan(cfg.bench_config(shape))[0]:
+        config = (rule_config(key) if variant == "3r" else
+                  level3.pending(key, validity.device_name(dev)) if variant == "3" else None)
+        if config is not None:
+            level3.validate(key, config, dev)
 
 
 def reference_tasks(cfg: GridConfig, groups, device) -> list[prewarm.Task]:
@@ -341,8 +335,8 @@ def _warm_references(cfg: GridConfig, pool: prewarm.Pool, groups, device, say) -
 def _warm_batch(cfg: GridConfig, pool: prewarm.Pool, batch, device, seen: set, say) -> Callable[[], dict]:
     """Hand the workers what measuring ``batch`` (``[((Cf, lmax), [F, ...]), ...]``) will compile:
     the compiled reference per group unless they were compiled first (submitted first: the longest
-    tasks), the Triton launches of every key (compiled, not run), and with ``warm_runs`` a run of
-    each key's Triton variants; returns at once.  The returned ``finish()`` waits for them and gives the batch's
+    tasks), the Triton launches of every key (compiled, not run), and each key's level-3
+    validations (``warm_validations``); returns at once.  The returned ``finish()`` waits for them and gives the batch's
     warm-up record."""
     tasks = [] if cfg.references_first else reference_tasks(cfg, batch, device)
     n_ref = len(tasks)
@@ -356,8 +350,8 @@ def _warm_batch(cfg: GridConfig, pool: prewarm.Pool, batch, device, seen: set, s
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     n_launch = len(tasks) - n_ref
-    tasks += [prewarm.Task(f"run {key_name(cf, lmax, f)}", warm_run_key, (cfg, cf, lmax, f, str(device)))
-              for (cf, lmax), fs in batch for f in fs if cfg.warm_runs]       # last: they mostly load
+    tasks += [prewarm.Task(f"validate {key_name(cf, lmax, f)}", warm_validations, (cfg, cf, lmax, f, str(device)))
+              for (cf, lmax), fs in batch for f in fs if cfg.warm_validations]     # last: they mostly load
     pending = pool.submit(tasks)
 
     def finish() -> dict:
@@ -365,10 +359,10 @@ def _warm_batch(cfg: GridConfig, pool: prewarm.Pool, batch, device, seen: set, s
         refs = {r.name: r.seconds for r in summary.results if r.name.startswith("0c ") and r.error is None}
         info = {"workers": pool.processes, "seconds": summary.seconds, "groups": len(batch),
                 "kernels": n_launch, "compiled_references": n_ref, "reference_seconds": refs,
-                "warm_runs": len(tasks) - n_ref - n_launch,
+                "validations": len(tasks) - n_ref - n_launch,
                 "failed": [f"{r.name}: {r.error.splitlines()[0]}" for r in summary.failed]}
         say("warm", f"{len(batch)} (Cf, lmax)", f"{info['kernels']} kernels, {n_ref} compiled references and "
-            f"{info['warm_runs']} key runs in "
+            f"{info['validations']} keys' validations in "
             f"{summary.seconds:.1f} s on {pool.processes} workers"
             + (f"; {len(summary.failed)} failed (compiled when measured)" if summary.failed else ""))
         return info

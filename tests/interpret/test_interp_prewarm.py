@@ -110,17 +110,29 @@ def test_the_forced_level3_variant_runs_compensated_kernels_where_the_policy_is_
 
 
 @pytest.mark.slow
-def test_a_warm_run_of_a_key_makes_every_compile_its_measurement_makes(tmp_path):
-    """``grid.warm_run_key`` (what a worker runs after the recorded launches): the forced level 3's
-    validation and each Triton variant once; every distinct launch of the measurement is among its
-    launches, at Cf 16 (the rule forced) and Cf 32 (the policy's own validation)."""
-    for cf, variants in ((16, ("1", "3r")), (32, ("2", "3"))):
-        cfg = grid.GridConfig(focus_dims=(cf,), lmaxes=(1,), focus=(2,), variants=variants, edges=37, rounds=1,
+def test_the_warm_validations_are_the_validations_a_measurement_starts_with(tmp_path, monkeypatch):
+    """``grid.warm_validations`` (what a worker runs after the recorded launches) makes the same
+    ``level3.validate`` calls as the measured run: the rule config's where ``"3r"`` is measured (Cf 16),
+    the policy's where level 3 engages by itself (Cf 32), at the same edge counts; and it launches
+    the compensated kernels those validations compile."""
+    from mixstack.stack import level3
+
+    real, calls = level3.validate, []
+
+    def spy(key, cfg, device, edges=None):
+        calls.append((str(key), tuple(sorted(cfg.items())), tuple(edges or level3.validation_edges(device))))
+        return real(key, cfg, device, edges)
+    monkeypatch.setattr(level3, "validate", spy)
+    for cf, lmax, variants in ((16, 1, ("1", "3r")), (32, 2, ("2", "3"))):
+        cfg = grid.GridConfig(focus_dims=(cf,), lmaxes=(lmax,), focus=(2,), variants=variants, edges=37, rounds=1,
                               warmup=0, check_edges=16, device="cpu")
         tuning.policy.forget_verdicts()
+        calls.clear()
         with launches_made() as warm:
-            grid.warm_run_key(cfg, cf, 1, 2, "cpu")
+            grid.warm_validations(cfg, cf, lmax, 2, "cpu")
+        warmed = list(calls)
         tuning.policy.forget_verdicts()
-        with launches_made() as made:
-            grid.run_grid(cfg, tmp_path / str(cf))
-        assert identities(made) <= identities(warm) and len(made) > 10
+        calls.clear()
+        grid.run_grid(cfg, tmp_path / str(cf))
+        assert calls and calls == warmed, (cf, calls, warmed)
+        assert any(s.name == "block_gemm_kernel" for s in warm) and len(warm) > 10

@@ -37,9 +37,9 @@ def add_arguments(p) -> None:
                         "compiles while this one is measured")
     p.add_argument("--batches-ahead", type=COUNT, metavar="N",
                    help="batches handed to the workers beyond the one measured next (default 1)")
-    p.add_argument("--warm-runs", action="store_true",
-                   help="the workers also run each key's Triton variants once, on the GPU (beside the "
-                        "measurement of earlier keys)")
+    p.add_argument("--no-warm-validations", action="store_true",
+                   help="the workers do not run each key's level-3 float64 validations ahead (milliseconds "
+                        "on the GPU, beside the measurement of earlier keys)")
     p.add_argument("--check", metavar="GRID",
                    help="after the run, compare --out's keys with this committed grid (a grid folder or its "
                         "grid.json) and name every key and level slower by more than its noise; exit 1 if "
@@ -62,8 +62,8 @@ def config(args):
         raise ValueError(f"outside the supported grid: {', '.join(bad)}")
     if args.levels:
         cfg = replace(cfg, variants=stack_bench.parse_variants(args.levels))
-    if args.warm_runs:
-        cfg = replace(cfg, warm_runs=True)
+    if args.no_warm_validations:
+        cfg = replace(cfg, warm_validations=False)
     if args.passes:
         cfg = replace(cfg, passes=passes(args, GRID_PASSES))
     for field in ("repeats", "warmup", "check_edges", "edges", "edge_scale", "batch_groups", "batches_ahead"):
