@@ -90,7 +90,7 @@ def test_the_cli_runs_a_grid_slice_and_refuses_foreign_options(tmp_path, capsys)
     assert "measured 0, skipped 1" in capsys.readouterr().out
     (tmp_path / "grid.md").unlink()
     assert main(args[:6] + ["--focus", "1,2", "--seconds", "0", "--out", str(tmp_path), "--no-plot"]) == 0
-    assert "measured 0, skipped 0 (done before), left 2" in capsys.readouterr().out   # outputs rebuilt only
+    assert "measured 0, skipped 1 (done before), left 1" in capsys.readouterr().out   # outputs rebuilt only
     assert (tmp_path / "grid.md").exists()
     assert main(["bench", "grid", "--focus-dim", "40", "--out", str(tmp_path)]) == 2
     assert "outside the supported grid: Cf 40" in capsys.readouterr().err

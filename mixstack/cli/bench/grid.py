@@ -106,8 +106,9 @@ def run(args, argv=None) -> int:
     def on_key(event, name, detail):
         print(f"  [{time.monotonic() - t0:6.0f} s] {event} {name} {detail}".rstrip(), flush=True)
     if cfg.seconds == 0:                            # nothing to measure: the outputs from the key files
-        left = [grid.key_name(*k) for k in cfg.keys() if not grid.key_path(out, *k).exists()]
-        done = {"measured": [], "skipped": [], "stopped": left}
+        have = {k: grid.key_path(out, *k).exists() for k in cfg.keys()}
+        done = {"measured": [], "skipped": [grid.key_name(*k) for k, v in have.items() if v],
+                "stopped": [grid.key_name(*k) for k, v in have.items() if not v]}
         print(f"  --seconds 0: no measuring; the outputs are rebuilt from the key files in {out}")
     else:
         done = grid.run_grid(cfg, out, on_key=on_key)
