@@ -34,7 +34,7 @@ def _slow_down(records, key, variant, factor):
 
 def test_the_committed_grid_against_itself_has_nothing_slower(committed):
     verdict = grid_check.compare(committed, committed)
-    assert len({c.key for c in verdict.changes}) == len(committed) >= 30
+    assert len({c.key for c in verdict.changes}) == len(committed) >= 10
     assert verdict.slower == [] and not verdict.only_old and not verdict.only_new
     assert "0 slower than their noise" in verdict.report()
 

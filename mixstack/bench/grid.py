@@ -664,6 +664,18 @@ def level3_verdicts(records: list[dict], pass_: str | None = None) -> dict:
     return out
 
 
+def overlaid_verdicts(folders: list[str | os.PathLike]) -> dict:
+    """What ships as a device's ``.level3.json``: the verdicts of each grid folder in turn, a later
+    folder's replacing an earlier one's at the keys it measured; ``sources`` names the folders."""
+    verdicts: dict = {}
+    device = None
+    for folder in folders:
+        records = load_records(folder)
+        verdicts.update(level3_verdicts(records))
+        device = records[-1]["env"]["device"]["name"] if records else device
+    return {"device": device, "sources": [Path(f).as_posix() for f in folders], "verdicts": verdicts}
+
+
 def markdown(records: list[dict]) -> str:
     rows = [summary(r) for r in records]
     lines = ["# mixstack bench grid\n"]
