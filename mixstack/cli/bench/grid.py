@@ -21,8 +21,8 @@ DESCRIPTION = ("Measure every supported key (Cf 16-128, lmax 1-6, F 1, 2, 4) at 
 def add_arguments(p) -> None:
     add_shape(p, "a comma-separated subset of the grid (Cf 16,32,...,128; lmax 1..6; F 1,2,4)", lists=True)
     p.add_argument("--edges", type=COUNT, help="one edge count for every key (default: by key)")
-    p.add_argument("--edge-scale", type=POSITIVE, help="scale every key's default edge count by this "
-                   "factor (default 1: the tuner's timing set's row floats, ~0.67 GB a surface)")
+    p.add_argument("--edge-scale", type=POSITIVE, help="scale the tuner's timing set's row floats (~0.67 GB a surface) "
+                   "by this factor for each key's edge count (default 0.5)")
     add_levels(p, STACK_LEVELS)
     add_passes(p)
     add_check_edges(p)
