@@ -23,16 +23,20 @@ keys: the edge count and, for F > 1, the focus count are marked dynamic
 a second compile).  Each key records how many graphs dynamo compiled for it and how long
 its first call took.
 
-Compile ahead (``warm_workers``; ``measure.prewarm``): the keys are measured in batches of
-``(Cf, lmax)`` groups (as many groups as workers), and before a batch is measured, worker
-processes compile what its measurement will: per group the compiled reference, by the same
-``CompiledReference`` on the same inputs (the real edge counts: Inductor's kernels depend on
-size hints), the same F order and under the same ``stack_bench.exact_fp32``, so that dynamo
-re-traces in the measuring process but Inductor's FX graph and AOTAutograd caches hit; and
-the Triton kernels of levels 1-3 at every key, recorded from the launches the measured run
-makes (``key_launches``: the tables' configs, level 3's first-use validation where the
-policy engages it), one task per distinct compile.  The workers idle while the batch is
-measured.  Each key records its batch's warm-up.
+Compile ahead (``warm_workers``; ``measure.prewarm``): first, before anything is measured,
+worker processes compile every group's reference, by the same ``CompiledReference`` on the same
+inputs (the real edge counts: Inductor's kernels depend on size hints), the same F order and
+under the same ``stack_bench.exact_fp32``, so that dynamo re-traces in the measuring process but
+Inductor's FX graph and AOTAutograd caches hit (these tasks run a forward and backward on the GPU,
+which would disturb a timing beside them).  Then the keys are measured in batches of ``(Cf,
+lmax)`` groups (``batch_groups``, default one per worker); each batch is handed to the workers
+``batches_ahead`` batches before it is measured: the Triton kernels of levels 1-3 at every key,
+recorded from the launches the measured run makes (``key_launches``: the tables' configs, level
+3's first-use validation where the policy engages it), one task per distinct compile, compiled
+without a launch; and each key's level-3 validations run ahead (``warm_validations``, milliseconds
+on the GPU), which compile what the recording misses.  The measuring process pins
+``TRITON_CACHE_DIR`` first (``prewarm.pin_triton_cache``), so that it looks where the workers
+wrote.  Each key records its batch's warm-up and the references' warm-up.
 
 Resumable and bounded: each key's record is written to ``<out>/keys/<key>.json`` as it
 finishes; ``resume`` skips keys that have one; ``seconds`` stops cleanly before a key
