@@ -56,6 +56,33 @@ def identities(specs) -> set:
     return {s.identity() for s in specs}
 
 
+@contextlib.contextmanager
+def validations_made(monkeypatch):
+    """Every ``level3.validate`` call made inside: ``(key, config, edges)``."""
+    from mixstack.stack import level3
+
+    real, calls = level3.validate, []
+
+    def spy(key, cfg, device, edges=None):
+        calls.append((str(key), tuple(sorted(cfg.items())), tuple(edges or level3.validation_edges(device))))
+        return real(key, cfg, device, edges)
+    monkeypatch.setattr(level3, "validate", spy)
+    yield calls
+    monkeypatch.setattr(level3, "validate", real)
+
+
+def check_warm_validations(cfg, cf, lmax, focus, measured, monkeypatch):
+    """``grid.warm_validations`` (what a worker runs beside earlier batches) makes the measured
+    run's ``level3.validate`` calls, the same keys, configs and edge counts (in a fresh worker:
+    no verdict of this process's)."""
+    from mixstack.stack import level3
+    level3.forget()
+    with validations_made(monkeypatch) as warmed:
+        grid.warm_validations(cfg, cf, lmax, focus, "cpu")
+    level3.forget()
+    assert measured and warmed == measured
+
+
 @pytest.mark.slow
 def test_the_sweep_warm_up_lists_every_compile_of_the_compensated_sweep_after_the_relay():
     # the relay swept first and its candidate won: the compensated family's baseline runs with it
@@ -78,61 +105,34 @@ def test_the_sweep_warm_up_lists_every_compile_of_the_compensated_sweep_after_th
 
 
 @pytest.mark.slow
-def test_the_grid_warm_up_lists_every_compile_of_a_keys_measurement(tmp_path):
+def test_the_grid_warm_up_lists_every_compile_of_a_keys_measurement(tmp_path, monkeypatch):
     cfg = grid.GridConfig(focus_dims=(32,), lmaxes=(2,), focus=(1,), variants=("3",), edges=37,
                           rounds=1, warmup=0, check_edges=16, device="cpu")
     listed = identities(t.args[0] for t in prewarm.launch_tasks(grid.key_launches(cfg, 32, 2, 1, "cpu")))
     assert not tuning.registry.find("stack_compensated", tuning.shape_key(
         focus_dim=32, lmax=2, n_focus=1, apply_alpha=True), device_name="triton-interpreter"), \
         "recording must not leave a level-3 verdict behind"
-    with launches_made() as made:
+    with launches_made() as made, validations_made(monkeypatch) as validated:
         done = grid.run_grid(cfg, tmp_path)
     assert done["measured"] == ["Cf32-l2-F1"]
+    check_warm_validations(cfg, 32, 2, 1, list(validated), monkeypatch)          # the policy's config
     rec = grid.load_records(tmp_path)[0]
     assert grid.compensated_ran(rec)                          # level 3 validated the policy's config and ran it
     assert identities(made) <= listed
 
 
 @pytest.mark.slow
-def test_the_forced_level3_variant_runs_compensated_kernels_where_the_policy_is_unsure(tmp_path):
+def test_the_forced_level3_variant_runs_compensated_kernels_where_the_policy_is_unsure(tmp_path, monkeypatch):
     """``"3r"`` at a key the policy leaves on level 2 (Cf 16: 16-wide K tiles): level 3 runs the
     rule's config once it validates, the warm-up lists its compiles, and its time gives the verdict."""
     cfg = grid.GridConfig(focus_dims=(16,), lmaxes=(1,), focus=(1,), variants=("2", "3", "3r"), edges=37,
                           rounds=1, warmup=0, check_edges=16, device="cpu")
     assert grid.level3_unsure(cfg.shape(16, 1, 1), "cpu")
     listed = identities(t.args[0] for t in prewarm.launch_tasks(grid.key_launches(cfg, 16, 1, 1, "cpu")))
-    with launches_made() as made:
+    with launches_made() as made, validations_made(monkeypatch) as validated:
         grid.run_grid(cfg, tmp_path)
     rec = grid.load_records(tmp_path)[0]
     assert grid.compensated_ran(rec) is False and grid.compensated_ran(rec, "L3-rule")
+    check_warm_validations(cfg, 16, 1, 1, list(validated), monkeypatch)          # the rule's config
     assert identities(made) <= listed
     assert grid.level3_verdicts([rec])["focus_dim=16;lmax=1;n_focus=1;apply_alpha=1"]["measured_by"] == "L3-rule"
-
-
-@pytest.mark.slow
-def test_the_warm_validations_are_the_validations_a_measurement_starts_with(tmp_path, monkeypatch):
-    """``grid.warm_validations`` (what a worker runs after the recorded launches) makes the same
-    ``level3.validate`` calls as the measured run: the rule config's where ``"3r"`` is measured (Cf 16),
-    the policy's where level 3 engages by itself (Cf 32), at the same edge counts; and it launches
-    the compensated kernels those validations compile."""
-    from mixstack.stack import level3
-
-    real, calls = level3.validate, []
-
-    def spy(key, cfg, device, edges=None):
-        calls.append((str(key), tuple(sorted(cfg.items())), tuple(edges or level3.validation_edges(device))))
-        return real(key, cfg, device, edges)
-    monkeypatch.setattr(level3, "validate", spy)
-    for cf, lmax, variants in ((16, 1, ("3r",)), (32, 2, ("3",))):
-        cfg = grid.GridConfig(focus_dims=(cf,), lmaxes=(lmax,), focus=(2,), variants=variants, edges=37, rounds=1,
-                              warmup=0, check_edges=16, device="cpu")
-        tuning.policy.forget_verdicts()
-        calls.clear()
-        with launches_made() as warm:
-            grid.warm_validations(cfg, cf, lmax, 2, "cpu")
-        warmed = list(calls)
-        tuning.policy.forget_verdicts()
-        calls.clear()
-        grid.run_grid(cfg, tmp_path / str(cf))
-        assert calls and calls == warmed, (cf, calls, warmed)
-        assert any(s.name == "block_gemm_kernel" for s in warm) and len(warm) > 10
