@@ -407,26 +407,25 @@ def run_grid(cfg: GridConfig, out: str | os.PathLike, *, on_key=None, on_step=No
             i += len(batch)
             return batch, (run.warm_start(pool, batch, seen) if pool is not None else None)
 
-        def keys_in(batches) -> int:
-            return sum(len(fs) for b, _ in batches for _, fs in b)
+        ahead: collections.deque = collections.deque()     # batches handed over, not measured yet
 
-        if pool is not None and cfg.references_first and groups:
-            run.references = _warm_references(cfg, pool, groups, device, run.say)
-        ahead = collections.deque()
-        while True:
-            while len(ahead) < 1 + (cfg.batches_ahead if pool is not None else 0) and i < len(groups):
-                nxt = next_batch(keys_in(ahead))        # compiles while the batches before it are measured
+        def top_up(limit: int, queued: int = 0) -> None:
+            """Hand over batches until ``limit`` are ahead; ``queued``: keys still to measure
+            besides theirs."""
+            while len(ahead) < limit and i < len(groups):
+                nxt = next_batch(queued + sum(len(fs) for b, _ in ahead for _, fs in b))
                 if nxt is None:
                     break
                 ahead.append(nxt)
-            if not ahead:
-                break
+
+        if pool is not None and cfg.references_first and groups:
+            run.references = _warm_references(cfg, pool, groups, device, run.say)
+        ahead_limit = cfg.batches_ahead if pool is not None else 0
+        top_up(1 + ahead_limit)
+        while ahead:
             batch, started = ahead.popleft()
             info = run.warm_finish(started, batch) if started is not None else None
-            if pool is not None and i < len(groups) and len(ahead) < cfg.batches_ahead:
-                nxt = next_batch(keys_in(ahead) + keys_in([(batch, None)]))
-                if nxt is not None:
-                    ahead.append(nxt)
+            top_up(max(ahead_limit, 1), sum(len(fs) for _, fs in batch))     # compiles beside this batch
             for (cf, lmax), fs in batch:
                 for focus in fs:
                     run.measure(cf, lmax, focus, info)

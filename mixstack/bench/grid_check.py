@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .grid import SCHEMA, key_name, load_records
+
 MARGIN = 0.05              # a slow-down under 5% is not flagged whatever the spread
 NOISE_FACTOR = 3.0         # nor one under three times the larger relative spread of the two runs
 
@@ -83,8 +85,7 @@ def spread(row: dict) -> float:
 
 
 def _name(rec: dict) -> str:
-    k = rec["key"]
-    return f"Cf{k['focus_dim']}-l{k['lmax']}-F{k['focus']}"
+    return key_name(rec["key"]["focus_dim"], rec["key"]["lmax"], rec["key"]["focus"])
 
 
 def _rows(records: list[dict]) -> dict[tuple[str, str, str], dict]:
@@ -118,7 +119,6 @@ def compare(baseline: list[dict], new: list[dict], *, margin: float = MARGIN,
 def load(path: str | Path) -> list[dict]:
     """Key records from a grid folder (its ``keys/*.json``, or its ``grid.json``) or a ``grid.json``;
     ``ValueError`` naming the path where it holds none."""
-    from .grid import SCHEMA, load_records
     path = Path(path)
     if path.is_dir() and (path / "keys").is_dir():
         records = load_records(path)
