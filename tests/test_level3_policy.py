@@ -141,6 +141,11 @@ def test_quick_candidates_are_the_pruned_sets():
     assert tuning.candidates(COMP, key(64, 1), quick=True) == [policy.M64_N64]     # 128-wide blocks
     assert tuning.candidates("stack_fwd", k, quick=True) == []
     assert tuning.candidates("stack_bwd_fused", k, quick=True) == []
+    wide = tuning.candidates("stack_bwd_relay", key(128, 4, 1), quick=True)     # a 1024-wide block
+    assert wide == [{"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+                    {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}]
+    assert all(c in tuning.candidates("stack_bwd_relay", key(128, 4, 1)) for c in wide)
+    assert len(tuning.candidates("stack_bwd_relay", key(32, 6, 2), quick=True)) == 1   # 384 wide
     full = tuning.candidates(COMP, k)
     assert all(c in full for c in tuning.candidates(COMP, k, quick=True))      # a subset of the full set
 

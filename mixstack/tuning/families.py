@@ -83,12 +83,16 @@ _WGRAD = (
 # The quick sweep (``mixstack tune``'s default; ``--full`` for the sets above): the candidates
 # that won or came within about a per cent on the shipped H200 table's keys, where the full sets
 # spend most of a key's time compiling (BENCHMARKS.md, "A cheaper sweep").
-# - stack_bwd_relay: M64 N64 w4 s2, the only config that ever beat the level-1 one.
+# - stack_bwd_relay: M64 N64 w4 s2, the only config that beat the level-1 one on the first tables'
+#   keys; where a block is at least ``WIDE_RELAY`` wide, also M64 N128 w4 s3, which won by 3-4% at
+#   Cf 128 lmax 4-5 (BENCHMARKS.md, "The whole grid in one run").
 # - stack_compensated: the level-3 policy's config for the key (``policy.rule_config``), which
 #   names the winner of every swept key up to ties.
 # - stack_fwd and stack_bwd_fused are left out: the level-1 forward config won at every key it
 #   was swept at, and the fused backward lost at every key.
 _QUICK_RELAY = ((64, 64, 4, 2),)
+_QUICK_RELAY_WIDE = ((64, 128, 4, 3),)
+WIDE_RELAY = 768
 QUICK_FAMILIES = ("stack_bwd_relay", "stack_compensated")
 
 
@@ -127,8 +131,9 @@ def _gemm_candidates(key: ShapeKey) -> list[dict]:
 
 def _quick_gemm_candidates(key: ShapeKey) -> list[dict]:
     default = _default_gemm_config(key)
+    wide = max(key.layout.m0, key.layout.m1) >= WIDE_RELAY
     out = []
-    for bm, bn, w, s in _QUICK_RELAY:
+    for bm, bn, w, s in _QUICK_RELAY + (_QUICK_RELAY_WIDE if wide else ()):
         cfg = dict(zip(GEMM_FIELDS, (bm, bn, w, s)))
         if cfg != default and _gemm_sensible(bm, bn, w, s, key):
             out.append(cfg)
