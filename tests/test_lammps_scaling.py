@@ -73,15 +73,23 @@ def test_triage_skips_what_cannot_fit_and_keeps_the_rest():
     assert scaling.triage(plan, 2, memory_limit=None) == (plan, {})
 
 
-def test_level3_points_are_skipped_where_level3_would_run_level2(monkeypatch, request):
-    from mixstack.tuning import policy, registry, validity
+def test_level3_points_are_skipped_where_level3_would_run_level2(monkeypatch, request, tmp_path):
+    from mixstack.tuning import policy, registry, shape_key, validity
     request.addfinalizer(policy.forget_verdicts)
     monkeypatch.setattr(validity, "device_name", lambda device=None: "NVIDIA H200")
     table = {}                                                   # no table entry: the policy decides
     monkeypatch.setattr(registry, "find", lambda family, key, device_name=None: table.get(key.short()))
+    # the small model's key (Cf 16 lmax 2 F 2) with a grid verdict of 1.01x level 2: below the margin
+    cfg = scaling.model_config("small")
+    small = shape_key(focus_dim=cfg["focus_dim"], lmax=cfg["lmax"], n_focus=cfg["n_focus"], apply_alpha=True)
+    verdicts = tmp_path / "verdicts.json"
+    verdicts.write_text(json.dumps({"device": "NVIDIA H200", "verdicts": {str(small): {"speedup": 1.01}}}))
+    monkeypatch.setattr(policy, "verdicts_path", lambda device: str(verdicts))
     policy.forget_verdicts()
-    # Cf 16 lmax 2 F 2: the shipped H200 grid measured the compensated kernels 1.01x level 2 there
-    assert "grid measured" in scaling.level3_runs_level2("small", "cuda")
+    assert "grid measured level 3 at 1.01x" in scaling.level3_runs_level2("small", "cuda")
+    verdicts.write_text(json.dumps({"device": "NVIDIA H200", "verdicts": {str(small): {"speedup": 1.5}}}))
+    policy.forget_verdicts()
+    assert scaling.level3_runs_level2("small", "cuda") is None                    # measured faster: it engages
     monkeypatch.setattr(policy, "verdicts_path", lambda device: os.devnull + ".none")   # no verdicts: the rule
     policy.forget_verdicts()
     assert scaling.level3_runs_level2("scaling", "cuda") is None                  # a row of 224 floats
