@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 
 import torch
 import triton
@@ -19,6 +18,8 @@ import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+
+from mixstack.measure.timing import clock_for, time_interleaved
 
 
 @triton.jit
@@ -147,27 +148,15 @@ def main(argv=None) -> int:
             except Exception as exc:                     # a variant this Triton cannot build
                 print(f"K={k} {n}: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
                 fns.pop(n, None)
-        torch.cuda.synchronize()
-        times = {n: [] for n in fns}
-        order = list(fns)
-        for rnd in range(args.rounds + 1):
-            order = order[1:] + order[:1]
-            for n in order:
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                fns[n]()
-                e.record()
-                e.synchronize()
-                if rnd:
-                    times[n].append(s.elapsed_time(e))
+        samples = time_interleaved(fns, rounds=args.rounds, warmup=1, clock=clock_for("cuda"))
         base = outs["T M64 N64 w4 s3"]
         flop = 2.0 * args.rows * k * k
-        for n in fns:
-            med = statistics.median(times[n])
+        for n, got in samples.items():
+            med = got.median * 1e3
             err = ((outs[n][:4096].double() - ref64).norm() / ref64.norm()).item()
             same = bool(torch.equal(outs[n], base)) if n != "cuBLAS" else None
             row = dict(k=k, rows=args.rows, variant=n, ms=med, tflops=flop / med / 1e9, rel_err=err, bitwise_triton=same,
-                       spread=(max(times[n]) - min(times[n])) / med)
+                       spread=(max(got.times) - got.minimum) / got.median)
             rows.append(row)
             print(f"K={k:5d} {n:26s} {med:8.3f} ms {row['tflops']:6.1f} TFLOP/s err {err:.2e} bits==T64: {same}")
     if args.out:

@@ -14,12 +14,12 @@ single launch (for compute-sanitizer).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 import torch
 
 from mixstack.core.layout import StackLayout
+from mixstack.measure.timing import clock_for, time_interleaved
 from mixstack.stack import launchers as L
 from mixstack.stack.gemm import BlockWeights, Epilogue, Operand, block_gemm
 
@@ -103,22 +103,9 @@ def compare(ref, got):
 
 
 def median_ms(fns, repeats=20):
-    """Interleaved CUDA-event medians of each callable, rotating the order every round."""
-    names = list(fns)
-    times = {n: [] for n in names}
-    for n in names:
-        fns[n]()
-    torch.cuda.synchronize()
-    for r in range(repeats):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for n in order:
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fns[n]()
-            e.record()
-            e.synchronize()
-            times[n].append(s.elapsed_time(e))
-    return {n: statistics.median(t) for n, t in times.items()}
+    """Interleaved CUDA-event medians of each callable in ms, rotating the order every round."""
+    samples = time_interleaved(fns, rounds=repeats, warmup=1, clock=clock_for("cuda"))
+    return {n: got.median * 1e3 for n, got in samples.items()}
 
 
 def main(argv=None) -> int:

@@ -21,14 +21,18 @@ def committed():
     return grid_check.load(COMMITTED)
 
 
+def _timings(records, key, variant):
+    """The timing rows of ``variant`` at ``key`` in ``records``."""
+    for rec in records:
+        if grid.key_name(rec["key"]["focus_dim"], rec["key"]["lmax"], rec["key"]["focus"]) == key:
+            yield from (t for t in rec["timings"] if t["variant"] == variant)
+
+
 def _slow_down(records, key, variant, factor):
     out = copy.deepcopy(records)
-    for rec in out:
-        if grid.key_name(rec["key"]["focus_dim"], rec["key"]["lmax"], rec["key"]["focus"]) == key:
-            for t in rec["timings"]:
-                if t["variant"] == variant:
-                    for stat in ("median_ms", "p20_ms", "p80_ms"):
-                        t[stat] *= factor
+    for t in _timings(out, key, variant):
+        for stat in ("median_ms", "p20_ms", "p80_ms"):
+            t[stat] *= factor
     return out
 
 
@@ -49,11 +53,8 @@ def test_one_level_made_slower_at_one_key_is_named_and_nothing_else(committed):
 def _with_spread(records, key, variant, spread):
     """``records`` with ``variant``'s p20 and p80 at ``key`` set ``spread`` apart around its median."""
     out = copy.deepcopy(records)
-    for rec in out:
-        if grid.key_name(rec["key"]["focus_dim"], rec["key"]["lmax"], rec["key"]["focus"]) == key:
-            for t in rec["timings"]:
-                if t["variant"] == variant:
-                    t["p20_ms"], t["p80_ms"] = (1 - spread / 2) * t["median_ms"], (1 + spread / 2) * t["median_ms"]
+    for t in _timings(out, key, variant):
+        t["p20_ms"], t["p80_ms"] = (1 - spread / 2) * t["median_ms"], (1 + spread / 2) * t["median_ms"]
     return out
 
 
