@@ -76,6 +76,10 @@
 #   pointer kernel, the quick sweep of stack_compensated_tma at TMA_TUNE (default S1-S4; level 3's
 #   own config is swept first where a key has none), the same bench again on the new entries, and
 #   `ncu` on one TMA launch at S1 (NCU_TMA=0 skips it); under $OUT/tma, ~6 min.
+#   "aoti": repro/aoti_loader_crash.py (AOTInductor's loader, every loading path in its own process) and
+#   a cuda-gdb backtrace of aoti_load_package, under $OUT/aoti.
+#   "deepmd": the GPU tests of mixstack.deepmd (DEEPMD_TESTS, -k DEEPMD_TESTS_K, default "not slow"), then
+#   scripts/deepmd_gpu.sh's bench (CONFIGS, VARIANTS, ATOMS, ROUNDS, MD_STEPS), under $OUT/deepmd.
 #   BUDGET (seconds, default 540) bounds the whole script: each part gets what
 #   is left, so the packing at the end always runs.  Everything under $OUT is
 #   packed into $OUT/gpu_check.tgz (a device call returns at most 8 files);
@@ -320,12 +324,36 @@ part_tma() {
     summary+=("tma ncu rc=$?")
   fi
 }
+part_aoti() {
+  # AOTInductor's loader: a packaged nn.Linear loaded every way (each in its own process, faulthandler
+  # on), then a backtrace below Python of the first path under cuda-gdb (the machine has no gdb)
+  mkdir -p "$OUT/aoti"
+  timeout "$(left)" python3 repro/aoti_loader_crash.py --out /tmp/aoti 2>&1 | tee "$OUT/aoti/repro.log" | tail -n 12
+  r=${PIPESTATUS[0]}; summary+=("aoti repro rc=$r: $(grep -c ': exit 0' "$OUT/aoti/repro.log") of the loading paths ran")
+  if [ -f /tmp/aoti/linear-cuda.pt2 ] && command -v cuda-gdb > /dev/null; then
+    timeout 120 cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args python3 repro/aoti_loader_crash.py \
+      --step load --package /tmp/aoti/linear-cuda.pt2 > "$OUT/aoti/cuda-gdb.log" 2>&1
+    summary+=("aoti cuda-gdb rc=$?: $(grep -m1 -E 'signal|exited' "$OUT/aoti/cuda-gdb.log")")
+  fi
+}
+part_deepmd() {
+  # deepmd-kit's SeZM models (wheels under .whl/): DEEPMD_TESTS (default the GPU tests of mixstack.deepmd,
+  # the slow compiled one left out unless DEEPMD_TESTS_K says) then scripts/deepmd_gpu.sh's bench, its
+  # variables (CONFIGS, VARIANTS, ATOMS, ROUNDS, MD_STEPS) passed on; under $OUT/deepmd
+  mkdir -p "$OUT/deepmd"
+  timeout "$(left)" python3 -m pytest ${DEEPMD_TESTS:-tests/gpu/test_gpu_deepmd_frame.py tests/gpu/test_gpu_deepmd.py} \
+    -m gpu -q -p no:cacheprovider -rs --tb=short -k "${DEEPMD_TESTS_K:-not slow}" 2>&1 | tee "$OUT/deepmd/tests.log" | tail -n 30
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("deepmd gpu tests rc=$r: $(tail -n 1 "$OUT/deepmd/tests.log")")
+  OUT="$OUT/deepmd" TESTS_SECONDS=0 BUDGET=$(( $(left) - 10 )) INSTALLED=1 bash scripts/deepmd_gpu.sh 2>&1 | tail -n 40
+  summary+=("deepmd bench: $(grep -h 'exit' "$OUT"/deepmd/bench-*.log | tr '\n' ' ')")
+}
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|convprobe|train|lammps|scaling|tma) "part_$part" ;;
+    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|convprobe|train|lammps|scaling|tma|aoti|deepmd)
+      "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, convprobe, train, lammps, scaling, tma)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, convprobe, train, lammps, scaling, tma, aoti, deepmd)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

@@ -18,6 +18,7 @@ UNSUPPORTED = [
     ({"edge_cartesian": True}, "edge_cartesian"),
     ({"mixing_layers": 0}, "mixing_layers 0"),
     ({"mmax": 2}, "mmax 2"),
+    ({"lmax": 0, "mmax": 0}, "lmax 0: a block of scalar"),
     ({"so2_norm": True}, "so2_norm"),
     ({"so2_attn_res": "independent"}, "so2_attn_res 'independent'"),
     ({"layer_scale": True}, "layer_scale"),

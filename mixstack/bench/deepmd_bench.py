@@ -8,17 +8,24 @@ energy, forces and virial (its neighbour list included).  Variants:
   built, so each variant is its own model with the same weights);
 * ``ms2``, ``ms3`` (any ``msN``): ``mixstack.deepmd.accelerate`` at mixstack level N, on a model
   built at ``DP_TRITON_INFER`` ``--rest-level`` (deepmd-kit's kernels for the rest of the model);
-* a ``g`` suffix (``dp2g``, ``ms3g``): the frame replayed from a CUDA graph, where it captures
-  (deepmd-kit's frame builds its neighbour list and edge index with host synchronisation, so
-  the record says why where it does not).
+* suffixes, in this order: ``c`` deepmd-kit's compiled inference (``DP_COMPILE_INFER=1``: its
+  ``core_compute`` traced by ``make_fx`` and compiled by Inductor, mixstack's operators inside
+  for ``msNc``), ``t`` its TF32 inference (``DP_TF32_INFER=1``: TF32 products, not float32), ``g``
+  the frame through ``mixstack.deepmd.FrameRunner`` (a kept neighbour list in fixed buffers,
+  replayed from a CUDA graph on a GPU) instead of ``model(coord, atype, box)``: ``dp2c``,
+  ``ms3cg``.
 
 Per case (config x system x size): the median frame time of interleaved rounds in rotating
 order after warm-up (``mixstack.bench.timing``, CUDA events), peak memory above the resident
 models, and energy, forces and virial against the float64 model (deepmd-kit's path, same
 weights); with ``--breakdown``, each variant's device time per stage, forward and backward
-(``deepmd_ranges``: the value path apart from the rest); with ``--md-steps N``, each variant's
-NVE throughput through deepmd-kit's ASE calculator (``deepmd_md``: steps per second, ns per day,
-energy drift; the variants run one after another, not interleaved).  Results:
+(``deepmd_ranges``: the edge build and the value path apart from the rest; a ``g`` variant's
+frame profiled eagerly, the graph replays the same kernels), the busy time (the sum of kernel
+times) and the host gap (the frame's median less that); with ``--md-steps N``, each variant's
+NVE throughput through an ASE calculator (``deepmd_md``: deepmd-kit's own for a frame of its
+model, ``mixstack.deepmd.DeepmdCalculator`` for a ``g`` variant; the variant's model, already
+compiled and captured, in both; steps per second, ns per day, energy drift; the variants run
+one after another, not interleaved).  Results:
 ``deepmd_bench.json``, ``.md`` and ``.csv``.  The models are untrained: weights perturbed
 (``configs.perturb``).
 
@@ -34,9 +41,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
+import re
 import tempfile
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -46,66 +56,71 @@ from ..measure.timing import Task, clock_for, time_interleaved
 from . import breakdown, deepmd_md
 from .deepmd_ranges import STAGES
 
+log = logging.getLogger(__name__)
+
 SYSTEMS = {"water": (systems.water, ["O", "H"]), "rocksalt": (systems.rocksalt, ["Ni", "O"])}
 
 
-def parse_variant(key: str) -> tuple[str, int, bool]:
-    """``"dp2g"`` -> ``("dp", 2, True)``: who runs the value path, the level, CUDA-graphed."""
-    graphed = key.endswith("g")
-    body = key[:-1] if graphed else key
-    if body[:2] not in ("dp", "ms") or not body[2:].isdigit() or int(body[2:]) > 3:
-        raise ValueError(f"variant must be dpN or msN (N in 0..3), optionally with a g suffix, got {key!r}")
-    return body[:2], int(body[2:]), graphed
+class Variant(NamedTuple):
+    """A parsed variant name: who runs the value path (``"dp"`` or ``"ms"``), the level, and the
+    suffixes ``c`` (compiled inference), ``t`` (TF32 inference), ``g`` (``FrameRunner``)."""
+
+    who: str
+    level: int
+    compiled: bool = False
+    tf32: bool = False
+    graphed: bool = False
+
+
+_VARIANT = re.compile(r"(dp|ms)([0-3])(c?)(t?)(g?)")
+
+
+def parse_variant(key: str) -> Variant:
+    """``"ms3cg"`` -> ``Variant("ms", 3, compiled=True, graphed=True)``."""
+    m = _VARIANT.fullmatch(key) if isinstance(key, str) else None
+    if m is None:
+        raise ValueError(f"variant must be dpN or msN (N in 0..3) with optional suffixes c, t, g in that "
+                         f"order, got {key!r}")
+    return Variant(m[1], int(m[2]), bool(m[3]), bool(m[4]), bool(m[5]))
 
 
 @contextlib.contextmanager
-def _dp_triton_infer(level: int):
-    saved = os.environ.get("DP_TRITON_INFER")
-    os.environ["DP_TRITON_INFER"] = str(level)
+def _deepmd_env(**values):
+    """deepmd-kit's inference knobs, read when a model is built, set for the ``with`` body."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update({name: str(v) for name, v in values.items()})
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop("DP_TRITON_INFER", None)
-        else:
-            os.environ["DP_TRITON_INFER"] = saved
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+def _dp_triton_infer(level: int):
+    return _deepmd_env(DP_TRITON_INFER=level)
 
 
 def build_variant(key: str, config: dict, state: dict, device, rest_level: int):
-    """The model of variant ``key``: ``config`` built at its ``DP_TRITON_INFER``, ``state`` loaded,
+    """The model of variant ``key``: ``config`` built with its deepmd-kit knobs, ``state`` loaded,
     on ``device`` in evaluation (accelerated for ``ms``); returns ``(model, report or None)``."""
-    who, level, _ = parse_variant(key)
-    with _dp_triton_infer(level if who == "dp" else rest_level):
+    v = parse_variant(key)
+    with _deepmd_env(DP_TRITON_INFER=v.level if v.who == "dp" else rest_level,
+                     DP_COMPILE_INFER=int(v.compiled), DP_TF32_INFER=int(v.tf32)):
         model = configs.build_model(config)
     model.load_state_dict(state)
     model = model.to(device).eval()
-    if who == "dp":
+    if v.who == "dp":
         return model, None
     from ..deepmd.accelerate import accelerate
-    return model, accelerate(model, level=level)
+    return model, accelerate(model, level=v.level)
 
 
 def _frame(model, inputs):
     coord, atype, box = inputs
     return model(coord, atype, box)
-
-
-def _graphed(model, inputs):
-    """A CUDA graph of one frame, or the reason it does not capture."""
-    try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                _frame(model, inputs)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = _frame(model, inputs)
-        return (lambda: graph.replay()), out, None
-    except Exception as err:                               # the capture's own error is the reason
-        torch.cuda.synchronize()
-        return None, None, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
 
 
 def _deviation(out, ref) -> dict:
@@ -129,14 +144,27 @@ def _peak_memory(fn, device) -> int | None:
     return torch.cuda.max_memory_allocated(device) - resident
 
 
-def _stage_times(model, inputs, device, rounds: int) -> dict:
+def _profiled_frame(key: str, built: Built, inputs, args):
+    """The frame the breakdown profiles: a ``g`` variant's frame run eagerly on a runner of its
+    own (a graph replays the same kernels, which the profiler does not split into stages)."""
+    if built.runner is None:
+        return built.run
+    from ..deepmd.frame import FrameRunner
+    eager = FrameRunner(built.model, skin=args.skin, graph=False, compile=parse_variant(key).compiled)
+    return lambda: eager(*inputs)
+
+
+def _stage_times(run, model, device, rounds: int) -> dict:
     from .deepmd_ranges import ranges
 
     cuda = torch.device(device).type == "cuda"
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    run()                                                  # a first call outside the profile (a fresh runner's list)
+    if cuda:
+        torch.cuda.synchronize(device)
     with ranges(model), torch.profiler.profile(activities=activities) as prof:
         for _ in range(rounds):
-            _frame(model, inputs)
+            run()
             if cuda:
                 torch.cuda.synchronize(device)
     times, _, total = breakdown.attribute(prof.events(), "cuda" if cuda else "cpu")
@@ -220,33 +248,46 @@ def _step(progress: Progress, label: str, entry: dict, field: str, fn, say=None)
     return True
 
 
-def _md_one(path, key: str, atoms, args, device) -> dict:
-    who, level, _ = parse_variant(key)
-    with _dp_triton_infer(level if who == "dp" else args.rest_level):
-        calc, acc_report = deepmd_md.load_calculator(path, None if who == "dp" else level)
+class Built(NamedTuple):
+    """A variant ready to time: its model, its ``FrameRunner`` (``g``; else ``None``), the frame
+    to time, and ``accelerate``'s report (``ms``; else ``None``)."""
+
+    model: torch.nn.Module
+    runner: object
+    run: object
+    report: object
+
+
+def _md_one(built: Built, path, atoms, args, device) -> dict:
+    if built.runner is not None:
+        from ..deepmd.calculator import DeepmdCalculator
+        calc = DeepmdCalculator(built.runner)
+    else:
+        calc = deepmd_md.deepmd_calculator(path, built.model)
     record = deepmd_md.md_throughput(calc, atoms, steps=args.md_steps, warmup=args.md_warmup,
                                      dt_fs=args.md_dt, device=device)
-    return {**record, "accelerated": None if acc_report is None else [c.runs_on for c in acc_report]}
+    if built.runner is not None:
+        record["rebuilds"], record["captures"] = built.runner.rebuilds, built.runner.captures
+    return {**record, "accelerated": None if built.report is None else [c.runs_on for c in built.report]}
 
 
-def md_runs(config: dict, model, frame, type_map, case: dict, args, device, progress: Progress) -> None:
-    """Each variant's ``md`` in ``case``: NVE through deepmd-kit's ASE calculator on ``model``'s
-    weights (written as a checkpoint), one variant after another, a step each (CUDA-graphed
-    variants left out: the calculator runs deepmd-kit's frame)."""
-    keys = [k for k in case["variants"] if not parse_variant(k)[2]]
+def md_runs(config: dict, model, frame, type_map, case: dict, built: dict, args, device, progress: Progress) -> None:
+    """Each built variant's ``md`` in ``case``: NVE through an ASE calculator on the variant's own
+    model (deepmd-kit's calculator on ``model``'s weights written as a checkpoint, its model then
+    the variant's; ``DeepmdCalculator`` on a ``g`` variant's runner), one variant after another,
+    a step each."""
     why = progress.out_of_time()
-    if why or not keys:
-        _mark([case["variants"][k] for k in keys], "md", why)
+    if why or not built:
+        _mark([case["variants"][k] for k in built], "md", why)
         return
     atoms = deepmd_md.atoms_of(frame, type_map)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.pt")
         deepmd_md.save_checkpoint(model, config, path)
-        for key in keys:
+        for key, b in built.items():
             _step(progress, f"MD {key}", case["variants"][key], "md",
-                  lambda key=key: _md_one(path, key, atoms, args, device),
+                  lambda b=b: _md_one(b, path, atoms, args, device),
                   say=lambda md: f"{md['steps_per_s']:.2f} steps/s")
-            _free(device)
 
 
 def _reference(case: dict, type_map, frame, args, device):
@@ -268,31 +309,53 @@ def _reference(case: dict, type_map, frame, args, device):
     return config, base, state, ref
 
 
+def _first_frame(key: str, model, inputs, args, notes: list):
+    """``(runner or None, run)``: variant ``key``'s frame, run once (compiles, captures)."""
+    from ..deepmd.frame import FrameRunner, warm_eager
+
+    v = parse_variant(key)
+    if v.compiled:
+        warm_eager(model, *inputs)                # level 3's first-use checks before the trace
+    if not v.graphed:
+        _frame(model, inputs)
+        return None, lambda: _frame(model, inputs)
+    runner = FrameRunner(model, skin=args.skin)
+    runner(*inputs)
+    notes.append(f"{runner.captures} CUDA graph(s) captured, {runner.edge_capacity} edge slots"
+                 if runner.captures else f"{runner.edge_capacity} edge slots, eager (no CUDA)")
+    return runner, lambda: runner(*inputs)
+
+
+def _replay_check(key: str, built: Built, inputs) -> dict | None:
+    """A ``g`` variant on a GPU: its replayed frame against the same frame run eagerly (same
+    kept list and capacity): the largest difference of each output (0: bitwise)."""
+    if built.runner is None or not built.runner.captures:
+        return None
+    from ..deepmd.frame import FrameRunner
+    eager = FrameRunner(built.model, skin=built.runner.skin, graph=False, compile=parse_variant(key).compiled)
+    a, b = built.run(), eager(*inputs)
+    return {k: (a[k].double() - b[k].double()).abs().max().item() for k in ("energy", "force", "virial")}
+
+
 def _variant(key: str, entry: dict, config: dict, state: dict, inputs, ref, args, device, progress: Progress):
     """Variant ``key`` built and its first frame against ``ref`` as one step, its peak memory as
-    another (on a GPU), into ``entry``: ``(task, model)`` to time, or ``None`` where it does not run."""
-    graphed = parse_variant(key)[2]
-    if graphed and torch.device(device).type != "cuda":
-        entry["not_run"] = "CUDA graphs need a CUDA device"
-        return None
+    another (on a GPU), into ``entry``: a ``Built`` to time."""
     with progress.step(f"{key}: built + first frame") as notes:
         model, acc_report = build_variant(key, config, state, device, args.rest_level)
         entry["accelerated"] = None if acc_report is None else [c.runs_on for c in acc_report]
-        run = lambda: _frame(model, inputs)                # noqa: E731
-        if graphed:
-            run, _, why = _graphed(model, inputs)
-            notes.append("CUDA graph captured" if why is None else f"no CUDA graph: {why}")
-            if run is None:
-                entry["not_run"] = why
-                return None
-        entry["accuracy"] = _deviation(_frame(model, inputs), ref)
+        runner, run = _first_frame(key, model, inputs, args, notes)
+        built = Built(model, runner, run, acc_report)
+        entry["accuracy"] = _deviation(run(), ref)
         notes.append(f"force max abs {entry['accuracy']['force_max_abs']:.1e}")
+        if (replay := _replay_check(key, built, inputs)) is not None:
+            entry["replay_vs_eager"] = replay
+            notes.append(f"replay vs eager force max abs {replay['force']:.1e}")
     if torch.device(device).type != "cuda":
         entry["peak_memory_bytes"] = None
     else:
         _step(progress, f"{key}: peak memory", entry, "peak_memory_bytes", lambda: _peak_memory(run, device),
               say=lambda b: f"{b / 2 ** 20:.0f} MiB above the resident models")
-    return Task(run=run), model
+    return built
 
 
 def _time_all(case: dict, tasks: dict, args, device, progress: Progress) -> None:
@@ -326,26 +389,29 @@ def run_case(case: dict, variants, args, device, progress: Progress) -> dict:
     with progress.step("float64 reference frame"):
         config, base, state, ref = _reference(case, type_map, frame, args, device)
     inputs = (coord.float().to(device), atype.to(device), None if box is None else box.float().to(device))
-    tasks, models = {}, {}
+    built = {}
     for key in variants:
         entry = case["variants"].setdefault(key, {})
         why = progress.out_of_time()
         if why:
             entry["not_run"] = why
-        elif built := _variant(key, entry, config, state, inputs, ref, args, device, progress):
-            tasks[key], models[key] = built
-    if tasks:
-        _time_all(case, tasks, args, device, progress)
+        else:
+            try:
+                built[key] = _variant(key, entry, config, state, inputs, ref, args, device, progress)
+            except Exception as err:                   # one variant that cannot build leaves the others
+                failed = progress.record.pop("failed", {})
+                entry["not_run"] = f"failed in {failed.get('step', key)}: {failed.get('error', err)}"
+                log.warning("variant %s failed", key, exc_info=True)
+                _free(device)
+    if built:
+        _time_all(case, {key: Task(run=b.run) for key, b in built.items()}, args, device, progress)
     if args.breakdown:
-        for key, model in models.items():
-            if not parse_variant(key)[2]:
-                _step(progress, f"breakdown {key}", case["variants"][key], "breakdown",
-                      lambda m=model: _stage_times(m, inputs, device, args.breakdown_rounds))
+        for key, b in built.items():
+            _step(progress, f"breakdown {key}", case["variants"][key], "breakdown",
+                  lambda key=key, b=b: _stage_times(_profiled_frame(key, b, inputs, args), b.model, device,
+                                                    args.breakdown_rounds))
     if args.md_steps > 0:
-        tasks.clear()
-        models.clear()                                     # the timed models' memory, before MD
-        _free(device)
-        md_runs(config, base, frame, type_map, case, args, device, progress)
+        md_runs(config, base, frame, type_map, case, built, args, device, progress)
     return case
 
 
@@ -357,8 +423,8 @@ def _stage_rows(record: dict) -> list[str]:
     """Where each variant's device time goes: the value path (Wigner rows to aggregation) apart
     from the rest of the convolution and of the model, forward / backward."""
     lines = ["", "Device time per stage (ms a frame, forward / backward; `deepmd_ranges`):", "",
-             "| config | system | atoms | variant | wigner | value path | rest of convolution | rest of model |",
-             "|" + "---|" * 8]
+             "| config | system | atoms | variant | edges | wigner | value path | rest of convolution | rest of model |",
+             "|" + "---|" * 9]
     for case in record["cases"]:
         for key, v in case["variants"].items():
             stages = v.get("breakdown", {}).get("stages")
@@ -406,13 +472,27 @@ def _not_run_section(record: dict) -> list[str]:
     return ["", "## Not run", "", *lines] if lines else []
 
 
+def fastest_deepmd(case: dict) -> tuple[str, float] | None:
+    """The case's fastest timed deepmd-kit variant (``dp...``) and its median, or ``None``."""
+    timed = [(v["time"]["median_ms"], key) for key, v in case["variants"].items()
+             if key.startswith("dp") and v.get("time")]
+    return (min(timed)[1], min(timed)[0]) if timed else None
+
+
+def _gap(v: dict) -> float | None:
+    busy = v.get("breakdown", {}).get("busy_ms")
+    return None if busy is None or not v.get("time") else v["time"]["median_ms"] - busy
+
+
 def markdown(record: dict) -> str:
     lines = ["# deepmd-kit SeZM: deepmd-kit's levels against mixstack", ""]
     lines += [f"- {line}" for line in report.header_lines(record) + _status_lines(record)] + [""]
-    lines += ["| config | system | atoms | variant | median ms | p20-p80 ms | peak MiB | force max abs | "
-              "energy rel | Wigner to aggregation, fwd+bwd ms | rest, fwd+bwd ms | MD steps/s | MD ns/day |",
-              "|" + "---|" * 13]
+    lines += ["| config | system | atoms | variant | median ms | p20-p80 ms | x fastest dp | busy ms | host gap ms | "
+              "peak MiB | force max abs | energy rel | edges, fwd ms | Wigner to aggregation, fwd+bwd ms | "
+              "rest, fwd+bwd ms | MD steps/s | MD ns/day | drift meV/atom/ps |",
+              "|" + "---|" * 18]
     for case in record["cases"]:
+        best = fastest_deepmd(case)
         for key, v in case["variants"].items():
             t = v.get("time")
             acc = v.get("accuracy", {})
@@ -423,13 +503,19 @@ def markdown(record: dict) -> str:
                      (v.get("not_run") or v.get("steps_not_run", {}).get("time") or "—") if t is None
                      else f"{t['median_ms']:.2f}",
                      "—" if t is None else f"{t['p20_ms']:.2f}-{t['p80_ms']:.2f}",
+                     "—" if t is None or best is None else f"{best[1] / t['median_ms']:.2f}",
+                     report.fmt(v.get("breakdown", {}).get("busy_ms"), ".2f"), report.fmt(_gap(v), ".2f"),
                      report.fmt(None if peak is None else peak / 2 ** 20, ".0f"),
                      report.fmt(acc.get("force_max_abs")), report.fmt(acc.get("energy_rel")),
+                     report.fmt(_stage_sum(stages, ("edges",)), ".2f"),
                      report.fmt(_stage_sum(stages, ("wigner", "value_path")), ".2f"),
                      report.fmt(_stage_sum(stages, ("convolution", breakdown.OTHER)), ".2f"),
-                     report.fmt(md.get("steps_per_s"), ".2f"), report.fmt(md.get("ns_per_day"), ".3f")]
+                     report.fmt(md.get("steps_per_s"), ".2f"), report.fmt(md.get("ns_per_day"), ".3f"),
+                     report.fmt(md.get("drift_mev_atom_ps"), ".3g")]
             lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines + _stage_rows(record) + _not_run_section(record)) + "\n"
+    notes = [f"- {case['config']} / {case['atoms']} atoms: x fastest dp is against {best[0]} ({best[1]:.2f} ms)"
+             for case in record["cases"] if (best := fastest_deepmd(case))]
+    return "\n".join(lines + ([""] + notes if notes else []) + _stage_rows(record) + _not_run_section(record)) + "\n"
 
 
 def long_rows(record: dict) -> list[dict]:
@@ -439,6 +525,7 @@ def long_rows(record: dict) -> list[dict]:
         for key, v in case["variants"].items():
             row = {"config": case["config"], "system": case["system"], "atoms": case["atoms"], "variant": key,
                    "median_ms": v.get("time", {}).get("median_ms"), "peak_memory_bytes": v.get("peak_memory_bytes"),
+                   "busy_ms": v.get("breakdown", {}).get("busy_ms"), "host_gap_ms": _gap(v),
                    **{k: val for k, val in v.get("accuracy", {}).items()}, "not_run": not_run_text(v), **cols}
             for stage, t in v.get("breakdown", {}).get("stages", {}).items():
                 row[f"{stage}_forward_ms"], row[f"{stage}_backward_ms"] = t["forward_ms"], t["backward_ms"]

@@ -3,9 +3,9 @@
 
 A model is written as a deepmd-kit checkpoint (``save_checkpoint``: the ``.pt`` that ``dp --pt
 train`` writes, its model parameters in the state's extra state) and loaded by ``DP`` as users
-load it (``load_calculator``: the neighbour list, the host-device copies and the frame all
-deepmd-kit's); an accelerated variant is ``mixstack.deepmd.accelerate`` applied to the loaded
-model.  ``md_bench.nve`` runs NVE through ASE's velocity Verlet and reports steps per second,
+load it (``deepmd_calculator``: the neighbour list, the host-device copies and the frame all
+deepmd-kit's), its model replaced by the variant's own (accelerated, compiled and warm as it was
+timed).  ``md_bench.nve`` runs NVE through ASE's velocity Verlet and reports steps per second,
 ns per day and the energy drift.
 """
 
@@ -28,17 +28,17 @@ def save_checkpoint(model, config: dict, path) -> None:
     torch.save({"model": ModelWrapper(model, model_params=params).state_dict()}, str(path))
 
 
-def load_calculator(path, accelerate_level: int | None = None):
-    """``deepmd.calculator.DP`` on the checkpoint ``path`` (deepmd-kit's levels as
-    ``DP_TRITON_INFER`` says when it loads); with ``accelerate_level`` its model accelerated at
-    that mixstack level.  Returns ``(calculator, report or None)``."""
+def deepmd_calculator(path, model=None):
+    """``deepmd.calculator.DP`` on the checkpoint ``path``, as users load it (deepmd-kit's levels
+    as ``DP_TRITON_INFER`` says when it loads); with ``model`` (a model of the same config) that
+    model runs its frames instead of the one it loaded: a variant's own, already accelerated,
+    compiled and warm."""
     from deepmd.calculator import DP
 
     calc = DP(model=str(path))
-    if accelerate_level is None:
-        return calc, None
-    from ..deepmd.accelerate import accelerate
-    return calc, accelerate(calc.dp.deep_eval.dp, level=accelerate_level)
+    if model is not None:
+        calc.dp.deep_eval.dp.model["Default"] = model
+    return calc
 
 
 def atoms_of(frame, type_map):

@@ -5,6 +5,8 @@ open, each piece in a ``torch.profiler.record_function`` range named ``stage::<n
 ``mixstack.bench.breakdown.attribute`` charges every operator's device time, forward and
 backward, to the innermost range it ran in:
 
+* ``edges``: the frame's edge list: deepmd-kit's ``build_neighbor_list`` (its neighbour search
+  and compaction), or ``FrameRunner``'s packing of the kept list (its own range);
 * ``wigner``: deepmd-kit's ``(E, D, D)`` Wigner blocks in the edge cache (``wigner_calc``), which
   only its own value path reads (an accelerated descriptor no longer builds them);
 * ``value_path``: on deepmd-kit's path ``SO2Convolution.so2_message`` (rotation, radial degree
@@ -14,7 +16,7 @@ backward, to the innermost range it ran in:
   (``glue.frame_edges``, built by the frame's first convolution);
 * ``convolution``: the rest of each ``SO2Convolution`` (channel mixes, attention logits and
   gates, grid products, and deepmd-kit's unfused aggregation);
-* everything else is ``other`` (the embedding, the FFNs, the readout, the neighbour list).
+* everything else is ``other`` (the embedding, the FFNs, the readout, the force scatter).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import functools
 
 import torch
 
-STAGES = ("wigner", "value_path", "convolution")
+STAGES = ("edges", "wigner", "value_path", "convolution")
 
 
 def _ranged(fn, name: str):
@@ -51,6 +53,8 @@ def ranges(model):
         setattr(obj, attr, _ranged(getattr(obj, attr), name))
         undo.append(lambda: setattr(obj, attr, old) if had else delattr(obj, attr))
 
+    if callable(getattr(model, "build_neighbor_list", None)):
+        wrap(model, "build_neighbor_list", "edges")
     for module in model.modules():
         if isinstance(module, DescrptSeZM):
             wrap(module.wigner_calc, "forward", "wigner")

@@ -16,13 +16,16 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64)
 def _option_reason(conv) -> str | None:
     """The first option of ``conv`` that mixstack does not reproduce, or ``None``."""
     if conv.edge_cartesian:
-        return "edge_cartesian: a Cartesian tensor product replaces the SO(2) value path"
+        return ("edge_cartesian: a global-frame Cartesian tensor product (no edge rotation, no SO(2) stack) "
+                "replaces the SO(2) value path")
     if conv.mixing_layers == 0:
         return "mixing_layers 0: no mixing stack (the radial scaling alone)"
-    if conv.mmax != 1:
-        return f"mmax {conv.mmax}: mixstack keeps the orders |m| <= 1"
+    if conv.lmax == 0:
+        return "lmax 0: a block of scalar (l = 0) features alone has no SO(2) stack (mixstack takes lmax 1..6)"
     if not 1 <= conv.lmax <= 6:
         return f"lmax {conv.lmax}: mixstack takes 1..6"
+    if conv.mmax != 1:
+        return f"mmax {conv.mmax}: mixstack keeps the orders |m| <= 1"
     if conv.so2_norm:
         return "so2_norm: an RMS norm before each mixing layer"
     if conv.use_so2_attn_res:

@@ -105,6 +105,25 @@ def test_water_model_on_kernels_is_bitwise_run_to_run():
 
 
 @pytest.mark.slow
+def test_frame_runner_on_kernels_matches_the_model_and_is_bitwise_run_to_run():
+    """``FrameRunner`` (its padded, fixed-capacity edges) on the water model at level 1: deepmd-kit's
+    frame to float32 rounding, bitwise run to run, the same kernels as the model's own frame."""
+    from mixstack.deepmd import FrameRunner
+
+    fast, frame32, first = _water()
+    runner = FrameRunner(fast)
+    with mixstack.dispatch_log() as log:
+        out = runner(*frame32)
+    assert log["fwd:triton"] == 2 and log["wigner:triton"] == 1 and log["fwd:reference"] == 0, dict(log)
+    again = runner(*frame32)
+    assert runner.edge_capacity > int((frame32[0].shape[1]) ** 2)      # padding edges in the buffer
+    for key in KEYS:
+        assert torch.equal(out[key], again[key]), key
+        scale = first[key].abs().max().item()
+        assert (out[key].double() - first[key].double()).abs().max().item() <= 64 * 2 ** -23 * scale, key
+
+
+@pytest.mark.slow
 def test_two_stream_model_on_kernels_matches_deepmd():
     """The 2-stream lmax-3 example with two heads (the schema default's stack, Cf 64 lmax 3 with 4
     layers, runs on kernels in the convolution test; its whole model in float64)."""

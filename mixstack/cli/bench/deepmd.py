@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from ..common import COUNT, COUNT0, POSITIVE, command_line, name_list, results_folder, write_results
+from ..common import COUNT, COUNT0, NONNEGATIVE, POSITIVE, command_line, name_list, results_folder, write_results
 
 # The names the parsers spell out: the modules that define them import torch.
 CONFIG_NAMES = ("water", "two_stream", "default")       # mixstack.deepmd.configs.CONFIGS
@@ -16,9 +16,11 @@ REST_LEVELS = (0, 1, 2, 3)                              # deepmd-kit's DP_TRITON
 HELP = "deepmd-kit's SeZM models: deepmd-kit's levels against the accelerated model"
 DESCRIPTION = ("Time deepmd-kit's own forward of a SeZM (DPA4) model (energy, forces and virial, its "
                "neighbour list included) at deepmd-kit's levels (dpN: DP_TRITON_INFER=N) against the same "
-               "weights accelerated by mixstack.deepmd (msN: mixstack level N), a g suffix replaying the frame "
-               "from a CUDA graph; with peak memory and the deviation from the float64 model, the value path's "
-               "stages (--breakdown) and NVE through deepmd-kit's ASE calculator (--md-steps). Needs the "
+               "weights accelerated by mixstack.deepmd (msN: mixstack level N); suffixes c (deepmd-kit's compiled "
+               "inference, DP_COMPILE_INFER=1), t (its TF32 inference) and g (the frame through "
+               "mixstack.deepmd.FrameRunner: a kept neighbour list in fixed buffers, replayed from a CUDA graph); "
+               "with peak memory and the deviation from the float64 model, busy time and stages (--breakdown) "
+               "and NVE through an ASE calculator (--md-steps). Needs the "
                "[deepmd] extra: pip install -e \".[deepmd]\" from a clone of mixstack.")
 
 
@@ -32,7 +34,8 @@ def add_arguments(p) -> None:
                    help=f"systems, comma-separated: {', '.join(SYSTEM_NAMES)} (default water,rocksalt)")
     p.add_argument("--variants", type=name_list(), default="dp0,dp2,dp3,ms2,ms3", metavar="LIST",
                    help="comma-separated: dpN (deepmd-kit at DP_TRITON_INFER=N) or msN (mixstack level N), "
-                        "N in 0..3, a g suffix for the frame replayed from a CUDA graph "
+                        "N in 0..3, then optional suffixes in this order: c (DP_COMPILE_INFER=1), t "
+                        "(DP_TF32_INFER=1), g (FrameRunner, a CUDA graph on a GPU); e.g. dp2c,ms3cg "
                         "(default dp0,dp2,dp3,ms2,ms3)")
     p.add_argument("--rest-level", type=int, choices=REST_LEVELS, default=2,
                    help="DP_TRITON_INFER of the accelerated models: deepmd-kit's kernels for the rest "
@@ -42,9 +45,12 @@ def add_arguments(p) -> None:
     p.add_argument("--breakdown", action="store_true", help="device time per stage, forward and backward (profiler)")
     p.add_argument("--breakdown-rounds", type=COUNT, default=3, help="profiled frames per variant (default 3)")
     p.add_argument("--md-steps", type=COUNT0, default=0, metavar="N",
-                   help="NVE steps per variant through deepmd-kit's ASE calculator (default 0: none)")
+                   help="NVE steps per variant through an ASE calculator: deepmd-kit's, or "
+                        "mixstack.deepmd.DeepmdCalculator for g variants (default 0: none)")
     p.add_argument("--md-warmup", type=COUNT0, default=3, metavar="N", help="untimed NVE steps first (default 3)")
     p.add_argument("--md-dt", type=POSITIVE, default=0.5, metavar="FS", help="NVE time step in fs (default 0.5)")
+    p.add_argument("--skin", type=NONNEGATIVE, default=1.0, metavar="A",
+                   help="the g variants' neighbour-list skin in Å (default 1; 0: a search every frame)")
     p.add_argument("--rcut", type=POSITIVE, metavar="R", help="the configs' cutoff in Å, overridden (tiny CPU runs)")
     p.add_argument("--seconds", type=POSITIVE, metavar="S",
                    help="start no step once S seconds have gone: what is left is marked not run, the results "

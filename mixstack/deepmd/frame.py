@@ -1,0 +1,306 @@
+"""``FrameRunner``: a deepmd-kit SeZM model's frame (energy, forces, virial) at the GPU's pace.
+
+deepmd-kit's own frame, ``model(coord, atype, box)``, builds a compact edge list every call with
+host synchronisations and data-dependent shapes, then launches the model op by op from Python;
+on a GPU the device waits for the host through much of it.  ``FrameRunner(model)`` runs the same
+model from ``forward_common_lower`` on edges it keeps in fixed buffers, and replays everything
+after the neighbour search from one CUDA graph:
+
+* **Neighbour list with a skin.**  A candidate list of every pair within ``rcut + skin`` (vesin's
+  cell list, sorted by centre, neighbour and image so that it does not depend on the library's
+  order), kept while no atom has moved more than ``skin / 2`` and the box is unchanged; then no
+  pair can have come from beyond ``rcut + skin`` to within ``rcut``.
+* **Static capacity.**  Every frame, on the device, the candidates within ``rcut`` (deepmd-kit's
+  own test: ``1e-10 < r^2 <= rcut^2``, both atoms real) are packed in list order into the first
+  slots of an edge buffer of fixed capacity; the slots after them are padding edges, masked, that
+  contribute exact zeros (deepmd-kit replaces a masked edge's vector by the unit ``z`` vector and
+  multiplies its envelope, radial basis and type features by the mask).  No host
+  synchronisation, no data-dependent shape.
+* **Overflow on the device.**  The frame also computes one flag: more edges within ``rcut``
+  than the capacity holds, an atom moved more than half the skin, or the box changed.  The
+  runner reads it with the results (the one synchronisation a caller pays anyway to read
+  forces); when it is set, the frame's results are discarded, the list is rebuilt and the
+  capacity grown where needed, and the frame runs again: edges are never dropped.
+* **Capacity buckets.**  Capacities round up to steps of 1/32-1/64 of the count
+  (``potential.verlet.edge_capacity``) and shrink only two steps below, so a molecular-dynamics
+  run recaptures only when its edge count really moves.
+* **One CUDA graph.**  From the positions to energy, forces and virial: the edge packing,
+  ``forward_common_lower`` (deepmd-kit's eager model or its compiled ``core_compute``, with or
+  without mixstack's operators) and the force backward.  The graph is captured after two
+  eager warm-up frames (Triton compiles, deepmd-kit's autotuning and level 3's first-use checks
+  happen there) and recaptured when the atom count or a capacity changes; one graph is kept.
+
+Limits: one frame per call (``nf = 1``); no ``fparam`` / ``aparam`` / spin inputs; a model in
+evaluation mode; a box is periodic in all three directions (deepmd-kit's convention), no box is
+an open system.  On a CPU (or with ``graph=False``) the same frame runs eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+import torch
+
+from ..potential.graphs import capture_stream, run_on_capture_stream
+from ..potential.verlet import edge_capacity
+
+log = logging.getLogger(__name__)
+
+OUTPUTS = ("energy", "force", "virial", "atom_energy")
+REDUCED = ("energy", "virial")       # kept in deepmd-kit's energy precision, as its own forward does
+MIN_LENGTH2 = 1e-10                  # deepmd-kit's own floor: shorter pairs are no edges
+CAPACITY_HEADROOM = 1.01             # the edge capacity asked for, over the count at a rebuild
+# the frame's flag: why its results cannot stand (bits), and what a rebuild says of each
+OVERFLOW, MOVED, BOX = 1, 2, 4
+WHY = {OVERFLOW: "more edges within the cutoff than the capacity", MOVED: "an atom moved more than half the skin",
+       BOX: "the box changed"}
+
+
+class Candidates(NamedTuple):
+    """The kept neighbour list, padded to its capacity: ``src``/``dst`` the neighbour ``j`` and the
+    centre ``i``, ``shifts`` the integer image shifts (``r_ij = x_j - x_i + S @ cell``), ``valid``
+    the real entries, ``pos0``/``box0`` the positions and box it was built at."""
+
+    src: torch.Tensor
+    dst: torch.Tensor
+    shifts: torch.Tensor
+    valid: torch.Tensor
+    pos0: torch.Tensor
+    box0: torch.Tensor
+
+
+def _check_model(model) -> None:
+    for name in ("forward_common_lower", "get_rcut"):
+        if not callable(getattr(model, name, None)):
+            raise TypeError(f"model must be a deepmd-kit model with {name}() (a SeZM / DPA4 energy model), "
+                            f"got {type(model).__name__}")
+    if model.training:
+        raise ValueError("model is in training mode; FrameRunner runs a model in evaluation (call model.eval())")
+    for getter, what in (("get_dim_fparam", "frame parameters (fparam)"), ("get_dim_aparam", "atomic parameters")):
+        fn = getattr(model, getter, None)
+        if callable(fn) and fn() > 0:
+            raise ValueError(f"model takes {what}, which FrameRunner does not pass")
+
+
+def search(pos: torch.Tensor, box: torch.Tensor | None, cutoff: float):
+    """Every ordered pair within ``cutoff``: ``(i, j, S)`` int64 on ``pos``'s device, sorted by
+    centre ``i``, then neighbour ``j``, then image ``S`` (vesin's cell list; a host search by
+    ``mixstack.potential.neighbors`` where ``vesin.torch`` is missing)."""
+    device = pos.device
+    try:
+        import vesin.torch as vesin_torch
+    except ImportError:
+        vesin_torch = None
+    if vesin_torch is not None:
+        cell = box.view(3, 3) if box is not None else torch.zeros(3, 3, dtype=pos.dtype, device=device)
+        with torch.device(device):
+            i, j, s = vesin_torch.NeighborList(cutoff=float(cutoff), full_list=True).compute(
+                points=pos.detach(), box=cell.detach(), periodic=box is not None, quantities="ijS")
+        i, j, s = i.to(torch.int64), j.to(torch.int64), s.to(torch.int64).reshape(-1, 3)
+    else:
+        from ..potential.neighbors import _pairs
+        cell = (box.view(3, 3) if box is not None else torch.zeros(3, 3)).detach().double().cpu().numpy()
+        i, j, s = (torch.as_tensor(a, device=device) for a in
+                   _pairs(pos.detach().double().cpu().numpy(), cell, [box is not None] * 3, cutoff))
+    if i.numel() == 0:
+        return i, j, s.reshape(0, 3)
+    span = 2 * int(s.abs().max()) + 1
+    key = i * pos.shape[0] + j
+    for axis in range(3):
+        key = key * span + (s[:, axis] + span // 2)
+    order = torch.sort(key, stable=True).indices
+    return i[order], j[order], s[order]
+
+
+def warm_eager(model, coord, atype, box=None) -> None:
+    """One eager frame of ``model`` from deepmd-kit's own edge list (``forward_common_lower`` with
+    its compiled path off): what runs before a compiled model is traced, so that first-use work
+    that cannot run on a trace's fake tensors (mixstack level 3's float64 check) happens here."""
+    nf = atype.shape[0] if atype.dim() > 1 else 1
+    schema = model.build_neighbor_list(coord.reshape(nf, -1, 3), atype.reshape(nf, -1), box)
+    with torch.enable_grad():
+        model.forward_common_lower(schema.coord, schema.atype, schema.edge_index, schema.edge_vec,
+                                   schema.edge_scatter_index, schema.edge_mask, use_compile=False)
+
+
+class FrameRunner:
+    """``FrameRunner(model)(coord, atype, box=None) -> {"energy", "force", "virial", "atom_energy"}``:
+    ``model(coord, atype, box)``'s outputs for one frame, computed from a kept neighbour list
+    with a skin and, on a GPU, replayed from a CUDA graph (the module docstring).
+
+    ``skin`` (Å, default 1): the candidate list's margin; ``0`` searches every call.  ``graph``:
+    replay from a CUDA graph (default: on CUDA).  ``compile``: run deepmd-kit's compiled
+    ``core_compute`` (its ``DP_COMPILE_INFER`` path; default: what the model was built with).
+    Counters: ``calls``, ``rebuilds``, ``captures``, ``replays``; ``last_reason`` why the last
+    rebuild happened; ``edge_capacity`` and ``candidate_capacity`` the buffers' sizes."""
+
+    def __init__(self, model, *, skin: float = 1.0, graph: bool | None = None, compile: bool | None = None):
+        _check_model(model)
+        if not skin >= 0:
+            raise ValueError(f"skin must be >= 0 Å, got {skin}")
+        if graph and not torch.cuda.is_available():
+            raise ValueError("graph=True needs CUDA (CUDA graphs); use graph=None or False on a CPU")
+        self.model, self.skin, self.graph, self.compile = model, float(skin), graph, compile
+        self.rcut = float(model.get_rcut())
+        self.dtype = model.global_pt_float_precision
+        self.calls = self.rebuilds = self.captures = self.replays = 0
+        self.last_reason: str | None = None
+        self.edge_capacity = self.candidate_capacity = 0
+        self._cand: Candidates | None = None
+        self._periodic: bool | None = None
+        self._pad: torch.Tensor | None = None
+        self._static = None         # (pos, box, atype) the graph reads, and its outputs
+        self._graph = None
+        self._graph_key = None
+        self._warmed = False
+
+    # -- the frame itself: tensors in, tensors out, no host synchronisation -----------------------
+
+    def _pairs(self, pos, box, atype, cand: Candidates):
+        """Every candidate's vector and whether it is an edge now (deepmd-kit's own test)."""
+        vec = pos.index_select(0, cand.src) - pos.index_select(0, cand.dst)
+        if box is not None:
+            vec = vec + (cand.shifts[:, :, None] * box.view(3, 3)).sum(1)
+        r2 = (vec * vec).sum(-1)
+        keep = cand.valid & (r2 > MIN_LENGTH2) & (r2 <= self.rcut * self.rcut)
+        keep = keep & (atype.index_select(0, cand.src) >= 0) & (atype.index_select(0, cand.dst) >= 0)
+        return vec, keep
+
+    def _pack(self, vec, keep, cand: Candidates):
+        """The edges within the cutoff in the first slots of a ``edge_capacity`` buffer, in list
+        order; padding after them; and whether they overflowed it."""
+        cap = self.edge_capacity
+        slot = torch.cumsum(keep, 0) - 1
+        overflow = slot[-1] >= cap
+        target = torch.where(keep & (slot < cap), slot, cap)
+        pick = torch.full((cap + 1,), -1, dtype=torch.long, device=vec.device)
+        pick.scatter_(0, target, torch.arange(keep.numel(), device=vec.device))
+        pick = pick[:cap]
+        used = pick >= 0
+        safe = pick.clamp(min=0)
+        src = torch.where(used, cand.src.index_select(0, safe), self._pad)
+        dst = torch.where(used, cand.dst.index_select(0, safe), self._pad)
+        edge_vec = torch.where(used.unsqueeze(1), vec.index_select(0, safe), vec.new_zeros(()))
+        return torch.stack((src, dst)), edge_vec, used, overflow
+
+    def frame(self, pos, box, atype, use_compile: bool | None = None):
+        """One frame on the kept list: ``(energy (1, 1), force (1, N, 3), virial (1, 9), atom_energy
+        (1, N, 1), flag ())``, ``flag`` non-zero where the results cannot stand: ``OVERFLOW``, ``MOVED``,
+        ``BOX`` bits (module docstring)."""
+        cand = self._cand
+        with torch.profiler.record_function("stage::edges"):
+            vec, keep = self._pairs(pos, box, atype, cand)
+            edge_index, edge_vec, mask, overflow = self._pack(vec, keep, cand)
+            moved = ((pos - cand.pos0) ** 2).sum(-1).amax() > (0.5 * self.skin) ** 2
+            flag = overflow.int() * OVERFLOW + moved.int() * MOVED
+            if box is not None:
+                flag = flag + (box != cand.box0).any().int() * BOX
+        n = pos.shape[0]
+        ret = self.model.forward_common_lower(pos.unsqueeze(0), atype.unsqueeze(0), edge_index, edge_vec,
+                                              edge_index, mask,
+                                              use_compile=self.compile if use_compile is None else use_compile)
+        return (ret["energy_redu"].view(1, 1), ret["energy_derv_r"].view(1, n, 3),
+                ret["energy_derv_c_redu"].view(1, 9), ret["energy"].view(1, n, 1), flag)
+
+    # -- the host side: inputs, rebuilds, the graph ------------------------------------------------
+
+    def _inputs(self, coord, atype, box):
+        one_frame = (coord.dim() == 3 and coord.shape[0] == 1 and coord.shape[2] == 3) or \
+            (coord.dim() == 2 and (coord.shape[1] == 3 or coord.shape[0] == 1 and coord.shape[1] % 3 == 0))
+        if not one_frame:
+            raise ValueError(f"FrameRunner runs one frame a call: coord must be (1, N, 3), (N, 3) or (1, 3N), "
+                             f"got {tuple(coord.shape)}")
+        pos = coord.reshape(-1, 3).to(self.dtype)
+        n = pos.shape[0]
+        atype = atype.reshape(-1).to(device=pos.device, dtype=torch.long)
+        if atype.numel() != n:
+            raise ValueError(f"atype must hold one type per atom ({n}), got shape {tuple(atype.shape)}")
+        if box is not None:
+            if box.numel() != 9:
+                raise ValueError(f"box must hold the 3 x 3 cell of one frame, got shape {tuple(box.shape)}")
+            box = box.reshape(9).to(device=pos.device, dtype=self.dtype)
+        return pos, box, atype
+
+    def _rebuild(self, pos, box, atype, reason: str) -> None:
+        """A new candidate list at ``pos``, its capacity and the edge capacity for its count now."""
+        i, j, s = search(pos, box, self.rcut + self.skin)
+        cap = edge_capacity(max(i.numel(), 1), self.candidate_capacity or None)
+        dev, n = pos.device, pos.shape[0]
+        src = torch.zeros(cap, dtype=torch.long, device=dev)
+        dst = torch.zeros(cap, dtype=torch.long, device=dev)
+        shifts = torch.zeros(cap, 3, dtype=self.dtype, device=dev)
+        valid = torch.zeros(cap, dtype=torch.bool, device=dev)
+        m = i.numel()
+        src[:m], dst[:m], shifts[:m], valid[:m] = j, i, s.to(self.dtype), True
+        box0 = box.clone() if box is not None else torch.zeros(9, dtype=self.dtype, device=dev)
+        fresh = Candidates(src, dst, shifts, valid, pos.clone(), box0)
+        inside = int(self._pairs(pos, box, atype, fresh)[1].sum())
+        edges = edge_capacity(max(int(inside * CAPACITY_HEADROOM), 1), self.edge_capacity or None)
+        same = self._cand is not None and self._cand.pos0.shape == fresh.pos0.shape and self._periodic == (box is not None)
+        if same and cap == self.candidate_capacity and edges == self.edge_capacity:
+            for old, new in zip(self._cand, fresh):          # in place: a captured graph reads these
+                old.copy_(new)
+        else:
+            self._cand, self.candidate_capacity, self.edge_capacity = fresh, cap, edges
+            self._pad = torch.arange(edges, device=dev) % n
+            self._periodic = box is not None
+        self.rebuilds += 1
+        self.last_reason = reason
+        log.debug("neighbour list rebuilt (%s): %d candidates, %d edges, capacities %d / %d",
+                  reason, m, inside, cap, edges)
+
+    def _use_graph(self, pos) -> bool:
+        return pos.is_cuda if self.graph is None else bool(self.graph)
+
+    def _capture(self, pos, box, atype):
+        self._graph = self._static = None                   # release the old graph's pool first
+        static = (pos.clone(), None if box is None else box.clone(), atype.clone())
+        for _ in range(2):                                  # compiles, autotuning, first-use checks
+            run_on_capture_stream(self.frame, *static)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=capture_stream(pos.device)):
+            outputs = self.frame(*static)
+        self._graph, self._static = graph, (static, outputs)
+        self.captures += 1
+
+    def _run(self, pos, box, atype):
+        if not self._use_graph(pos):
+            return self.frame(pos, box, atype)
+        key = (pos.shape[0], box is None, self.edge_capacity, self.candidate_capacity, id(self._cand))
+        if self._graph is None or key != self._graph_key:
+            self._capture(pos, box, atype)
+            self._graph_key = key
+        (s_pos, s_box, s_atype), outputs = self._static
+        s_pos.copy_(pos)
+        s_atype.copy_(atype)
+        if box is not None:
+            s_box.copy_(box)
+        self._graph.replay()
+        self.replays += 1
+        return outputs
+
+    def __call__(self, coord: torch.Tensor, atype: torch.Tensor, box: torch.Tensor | None = None) -> dict:
+        """``model(coord, atype, box)``'s energy, forces, virial and atomic energies for one frame."""
+        in_dtype = coord.dtype
+        pos, box, atype = self._inputs(coord, atype, box)
+        self.calls += 1
+        with torch.no_grad():
+            if self._cand is None or self._cand.pos0.shape[0] != pos.shape[0] or self._periodic != (box is not None):
+                self._rebuild(pos, box, atype, "no list yet" if self._cand is None else "the atoms changed")
+            elif self.skin == 0:
+                self._rebuild(pos, box, atype, "skin 0: a search every frame")
+        if not self._warmed and (self.compile or self.compile is None and self.model.should_use_compile()):
+            with torch.enable_grad():                      # level 3's first-use checks before the trace
+                self.frame(pos, box, atype, use_compile=False)
+        self._warmed = True
+        for _ in range(3):
+            with torch.enable_grad():                      # the forces are a backward inside the frame
+                *outputs, flag = self._run(pos, box, atype)
+            bits = int(flag)
+            if not bits:
+                return {name: t.detach().clone() if name in REDUCED else t.detach().to(in_dtype, copy=True)
+                        for name, t in zip(OUTPUTS, outputs)}
+            with torch.no_grad():
+                self._rebuild(pos, box, atype, "; ".join(why for bit, why in WHY.items() if bits & bit))
+        raise RuntimeError("FrameRunner: the neighbour list went stale three times in one frame")

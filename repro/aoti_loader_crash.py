@@ -1,0 +1,131 @@
+"""AOTInductor's loader on one machine: package a ``torch.nn.Linear`` and load it every way torch offers.
+
+On the lent H200 machine (torch 2.11.0+cu130) ``torch._inductor.aoti_load_package`` killed the
+process with no Python traceback.  This reproducer packages the smallest model there is and then
+tries each loading path in a subprocess of its own, with ``faulthandler`` on, so that a crash in
+one is reported (exit status, signal, the Python stack faulthandler prints, the last lines of
+stderr) and the others still run:
+
+* ``load``: ``torch._inductor.aoti_load_package`` (what ``mixstack.load`` and deepmd-kit call);
+* ``loader``: ``torch._C._aoti.AOTIModelPackageLoader`` directly;
+* ``dlopen``: the package's compiled ``.so`` opened with ``ctypes`` alone (its static
+  initialisers and the libraries it links, nothing of torch's loader);
+* ``runner``: that ``.so`` through ``torch._C._aoti.AOTIModelContainerRunnerCuda`` (or ``Cpu``);
+* ``cpu``: the same model packaged and loaded for the CPU.
+
+    python repro/aoti_loader_crash.py [--out DIR]          # every path, a summary at the end
+    python repro/aoti_loader_crash.py --step load --package DIR/linear-cuda.pt2   # one path, in-process
+
+A backtrace below Python: ``cuda-gdb -batch -ex run -ex bt --args python3 repro/aoti_loader_crash.py
+--step load --package DIR/linear-cuda.pt2`` (cuda-gdb debugs host code too; the machine has no gdb).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import faulthandler
+import glob
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+STEPS = ("load", "loader", "dlopen", "runner")
+
+
+def package(out: str, device: str) -> str:
+    import torch
+
+    model = torch.nn.Linear(16, 16).to(device)
+    example = (torch.randn(4, 16, device=device),)
+    program = torch.export.export(model, example)
+    path = os.path.join(out, f"linear-{device}.pt2")
+    torch._inductor.aoti_compile_and_package(program, package_path=path)
+    return path
+
+
+def _extract(path: str) -> tuple[str, str]:
+    """The package unpacked next to it: ``(folder, the model's .so)``."""
+    folder = path + ".unpacked"
+    with zipfile.ZipFile(path) as z:
+        z.extractall(folder)
+    (so,) = glob.glob(os.path.join(folder, "**", "*.so"), recursive=True)
+    return folder, so
+
+
+def step(name: str, path: str) -> None:
+    """One loading path, in this process; prints ``OK <what>`` when it ran a forward."""
+    faulthandler.enable()
+    import torch
+
+    device = "cuda" if "cuda" in os.path.basename(path) else "cpu"
+    x = torch.randn(4, 16, device=device)
+    if name == "load":
+        out = torch._inductor.aoti_load_package(path)(x)
+    elif name == "loader":
+        loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
+        out = loader.run([x])[0]
+    elif name == "dlopen":
+        _, so = _extract(path)
+        ctypes.CDLL(so, mode=ctypes.RTLD_GLOBAL)
+        print(f"OK dlopen {so}", flush=True)
+        return
+    elif name == "runner":
+        folder, so = _extract(path)
+        if device == "cuda":
+            runner = torch._C._aoti.AOTIModelContainerRunnerCuda(so, 1, device, os.path.dirname(so))
+        else:
+            runner = torch._C._aoti.AOTIModelContainerRunnerCpu(so, 1)
+        out = runner.run([x])[0]
+    else:
+        raise ValueError(f"--step must be one of {', '.join(STEPS)}, got {name!r}")
+    torch.cuda.synchronize() if device == "cuda" else None
+    print(f"OK {name}: output {tuple(out.shape)} finite={bool(torch.isfinite(out).all())}", flush=True)
+
+
+def _run_step(name: str, path: str) -> str:
+    proc = subprocess.run([sys.executable, __file__, "--step", name, "--package", path],
+                          capture_output=True, text=True, timeout=600)
+    rc = proc.returncode
+    how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}"
+    tail = "\n    ".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
+    return f"{name} ({os.path.basename(path)}): {how}\n    {tail}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", help="folder for the packages (default: a new temporary one)")
+    p.add_argument("--step", choices=STEPS, help="run one loading path in this process")
+    p.add_argument("--package", help="the .pt2 of --step")
+    p.add_argument("--devices", default="cuda,cpu", help="packages to build (default cuda,cpu)")
+    args = p.parse_args(argv)
+    if args.step:
+        step(args.step, args.package)
+        return 0
+    import torch
+
+    out = args.out or tempfile.mkdtemp(prefix="aoti-")
+    os.makedirs(out, exist_ok=True)
+    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
+          f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}", flush=True)
+    results = []
+    for device in args.devices.split(","):
+        if device == "cuda" and not torch.cuda.is_available():
+            results.append("cuda: skipped, no GPU")
+            continue
+        path = package(out, device)
+        with zipfile.ZipFile(path) as z:
+            print(f"packaged {path}:\n  " + "\n  ".join(f"{i.filename} {i.file_size}" for i in z.infolist()),
+                  flush=True)
+        for name in STEPS:
+            results.append(_run_step(name, path))
+            print(results[-1], flush=True)
+    print("\nsummary:\n" + "\n".join(r.splitlines()[0] for r in results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""``mixstack.deepmd.FrameRunner`` and ``DeepmdCalculator`` on a CPU (the frame runs eagerly): the
+same energies, forces and virial as deepmd-kit's own frame, periodic and open; the kept list with a
+skin, its rebuilds and their reasons, the capacity that grows on an overflow, buffers refilled in
+place; errors that name the argument; the ASE calculator against deepmd-kit's."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from deepmd_cases import (
+    KEYS,
+    float64_twin,
+    fp32_tolerance,
+    make_model,
+    model_outputs,
+    require_deepmd,  # noqa: F401
+)
+
+from mixstack.deepmd import FrameRunner, systems
+from mixstack.deepmd.frame import search
+
+require_deepmd()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model("water", "float32", rcut=3.0)
+
+
+def _frame(n=30, seed=0, periodic=True):
+    return systems.water(n, seed=seed, periodic=periodic, dtype=torch.float32)
+
+
+def _close(out, ref, rel=1e-5):
+    for key in KEYS:
+        scale = ref[key].abs().max().item()
+        assert (out[key].double() - ref[key].double()).abs().max().item() <= rel * scale + 1e-12, key
+
+
+@pytest.mark.parametrize("periodic", [True, False])
+def test_the_runner_gives_deepmds_frame(model, periodic):
+    coord, atype, box = _frame(periodic=periodic)
+    runner = FrameRunner(model)
+    out = runner(coord, atype, box)
+    ref = model_outputs(model, (coord, atype, box))
+    twin = model_outputs(float64_twin(model, "water", rcut=3.0), (coord.double(), atype, None if box is None else
+                                                                   box.double()))
+    for key in KEYS:
+        assert out[key].dtype == ref[key].dtype and out[key].shape == ref[key].shape, key
+        tol = fp32_tolerance(ref[key], twin[key])
+        assert (out[key].double() - twin[key]).abs().max().item() <= tol, key
+    assert out["atom_energy"].shape == (1, coord.shape[1], 1)
+    assert runner.calls == runner.rebuilds == 1 and runner.captures == 0 and runner.last_reason == "no list yet"
+    assert runner.edge_capacity >= 256 and runner.candidate_capacity >= runner.edge_capacity
+
+
+def test_the_candidates_are_sorted_and_do_not_depend_on_the_search_order():
+    coord, _, box = _frame(60, seed=2)
+    i, j, s = search(coord[0], box.reshape(9), 4.0)
+    key = (i * 60 + j) * 1000 + (s[:, 0] + 1) * 100 + (s[:, 1] + 1) * 10 + (s[:, 2] + 1)
+    assert torch.all(key[1:] > key[:-1])                       # strictly increasing: sorted, no duplicates
+    vec = coord[0][j] - coord[0][i] + s.float() @ box.reshape(3, 3)
+    assert float(vec.norm(dim=1).max()) < 4.0 + 1e-4
+
+
+def test_a_small_move_keeps_the_list_a_large_one_rebuilds_it_in_place(model):
+    coord, atype, box = _frame(seed=1)
+    runner = FrameRunner(model, skin=0.6)
+    runner(coord, atype, box)
+    cand, pointer = runner._cand, runner._cand.src.data_ptr()
+    moved = coord.clone()
+    moved[0, :, 0] += 0.05
+    _close(runner(moved, atype, box), model_outputs(model, (moved, atype, box)))
+    assert runner.rebuilds == 1
+    far = moved.clone()
+    far[0, 3, 1] += 0.35                                      # past half the skin: a pair may have come in
+    _close(runner(far, atype, box), model_outputs(model, (far, atype, box)))
+    assert runner.rebuilds == 2 and runner.last_reason == "an atom moved more than half the skin"
+    assert runner._cand is cand and runner._cand.src.data_ptr() == pointer      # refilled in place
+
+
+def test_an_overflow_grows_the_capacity_and_drops_no_edge(model):
+    coord, atype, box = _frame(seed=3)
+    runner = FrameRunner(model)
+    ref = runner(coord, atype, box)
+    runner.edge_capacity = 8                                  # as if the count had outgrown the buffer
+    runner._pad = runner._pad[:8]
+    out = runner(coord, atype, box)
+    assert runner.rebuilds == 2 and runner.last_reason == "more edges within the cutoff than the capacity"
+    assert runner.edge_capacity >= 256
+    _close(out, ref, rel=0)
+
+
+def test_a_changed_box_or_atom_count_rebuilds(model):
+    coord, atype, box = _frame(seed=4)
+    runner = FrameRunner(model, skin=1.0)
+    runner(coord, atype, box)
+    bigger = box * 1.01
+    _close(runner(coord * 1.01, atype, bigger), model_outputs(model, (coord * 1.01, atype, bigger)))
+    assert runner.rebuilds == 2 and runner.last_reason == "the box changed"
+    c2, a2, b2 = _frame(60, seed=4)
+    _close(runner(c2, a2, b2), model_outputs(model, (c2, a2, b2)))
+    assert runner.rebuilds == 3 and runner.last_reason == "the atoms changed"
+
+
+def test_skin_zero_searches_every_frame(model):
+    coord, atype, box = _frame(seed=5)
+    runner = FrameRunner(model, skin=0)
+    for _ in range(3):
+        out = runner(coord, atype, box)
+    assert runner.rebuilds == 3 and runner.last_reason.startswith("skin 0")
+    _close(out, model_outputs(model, (coord, atype, box)))
+
+
+def test_bad_input_is_named(model):
+    coord, atype, box = _frame()
+    runner = FrameRunner(model)
+    with pytest.raises(ValueError, match="one frame a call"):
+        runner(coord.expand(2, -1, -1), atype.expand(2, -1), box)
+    with pytest.raises(ValueError, match="atype must hold one type per atom"):
+        runner(coord, atype[:, :-1], box)
+    with pytest.raises(ValueError, match="box must hold the 3 x 3 cell"):
+        runner(coord, atype, box[:, :6])
+    with pytest.raises(ValueError, match="skin must be >= 0"):
+        FrameRunner(model, skin=-1)
+    with pytest.raises(TypeError, match="forward_common_lower"):
+        FrameRunner(torch.nn.Linear(2, 2))
+    model.train()
+    try:
+        with pytest.raises(ValueError, match="model.eval"):
+            FrameRunner(model)
+    finally:
+        model.eval()
+
+
+@pytest.mark.slow
+def test_the_calculator_matches_deepmds_and_runs_md(model, tmp_path):
+    pytest.importorskip("ase")
+    from deepmd.calculator import DP
+
+    from mixstack.bench import deepmd_md
+    from mixstack.deepmd import DeepmdCalculator, configs
+
+    path = os.path.join(tmp_path, "model.pt")
+    deepmd_md.save_checkpoint(model, configs.model_config("water", rcut=3.0), path)
+    atoms = deepmd_md.atoms_of(systems.water(30, seed=6), ["O", "H"])
+    ours, theirs = DeepmdCalculator(path, device="cpu"), DP(model=path)
+    a, b = atoms.copy(), atoms.copy()
+    a.calc, b.calc = ours, theirs
+    assert a.get_potential_energy() == pytest.approx(b.get_potential_energy(), rel=1e-6)
+    assert abs(a.get_forces() - b.get_forces()).max() <= 1e-5 * abs(b.get_forces()).max()
+    assert abs(a.get_stress() - b.get_stress()).max() <= 1e-5 * abs(b.get_stress()).max()
+    with pytest.raises(ValueError, match="elements Cu are not in the model's type map"):
+        c = atoms.copy()
+        c[0].symbol = "Cu"
+        c.calc = DeepmdCalculator(ours.runner)
+        c.get_potential_energy()
+    record = deepmd_md.md_throughput(ours, atoms, steps=3, warmup=1, dt_fs=0.5, device="cpu")
+    assert record["steps"] == 3 and record["steps_per_s"] > 0
