@@ -101,6 +101,17 @@ def make_grad_out(case: Case, seed: int = 1, *, dtype=torch.float32, device="cpu
     return torch.randn(case.E, case.F, case.row, generator=g, dtype=torch.float64).to(dtype=dtype, device=device)
 
 
+def cancelling_grad_out(grad_out: torch.Tensor, y: torch.Tensor, ratio: float) -> torch.Tensor:
+    """``grad_out`` moved so that every ``grad_alpha`` sum, ``sum_c grad_out * y`` over a row,
+    cancels to ``ratio`` of its terms' absolute values (an ill-conditioned alpha gradient).
+    ``y (E, F, ROW)`` the unscaled result; built in float64, returned in ``grad_out``'s dtype."""
+    g, y = grad_out.double(), y.double()
+    yy = (y * y).sum(-1, keepdim=True)
+    g = g - (g * y).sum(-1, keepdim=True) / yy * y                  # orthogonal to y: the sum is 0
+    g = g + ratio * (g * y).abs().sum(-1, keepdim=True) / yy * y    # then ratio of its scale
+    return g.to(grad_out.dtype)
+
+
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     """Relative Frobenius error ``||got - want|| / ||want||`` in float64 (absolute if want == 0)."""
     assert got.shape == want.shape, f"shape {tuple(got.shape)} != {tuple(want.shape)}"

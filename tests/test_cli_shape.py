@@ -51,7 +51,7 @@ def test_help_version_and_argument_errors_do_not_import_torch():
 
 
 DEEPMD_OPTIONS = ["--atoms", "--configs", "--systems", "--variants", "--rest-level", "--rounds", "--warmup",
-                  "--breakdown", "--breakdown-rounds", "--md-steps", "--md-warmup", "--md-dt", "--rcut", "--seconds", "--seed",
+                  "--breakdown", "--breakdown-rounds", "--md-steps", "--md-warmup", "--md-dt", "--skin", "--rcut", "--seconds", "--seed",
                   "--device", "--out"]
 
 

@@ -111,6 +111,32 @@ def test_prepare_checks_once_keeps_the_verdict_in_the_process_and_writes_no_tabl
     assert level3.resolve(key(32, 2), DEVICE).source == "unchecked"
 
 
+def test_prepare_runs_no_check_while_make_fx_or_fake_tensors_trace(tuning_env, monkeypatch):
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a float64 check ran inside a trace")
+    monkeypatch.setattr(level3, "validate", refuse)
+    monkeypatch.setattr(level3.validity, "device_name", lambda device=None: DEVICE)
+    kw = dict(focus_dim=32, lmax=2, apply_alpha=True)
+
+    def traced(u0):
+        level3.prepare(u0, **kw)
+        return u0 * 2
+    assert level3.resolve(key(32, 2), DEVICE).source == "unchecked"      # an eager call would check
+    with FakeTensorMode():
+        u0 = torch.empty(1, 4, 7 * 32)
+        level3.prepare(u0, **kw)                                         # a fake mode active
+    level3.prepare(u0, **kw)                                             # a fake tensor, no mode
+    make_fx(traced, tracing_mode="fake")(torch.empty(1, 4, 7 * 32))
+    make_fx(traced, tracing_mode="real")(torch.empty(1, 4, 7 * 32))      # real tensors, a proxy mode
+    assert level3.resolve(key(32, 2), DEVICE).source == "unchecked"      # no verdict either
+    with pytest.raises(AssertionError, match="inside a trace"):
+        level3.prepare(torch.empty(1, 4, 7 * 32), **kw)                  # eager: the check runs
+
+
 def test_a_table_entry_decides_before_any_verdict(tuning_env, monkeypatch):
     import torch
     monkeypatch.setattr(level3, "validate", lambda k, cfg, device, edges=None: {"ok": True, "why": None, "edges": [1]})

@@ -224,6 +224,22 @@ def test_a_compensated_candidate_with_one_nonfinite_value_is_rejected(tuning_env
     assert "not finite" in res.rejected[COMP_CANDS[0]]
 
 
+def test_the_probe_s_scales_judge_grad_alpha_element_by_element(tuning_env):
+    # grad_alpha 1e-5 off relative (above 2e-6) but 1e-6 of a scale of 10: within the contract;
+    # 1e-4 off absolute is 1e-5 of that scale: above it.
+    out, grad_u0, grad_alpha = base_outputs()
+    within, over = COMP_CANDS[0], COMP_CANDS[1]
+    close, far = (out, grad_u0, grad_alpha * (1 + 1e-5)), (out, grad_u0, grad_alpha + 1e-4)
+    scales = (None, None, torch.full(grad_alpha.shape, 10.0, dtype=torch.float64))
+    probe = FakeProbe(COMP, outputs={within: close, over: far}, scales=scales)
+    res = _sweep(probe, {"baseline": [1.0], within: [0.5]}, family=COMP)
+    assert res.config == tuning.candidates(COMP, KEY)[0] and within not in res.rejected
+    assert res.rejected[over].startswith("output 2 (grad_alpha): error")
+    assert "of the sum of its terms' absolute values" in res.rejected[over]
+    relative = _sweep(FakeProbe(COMP, outputs={within: close}), family=COMP, force=True)     # no scales
+    assert within in relative.rejected and "relative error" in relative.rejected[within]
+
+
 def test_the_contract_is_measured_against_the_reference_not_the_baseline(tuning_env):
     # A baseline 3e-6 away from float64: a candidate equal to the baseline's bits breaks the contract.
     probe = FakeProbe(COMP, reference=_off_by(-3e-6))

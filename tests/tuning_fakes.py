@@ -48,7 +48,8 @@ class FakeProbe:
     ``outputs``: label -> outputs tuple (default ``base_outputs()``);
     ``errors``: label -> exception ``run`` raises; ``off_path``: labels whose
     ``run`` logs the baseline's paths instead of the candidate's;
-    ``off_path_timed``: the same, only in the timed ``task``.
+    ``off_path_timed``: the same, only in the timed ``task``; ``reference`` and ``scales``:
+    the float64 outputs and the scales the contract judges them by.
     """
 
     device = None
@@ -56,7 +57,7 @@ class FakeProbe:
 
     def __init__(self, family, key=None, *, outputs=None, errors=None, off_path=(),
                  off_path_timed=(), baseline_paths=None, flaky_baseline=False, device=None,
-                 reference=None):
+                 reference=None, scales=None):
         self.fam = families.family(family)
         self.key = key
         self.outputs = outputs or {}
@@ -65,6 +66,7 @@ class FakeProbe:
         self.baseline_paths = baseline_paths
         self.flaky_baseline = flaky_baseline
         self.reference = reference       # float64 outputs for the contract (default: the baseline's)
+        self.scales = scales             # the contract's scale per output (default: relative error for all)
         self.runs: list[str] = []        # labels run() was called with
         self.order: list[str] = []       # labels of timed task runs, in call order
         self.levels: list[int] = []      # mixstack.get_level() seen in every run
@@ -90,6 +92,12 @@ class FakeProbe:
     def reference64(self):
         ref = self.reference if self.reference is not None else base_outputs()
         return tuple(t.double() for t in ref)
+
+    def scales64(self):
+        return self.scales
+
+    def output_names(self):
+        return ("result", "grad_u0", "grad_alpha")
 
     def task(self, cfg):
         lab = label(cfg)

@@ -17,7 +17,8 @@ energy, forces and virial (its neighbour list included).  Variants:
 
 Per case (config x system x size): the median frame time of interleaved rounds in rotating
 order after warm-up (``mixstack.bench.timing``, CUDA events), peak memory above the resident
-models, and energy, forces and virial against the float64 model (deepmd-kit's path, same
+models (for a ``g`` variant with what its runner holds: the graph's memory pool and its buffers),
+and energy, forces and virial against the float64 model (deepmd-kit's path, same
 weights); with ``--breakdown``, each variant's device time per stage, forward and backward
 (``deepmd_ranges``: the edge build and the value path apart from the rest; a ``g`` variant's
 frame profiled eagerly, the graph replays the same kernels), the busy time (the sum of kernel
@@ -340,22 +341,31 @@ def _replay_check(key: str, built: Built, inputs) -> dict | None:
 def _variant(key: str, entry: dict, config: dict, state: dict, inputs, ref, args, device, progress: Progress):
     """Variant ``key`` built and its first frame against ``ref`` as one step, its peak memory as
     another (on a GPU), into ``entry``: a ``Built`` to time."""
+    cuda = torch.device(device).type == "cuda"
     with progress.step(f"{key}: built + first frame") as notes:
         model, acc_report = build_variant(key, config, state, device, args.rest_level)
         entry["accelerated"] = None if acc_report is None else [c.runs_on for c in acc_report]
+        base = _allocated(device) if cuda else 0
         runner, run = _first_frame(key, model, inputs, args, notes)
+        held = _allocated(device) - base if cuda and runner is not None else 0   # a graph's pool, its buffers
         built = Built(model, runner, run, acc_report)
         entry["accuracy"] = _deviation(run(), ref)
         notes.append(f"force max abs {entry['accuracy']['force_max_abs']:.1e}")
         if (replay := _replay_check(key, built, inputs)) is not None:
             entry["replay_vs_eager"] = replay
             notes.append(f"replay vs eager force max abs {replay['force']:.1e}")
-    if torch.device(device).type != "cuda":
+    if not cuda:
         entry["peak_memory_bytes"] = None
     else:
-        _step(progress, f"{key}: peak memory", entry, "peak_memory_bytes", lambda: _peak_memory(run, device),
+        _step(progress, f"{key}: peak memory", entry, "peak_memory_bytes", lambda: held + _peak_memory(run, device),
               say=lambda b: f"{b / 2 ** 20:.0f} MiB above the resident models")
     return built
+
+
+def _allocated(device) -> int:
+    torch.cuda.synchronize(device)
+    gc.collect()
+    return torch.cuda.memory_allocated(device)
 
 
 def _time_all(case: dict, tasks: dict, args, device, progress: Progress) -> None:

@@ -6,14 +6,16 @@ with a ``stack_compensated_tma`` entry's config where the TMA-fed GEMMs measured
 verdict this process reached; else the level-3 policy (``tuning.policy``), whose config must
 first pass the sweep's float64 check (docs/contract.md §3, §5): forward and backward (``u0``
 and ``alpha``) on seeded edge counts that include partial tiles, every output finite and within
-2e-6 relative error of the float64 reference.  ``prepare``, before an eager level-3 call, runs
-that check once per key and device and keeps the verdict in this process (a failed check: level 2
-runs, with a warning); nothing is written to any table on the forward path (``mixstack tune``
-measures and records).  Where the policy is not sure, level 3 runs level 2 (``dispatch_log``:
-``level3:level2``).
+the contract of the float64 reference (``families.contract_difference``: 2e-6 relative error,
+``grad_alpha`` element by element against its sum's absolute scale).  ``prepare``, before an
+eager level-3 call, runs that check once per key and device and keeps the verdict in this
+process (a failed check: level 2 runs, with a warning); nothing is written to any table on the
+forward path (``mixstack tune`` measures and records).  Where the policy is not sure, level 3
+runs level 2 (``dispatch_log``: ``level3:level2``).
 
-Nothing here validates while a compiler traces (a traced call uses a verdict an eager call left,
-or level 2), nor inside a validation (its config is the verdict under test).
+Nothing here validates while a compiler, ``make_fx`` or ``torch.export`` traces (a traced call uses
+a verdict an eager call left, or level 2), nor inside a validation (its config is the verdict under
+test).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ TMA_FAMILY = "stack_compensated_tma"
 VALIDATION_EDGES = (4099, 129, 1)        # partial tiles for every block size, and single rows
 INTERPRETER_EDGES = (37, 1)              # under TRITON_INTERPRET (CPU): small
 N_LAYERS = 3                             # two gated layers and the identity layer: every kernel runs
+OUTPUTS = ("result", "grad_u0", "grad_alpha")   # what ``_fwd_bwd`` returns, named in a failed check
 
 _busy = threading.local()
 
@@ -69,6 +72,16 @@ def _fwd_bwd(run, key, u0, alpha, w0, w1, gw, grad):
     return (out.detach(),) + tuple(grads)
 
 
+def _scales(key: ShapeKey, x64, grad) -> tuple:
+    """What ``families.contract_difference`` judges each output of ``_fwd_bwd`` by: ``None``
+    (relative error) for the result and grad_u0; for grad_alpha, ``families.dot_scale`` of the
+    upstream gradient and the float64 reference's unscaled result."""
+    if not key.apply_alpha:
+        return (None, None)
+    y = reference.forward_state(*x64, lmax=key.lmax, focus_dim=key.focus_dim, apply_alpha=False)[2]
+    return (None, None, families.dot_scale(grad, y))
+
+
 def validation_edges(device) -> tuple[int, ...]:
     """The edge counts ``validate`` checks on ``device`` (small ones under the interpreter)."""
     return VALIDATION_EDGES if torch.device(device).type == "cuda" else INTERPRETER_EDGES
@@ -90,9 +103,9 @@ def validate(key, cfg: dict, device, edges=None) -> dict:
         for i, n in enumerate(edges):
             u0, alpha, w0, w1, gw, grad = _inputs(key, n, device, seed=1000 + i)
             got = _fwd_bwd(mixing_stack, key, u0, alpha, w0, w1, gw, grad)
-            ref = _fwd_bwd(reference.mixing_stack, key, u0.double(), alpha.double(), w0.double(), w1.double(),
-                           gw.double(), grad.double())
-            why = families.contract_difference(ref, got)
+            x64 = tuple(t.double() for t in (u0, alpha, w0, w1, gw))
+            ref = _fwd_bwd(reference.mixing_stack, key, *x64, grad.double())
+            why = families.contract_difference(ref, got, scales=_scales(key, x64, grad), names=OUTPUTS)
             if why is not None:
                 why = f"{n} edges: {why}"
                 break
@@ -153,10 +166,23 @@ def pending(key, device: str) -> dict | None:
     return resolve(key, device).pending
 
 
+def _tracing(u0) -> bool:
+    """Whether this call is being traced: a compiler (``is_compiling``), or ``make_fx`` and
+    ``torch.export``, which ``is_compiling`` does not report: a fake ``u0``, or a fake or proxy
+    dispatch mode active (a check run there would be traced, or run on fake tensors)."""
+    if torch.compiler.is_compiling():
+        return True
+    from torch._subclasses.fake_tensor import is_fake
+    if is_fake(u0):
+        return True
+    modes = torch._C._TorchDispatchModeKey
+    return any(torch._C._get_dispatch_mode(m) is not None for m in (modes.FAKE, modes.PROXY))
+
+
 def prepare(u0, *, focus_dim: int, lmax: int, apply_alpha: bool) -> None:
     """Before an eager level-3 call: where ``resolve`` has the policy's config unchecked, check it
-    and keep the verdict for this process.  A no-op under a compiler's trace and inside a check."""
-    if torch.compiler.is_compiling() or getattr(_busy, "on", False):
+    and keep the verdict for this process.  A no-op under a trace (``_tracing``) and inside a check."""
+    if getattr(_busy, "on", False) or _tracing(u0):
         return
     key = shape_key(focus_dim=focus_dim, lmax=lmax, n_focus=int(u0.shape[0]), apply_alpha=apply_alpha)
     device = validity.device_name(u0.device)

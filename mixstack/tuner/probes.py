@@ -11,7 +11,8 @@ initialisation (``measure.shapes.make_inputs``: one definition of the data).
 129-edge sets for the float64-checked families; the sweep's acceptance check; for the
 weight-reduction families the backward also returns the weight gradients),
 ``reference64()`` (the same outputs from the reference formulas in float64,
-for the compensated family's contract) and ``task(cfg)`` (the timed pass:
+for the compensated family's contract, with ``scales64()`` and ``output_names()``, what
+``families.contract_difference`` judges each output by and calls it) and ``task(cfg)`` (the timed pass:
 the forward for ``stack_fwd``; forward and backward for
 ``stack_compensated``; for the backward families the backward alone, with
 the forward in the untimed ``setup``, with the weight gradients for the
@@ -107,7 +108,7 @@ class StackProbe:
         # second partial tile, where a pipelining bug or a masked tail shows.
         self._extra = ([self._inputs(e, n_layers, seed + 2 + i) for i, e in enumerate(CONTRACT_EDGES)]
                        if self.family.accept == "float64" else [])
-        self._reference64 = None
+        self._reference64 = self._scales64 = None
 
     def _inputs(self, edges, n_layers, seed):
         k = self.key
@@ -155,9 +156,9 @@ class StackProbe:
         out = self._forward_leaves(leaves)
         return (out.detach(),) + self._backward(out, leaves, inp.grad_out)
 
-    def _forward_leaves(self, leaves, fn=None):
+    def _forward_leaves(self, leaves):
         k = self.key
-        return (fn or mixing_stack)(*leaves, lmax=k.lmax, focus_dim=k.focus_dim, apply_alpha=k.apply_alpha)
+        return mixing_stack(*leaves, lmax=k.lmax, focus_dim=k.focus_dim, apply_alpha=k.apply_alpha)
 
     def _sets(self):
         return [self._partial, *self._extra, self._timing]
@@ -172,13 +173,34 @@ class StackProbe:
     def reference64(self):
         """What ``run`` returns, computed by ``mixstack.stack.reference`` in float64 (computed once)."""
         if self._reference64 is None:
-            outs = ()
-            for inp in self._sets():
-                leaves = self._leaves(inp, torch.float64)
-                out = self._forward_leaves(leaves, reference.mixing_stack)
-                outs += (out.detach(),) + self._backward(out, leaves, inp.grad_out.double())
-            self._reference64 = outs
+            self._reference64, self._scales64 = self._float64()
         return self._reference64
+
+    def scales64(self):
+        """Beside ``reference64``: the scale ``families.contract_difference`` judges each output by,
+        ``families.dot_scale`` of the upstream gradient and the float64 unscaled result for
+        grad_alpha, ``None`` (relative error) for every other output."""
+        self.reference64()
+        return self._scales64
+
+    def output_names(self):
+        """Beside ``run``'s outputs: each one's set and name, for the contract's messages."""
+        names = ("result", "grad_u0", "grad_alpha") + (("grad_w0", "grad_w1", "grad_gw") if self._weights else ())
+        return tuple(f"{inp.u0.shape[1]} edges: {n}" for inp in self._sets() for n in names)
+
+    def _float64(self):
+        """``(outputs, scales)`` of every set from the reference formulas in float64."""
+        k = self.key
+        outs, scales = (), ()
+        for inp in self._sets():
+            leaves = self._leaves(inp, torch.float64)
+            out, _, y = reference.forward_state(*leaves, lmax=k.lmax, focus_dim=k.focus_dim,
+                                                apply_alpha=k.apply_alpha)
+            grads = self._backward(out, leaves, inp.grad_out.double())
+            alpha_scale = families.dot_scale(inp.grad_out, y.detach()) if k.apply_alpha else None
+            outs += (out.detach(),) + grads
+            scales += (None, None, alpha_scale) + (None,) * (len(grads) - 2)
+        return outs, scales
 
     def task(self, cfg) -> timing.Task:
         """The timed pass on the timing set with ``cfg`` in force."""

@@ -11,7 +11,8 @@
    not ``==``) to the baseline's, on the probe's inputs, which include an edge
    count that no block size divides; for the compensated family, only if
    every output is finite and within the accuracy contract of the probe's
-   float64 reference (``probe.reference64()``), on several edge counts.  The
+   float64 reference (``probe.reference64()``, judged by ``probe.scales64()``:
+   ``families.contract_difference``), on several edge counts.  The
    baseline must itself repeat bit for bit and be finite, or the comparison
    would mean nothing.
 3. Baseline and accepted candidates are timed together by
@@ -168,7 +169,7 @@ def bitwise_difference(base, got) -> str | None:
 
 def _acceptance(fam, probe, base, out) -> str | None:
     if fam.accept == "float64":
-        return contract_difference(probe.reference64(), out)
+        return contract_difference(probe.reference64(), out, scales=probe.scales64(), names=probe.output_names())
     return bitwise_difference(base, out)
 
 

@@ -126,10 +126,31 @@ def test_the_probe_validates_compensated_candidates_against_float64():
     with tuning.saved_registrations(), mixstack.use_level(3):
         cand, counts = probe.run(COMP)
     assert counts["fwd:compensated"] == 4 and counts["bwd:compensated"] == 4
-    assert contract_difference(ref, cand) is None
+    assert contract_difference(ref, cand, scales=probe.scales64(), names=probe.output_names()) is None
     broken = list(cand)
     broken[1] = broken[1] * (1 + 1e-5)
     assert "above the contract" in contract_difference(ref, tuple(broken))
+
+
+@pytest.mark.parametrize("family, apply_alpha, per_set", [("stack_compensated", True, 3),
+                                                        ("stack_compensated", False, 3),
+                                                        ("stack_wgrad_compensated", True, 6)])
+def test_the_probe_judges_each_grad_alpha_by_its_sum_s_scale(family, apply_alpha, per_set):
+    key = tuning.shape_key(focus_dim=16, lmax=1, n_focus=2, apply_alpha=apply_alpha)
+    probe = StackProbe(family, key, edges=65, partial_edges=33)       # no kernel runs: float64 only
+    ref, scales, names = probe.reference64(), probe.scales64(), probe.output_names()
+    assert len(ref) == len(scales) == len(names) == 4 * per_set     # partial, 1 edge, 129 edges, timing set
+    assert names[per_set + 2] == "1 edges: grad_alpha"
+    for i, (inp, scale) in enumerate(zip(probe._sets(), scales[2::per_set])):
+        assert all(s is None for j, s in enumerate(scales[i * per_set:(i + 1) * per_set]) if j != 2)
+        if not apply_alpha:
+            assert scale is None
+            continue
+        out64, alpha64 = ref[i * per_set], inp.alpha.double()
+        y64 = out64 / alpha64.unsqueeze(-1)                          # the result before alpha
+        want = (inp.grad_out.double() * y64).abs().sum(-1)
+        assert scale.dtype == torch.float64 and torch.allclose(scale, want, rtol=1e-12, atol=0)
+        assert bool((ref[i * per_set + 2].abs() <= scale).all())       # a sum is at most its terms' sum
 
 
 # partial tiles at every block size COMP and FUSED_CFG use; small, since every launch is interpreted

@@ -71,7 +71,8 @@ def test_the_policy_config_is_validated_at_first_use_and_kept(tables, monkeypatc
 def test_a_failed_validation_is_kept_and_level_3_runs_level_2(tables, monkeypatch):
     _engage_by_grid_verdict(CASE)
     strict = families.contract_difference
-    monkeypatch.setattr(level3.families, "contract_difference", lambda ref, got: strict(ref, got, bound=0.0))
+    monkeypatch.setattr(level3.families, "contract_difference",
+                        lambda ref, got, **kw: strict(ref, got, bound=0.0, **kw))
     with pytest.warns(UserWarning, match="failed the float64 check"):
         res = _run()
     assert res["log"].get("fwd:triton", 0) and res["log"].get("level3:level2", 0) == 2 and not res["log"].get("fwd:compensated", 0)
@@ -89,3 +90,28 @@ def test_the_first_call_may_come_without_autograd(tables):
         mixstack.mixing_stack(u0, alpha, w0, w1, gw, lmax=CASE.lmax, focus_dim=CASE.Cf)
     assert log == {"fwd:compensated": 1, "level3:policy": 1}
     assert level3.resolve(_key(CASE), DEVICE).source == "policy"
+
+
+def _cancelling_inputs(key, edges, device, seed):
+    """``level3._inputs`` with the upstream gradient moved so that every grad_alpha sum cancels to
+    1e-3 of its terms' absolute values."""
+    from mixstack.stack import reference
+    u0, alpha, w0, w1, gw, grad = _real_inputs(key, edges, device, seed)
+    x64 = (t.double() for t in (u0, alpha, w0, w1, gw))
+    y = reference.forward_state(*x64, lmax=key.lmax, focus_dim=key.focus_dim, apply_alpha=False)[2]
+    return u0, alpha, w0, w1, gw, helpers.cancelling_grad_out(grad, y, 1e-3)
+
+
+_real_inputs = level3._inputs
+
+
+def test_the_check_judges_an_ill_conditioned_alpha_gradient_by_its_sum_s_scale(tables, monkeypatch):
+    """One edge whose grad_alpha sums cancel: level 3 is above 2e-6 relative there, as float32 is,
+    and within 2e-6 of each sum's absolute scale, which the check asks (docs/contract.md §3)."""
+    from mixstack.stack import ops  # noqa: F401  (registers the mixstack:: operators)
+    monkeypatch.setattr(level3, "_inputs", _cancelling_inputs)
+    key, cfg = _key(CASE), policy.rule_config(_key(CASE))
+    assert level3.validate(key, cfg, "cpu", edges=(1,)) == {"ok": True, "why": None, "edges": [1]}
+    monkeypatch.setattr(level3, "_scales", lambda key, x64, grad: (None, None, None))   # relative only
+    failed = level3.validate(key, cfg, "cpu", edges=(1,))
+    assert not failed["ok"] and failed["why"].startswith("1 edges: output 2 (grad_alpha): relative error")
