@@ -11,7 +11,14 @@ stderr) and the others still run:
 * ``dlopen``: the package's compiled ``.so`` opened with ``ctypes`` alone (its static
   initialisers and the libraries it links, nothing of torch's loader);
 * ``runner``: that ``.so`` through ``torch._C._aoti.AOTIModelContainerRunnerCuda`` (or ``Cpu``);
-* ``cpu``: the same model packaged and loaded for the CPU.
+* ``cpu``: the same model packaged and loaded for the CPU;
+* ``load`` again with ``LD_PRELOAD`` set to the C++ compiler's own ``libstdc++.so.6`` (the one
+  the package was built against), in case the process loads another first.
+
+Before loading it prints what the package was built with and what the process runs with: the
+C++ compiler Inductor called, the ``libstdc++`` that compiler links, the ``libstdc++`` a Python
+process holds after ``import torch``, the newest ``GLIBCXX`` version each provides, and ``ldd``
+of the package's ``.so``.
 
     python repro/aoti_loader_crash.py [--out DIR]          # every path, a summary at the end
     python repro/aoti_loader_crash.py --step load --package DIR/linear-cuda.pt2   # one path, in-process
@@ -86,13 +93,41 @@ def step(name: str, path: str) -> None:
     print(f"OK {name}: output {tuple(out.shape)} finite={bool(torch.isfinite(out).all())}", flush=True)
 
 
-def _run_step(name: str, path: str) -> str:
+def _sh(cmd: str) -> str:
+    proc = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+    return (proc.stdout + proc.stderr).strip()
+
+
+def _newest_glibcxx(lib: str) -> str:
+    found = _sh(f"strings {lib} 2>/dev/null | grep -E '^GLIBCXX_[0-9.]+$' | sort -V | tail -n 1")
+    return found or "?"
+
+
+def diagnose(so: str) -> str:
+    """The C++ toolchain the package was built with, against the one a torch process runs with."""
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    cxx = get_cpp_compiler()
+    built = os.path.realpath(_sh(f"{cxx} -print-file-name=libstdc++.so.6"))
+    loaded = _sh(f"{sys.executable} -c \"import torch, re; print(*sorted(set(re.findall(r'\\S*libstdc\\+\\+\\S*', "
+                 f"open('/proc/self/maps').read()))))\"")
+    lines = [f"C++ compiler Inductor calls: {cxx}: {_sh(f'{cxx} --version').splitlines()[0]}",
+             f"its libstdc++: {built} (newest {_newest_glibcxx(built)})",
+             f"libstdc++ in a torch process: {loaded} (newest "
+             f"{', '.join(_newest_glibcxx(os.path.realpath(x)) for x in loaded.split()) or '?'})",
+             "ldd of the package's .so:\n  " + _sh(f"ldd {so}").replace("\n", "\n  ")]
+    return "\n".join(lines)
+
+
+def _run_step(name: str, path: str, preload: str | None = None) -> str:
+    env = dict(os.environ, LD_PRELOAD=preload) if preload else None
     proc = subprocess.run([sys.executable, __file__, "--step", name, "--package", path],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=env)
     rc = proc.returncode
     how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}"
     tail = "\n    ".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
-    return f"{name} ({os.path.basename(path)}): {how}\n    {tail}"
+    label = f"{name} ({os.path.basename(path)}{', LD_PRELOAD=' + preload if preload else ''})"
+    return f"{label}: {how}\n    {tail}"
 
 
 def main(argv=None) -> int:
@@ -120,9 +155,15 @@ def main(argv=None) -> int:
         with zipfile.ZipFile(path) as z:
             print(f"packaged {path}:\n  " + "\n  ".join(f"{i.filename} {i.file_size}" for i in z.infolist()),
                   flush=True)
+        so = _extract(path)[1]
+        print(diagnose(so), flush=True)
         for name in STEPS:
             results.append(_run_step(name, path))
             print(results[-1], flush=True)
+        from torch._inductor.cpp_builder import get_cpp_compiler
+        own = os.path.realpath(_sh(f"{get_cpp_compiler()} -print-file-name=libstdc++.so.6"))
+        results.append(_run_step("load", path, preload=own))
+        print(results[-1], flush=True)
     print("\nsummary:\n" + "\n".join(r.splitlines()[0] for r in results))
     return 0
 

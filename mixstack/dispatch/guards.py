@@ -62,6 +62,19 @@ def unsupported_reason(layout: StackLayout, dtype: torch.dtype) -> str | None:
     return None
 
 
+def tracing(t: torch.Tensor) -> bool:
+    """Whether a call on ``t`` is being traced: a compiler (``torch.compiler.is_compiling``), or
+    ``make_fx`` and ``torch.export``, which that does not report: a fake ``t``, or a fake or
+    proxy dispatch mode active (work run there would be traced, or run on fake tensors)."""
+    if torch.compiler.is_compiling():
+        return True
+    from torch._subclasses.fake_tensor import is_fake
+    if is_fake(t):
+        return True
+    modes = torch._C._TorchDispatchModeKey
+    return any(torch._C._get_dispatch_mode(m) is not None for m in (modes.FAKE, modes.PROXY))
+
+
 def forward_level(u0: torch.Tensor, layout: StackLayout) -> int:
     """The level this forward call runs at: the requested one, or 0 if it cannot run."""
     level = levels.get_level()
@@ -95,8 +108,8 @@ def conv_unsupported_reason(channels: int, dtype: torch.dtype) -> str | None:
 def conv_level(t: torch.Tensor, channels: int) -> int:
     """The level a convolution operator runs at for tensor ``t`` (0 where its kernels cannot run).
 
-    While a compiler traces (``torch.compile``, ``torch.export``) the convolution's operators
-    run their reference formulas, which Inductor fuses: the bench model compiled at levels 2
+    While a compiler traces (``torch.compile``, ``torch.export``, ``make_fx``: ``tracing``) the
+    convolution's operators run their reference formulas, which Inductor fuses: the bench model compiled at levels 2
     and 3 with the convolution's kernels traced inside gave wrong forces on the H200, where the
     same frames run eagerly are right; compiled, the frame then traces the stack's kernels
     alone, as when compiled level 3 was measured right.  The fault is not isolated
@@ -107,7 +120,7 @@ def conv_level(t: torch.Tensor, channels: int) -> int:
     if not kernels_can_run(t):
         warn_once(f"no-kernels:{t.device.type}", f"mixstack: level {level} runs the reference: {no_kernels_reason(t)}")
         return 0
-    if torch.compiler.is_compiling():
+    if tracing(t):
         return 0
     reason = conv_unsupported_reason(channels, t.dtype)
     if reason is not None:

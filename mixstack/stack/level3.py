@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..dispatch import levels
+from ..dispatch import guards, levels
 from ..dispatch.log import unlogged, warn_once
 from ..tuning import families, policy, registry, validity
 from ..tuning.keys import ShapeKey, as_key, shape_key
@@ -166,23 +166,10 @@ def pending(key, device: str) -> dict | None:
     return resolve(key, device).pending
 
 
-def _tracing(u0) -> bool:
-    """Whether this call is being traced: a compiler (``is_compiling``), or ``make_fx`` and
-    ``torch.export``, which ``is_compiling`` does not report: a fake ``u0``, or a fake or proxy
-    dispatch mode active (a check run there would be traced, or run on fake tensors)."""
-    if torch.compiler.is_compiling():
-        return True
-    from torch._subclasses.fake_tensor import is_fake
-    if is_fake(u0):
-        return True
-    modes = torch._C._TorchDispatchModeKey
-    return any(torch._C._get_dispatch_mode(m) is not None for m in (modes.FAKE, modes.PROXY))
-
-
 def prepare(u0, *, focus_dim: int, lmax: int, apply_alpha: bool) -> None:
     """Before an eager level-3 call: where ``resolve`` has the policy's config unchecked, check it
-    and keep the verdict for this process.  A no-op under a trace (``_tracing``) and inside a check."""
-    if getattr(_busy, "on", False) or _tracing(u0):
+    and keep the verdict for this process.  A no-op under a trace (``guards.tracing``) and inside a check."""
+    if getattr(_busy, "on", False) or guards.tracing(u0):
         return
     key = shape_key(focus_dim=focus_dim, lmax=lmax, n_focus=int(u0.shape[0]), apply_alpha=apply_alpha)
     device = validity.device_name(u0.device)

@@ -236,3 +236,24 @@ def test_linear_radial_runs_and_levels_1_to_3_give_the_same_bits():
     for level in (1, 2, 3):
         u, grads, _, _ = _run_linear(inp, level)
         assert torch.equal(u, first[0]) and all(torch.equal(grads[k], first[1][k]) for k in grads)
+
+
+def test_make_fx_traces_the_reference_formulas_of_the_convolution_and_the_kernels_eagerly():
+    """A trace (here ``make_fx``, as deepmd-kit's compiled inference and freezes trace) records the
+    convolution's reference formulas, as ``torch.compile`` does (``guards.tracing``); the same
+    call run eagerly takes the kernels."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    case = CASES[1]
+    inp = helpers.make_conv_inputs(case, 0)
+
+    def forward(x, wigner, src):
+        return mixstack.rotate_in(x, wigner, None, src)
+
+    with mixstack.use_level(1):
+        graph = make_fx(forward, tracing_mode="fake")(inp["x"], inp["wigner"], inp["src"])
+        with mixstack.dispatch_log() as log:
+            forward(inp["x"], inp["wigner"], inp["src"])
+    targets = {str(n.target) for n in graph.graph.nodes if n.op == "call_function"}
+    assert not any("mixstack" in t for t in targets), targets
+    assert log["conv_in:triton"] == 1
