@@ -18,7 +18,7 @@ stderr) and the others still run:
 Before loading it prints what the package was built with and what the process runs with: the
 C++ compiler Inductor called, the ``libstdc++`` that compiler links, the ``libstdc++`` a Python
 process holds after ``import torch``, the newest ``GLIBCXX`` version each provides, and ``ldd``
-of the package's ``.so``.
+of the package's ``.so``, and how many of libstdc++'s locale symbols that ``.so`` defines itself.
 
     python repro/aoti_loader_crash.py [--out DIR]          # every path, a summary at the end
     python repro/aoti_loader_crash.py --step load --package DIR/linear-cuda.pt2   # one path, in-process
@@ -115,7 +115,9 @@ def diagnose(so: str) -> str:
              f"its libstdc++: {built} (newest {_newest_glibcxx(built)})",
              f"libstdc++ in a torch process: {loaded} (newest "
              f"{', '.join(_newest_glibcxx(os.path.realpath(x)) for x in loaded.split()) or '?'})",
-             "ldd of the package's .so:\n  " + _sh(f"ldd {so}").replace("\n", "\n  ")]
+             "ldd of the package's .so:\n  " + _sh(f"ldd {so}").replace("\n", "\n  "),
+             "libstdc++ locale symbols the package's .so defines itself (a static copy, if many): "
+             + _sh("nm -DC --defined-only " + so + " | grep -c -E 'std::(locale|codecvt|collate|ctype)'")]
     return "\n".join(lines)
 
 
