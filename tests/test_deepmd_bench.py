@@ -135,3 +135,32 @@ def test_variant_names(key, parsed):
 def test_a_bad_variant_is_named(key):
     with pytest.raises(ValueError, match=repr(key)):
         bench.parse_variant(key)
+
+
+def test_a_frame_runner_variant_runs_eagerly_on_a_cpu_with_md_through_its_calculator(tmp_path):
+    assert main([*TINY[:9], "dp0,ms0g", *TINY[10:], "--breakdown", "--breakdown-rounds", "1", "--md-steps", "2",
+                 "--md-warmup", "1", "--skin", "0.5", "--out", str(tmp_path)]) == 0
+    (case,) = json.loads((tmp_path / "deepmd_bench.json").read_text())["cases"]
+    v = case["variants"]["ms0g"]
+    assert v["accelerated"] == ["mixstack", "mixstack"] and v["accuracy"]["force_max_abs"] < 1e-4
+    assert v["time"]["median_ms"] > 0 and "replay_vs_eager" not in v            # no graph on a CPU
+    assert v["breakdown"]["stages"]["edges"]["forward_ms"] > 0                  # the runner's packing
+    assert v["md"]["steps"] == 2 and v["md"]["rebuilds"] >= 1 and v["md"]["captures"] == 0
+    assert case["variants"]["dp0"]["breakdown"]["stages"]["edges"]["forward_ms"] > 0   # deepmd-kit's list
+    markdown = (tmp_path / "deepmd_bench.md").read_text()
+    assert "x fastest dp is against dp0" in markdown
+
+
+def test_a_variant_that_fails_to_build_is_marked_and_the_others_run(tmp_path, monkeypatch):
+    real = bench.build_variant
+
+    def build(key, *args, **kwargs):
+        if key == "ms0":
+            raise RuntimeError("no such kernel\nmore")
+        return real(key, *args, **kwargs)
+    monkeypatch.setattr(bench, "build_variant", build)
+    assert main([*TINY, "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "deepmd_bench.json").read_text())
+    (case,) = record["cases"]
+    assert case["variants"]["ms0"]["not_run"] == "failed in ms0: built + first frame: RuntimeError: no such kernel"
+    assert case["variants"]["dp0"]["time"]["median_ms"] > 0 and "failed" not in record
