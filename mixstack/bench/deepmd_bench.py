@@ -349,6 +349,9 @@ def _variant(key: str, entry: dict, config: dict, state: dict, inputs, ref, args
         runner, run = _first_frame(key, model, inputs, args, notes)
         held = _allocated(device) - base if cuda and runner is not None else 0   # a graph's pool, its buffers
         built = Built(model, runner, run, acc_report)
+        if runner is not None and runner.fallback_reason:
+            entry["graph_fallback"] = runner.fallback_reason
+            notes.append(f"no CUDA graph: {runner.fallback_reason}")
         entry["accuracy"] = _deviation(run(), ref)
         notes.append(f"force max abs {entry['accuracy']['force_max_abs']:.1e}")
         if (replay := _replay_check(key, built, inputs)) is not None:

@@ -38,6 +38,7 @@ an open system.  On a CPU (or with ``graph=False``) the same frame runs eagerly.
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -133,7 +134,9 @@ class FrameRunner:
     replay from a CUDA graph (default: on CUDA).  ``compile``: run deepmd-kit's compiled
     ``core_compute`` (its ``DP_COMPILE_INFER`` path; default: what the model was built with).
     Counters: ``calls``, ``rebuilds``, ``captures``, ``replays``; ``last_reason`` why the last
-    rebuild happened; ``edge_capacity`` and ``candidate_capacity`` the buffers' sizes."""
+    rebuild happened; ``edge_capacity`` and ``candidate_capacity`` the buffers' sizes;
+    ``fallback_reason`` why frames run eagerly although a graph was asked for (a capture that
+    failed: the runner warns once and goes on eagerly), else ``None``."""
 
     def __init__(self, model, *, skin: float = 1.0, graph: bool | None = None, compile: bool | None = None):
         _check_model(model)
@@ -154,6 +157,7 @@ class FrameRunner:
         self._graph = None
         self._graph_key = None
         self._warmed = False
+        self.fallback_reason: str | None = None      # why frames run eagerly where a graph was asked for
 
     # -- the frame itself: tensors in, tensors out, no host synchronisation -----------------------
 
@@ -251,7 +255,7 @@ class FrameRunner:
                   reason, m, inside, cap, edges)
 
     def _use_graph(self, pos) -> bool:
-        return pos.is_cuda if self.graph is None else bool(self.graph)
+        return self.fallback_reason is None and (pos.is_cuda if self.graph is None else bool(self.graph))
 
     def _capture(self, pos, box, atype):
         self._graph = self._static = None                   # release the old graph's pool first
@@ -269,7 +273,15 @@ class FrameRunner:
             return self.frame(pos, box, atype)
         key = (pos.shape[0], box is None, self.edge_capacity, self.candidate_capacity, id(self._cand))
         if self._graph is None or key != self._graph_key:
-            self._capture(pos, box, atype)
+            try:
+                self._capture(pos, box, atype)
+            except Exception as exc:                   # an op that cannot be captured: eager from now on
+                torch.cuda.synchronize(pos.device)
+                self._graph = self._static = None
+                self.fallback_reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                warnings.warn(f"mixstack: FrameRunner could not capture the frame as a CUDA graph and runs it "
+                              f"eagerly ({self.fallback_reason})", RuntimeWarning, stacklevel=3)
+                return self.frame(pos, box, atype)
             self._graph_key = key
         (s_pos, s_box, s_atype), outputs = self._static
         s_pos.copy_(pos)

@@ -99,3 +99,19 @@ def test_compiled_inference_with_mixstack_inside_matches_the_eager_frame():
     for key in KEYS:
         tol = fp32_tolerance(ref32[key], ref64[key], ulps=64)
         assert (out[key].double() - ref64[key]).abs().max().item() <= tol, key
+
+
+def test_a_capture_that_fails_warns_and_runs_eagerly(monkeypatch):
+    frame = systems.water(96, seed=6)
+    model = make_model("water", "float32", rcut=6.0).to(DEV)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(torch.cuda, "graph", refuse)
+    runner = FrameRunner(model)
+    with pytest.warns(RuntimeWarning, match="runs it eagerly"):
+        out = _run(runner, frame)
+    assert runner.captures == 0 and runner.fallback_reason.startswith("RuntimeError: operation not permitted")
+    ref = model_outputs(model, _on(frame))
+    assert (out["force"] - ref["force"]).abs().max().item() <= 1e-5 * ref["force"].abs().max().item()
+    _run(runner, frame)                                          # eager from now on, no second warning
