@@ -54,7 +54,7 @@ PY
 
 if [ "${TESTS_SECONDS:-170}" -gt 0 ]; then
   echo "== tests ($(left ${TESTS_SECONDS:-170}) s)"
-  timeout "$(left ${TESTS_SECONDS:-170})" python3 -m pytest tests/gpu/test_gpu_deepmd_frame.py tests/gpu/test_gpu_deepmd.py \
+  timeout "$(left ${TESTS_SECONDS:-170})" python3 -m pytest tests/gpu/test_gpu_deepmd.py \
     tests/gpu/test_gpu_conv_streams.py -m gpu -q -p no:cacheprovider -rs --tb=short --durations=10 -k "not slow" \
     2>&1 | tee "$OUT/tests.log" | tail -n 25
   echo "tests exit ${PIPESTATUS[0]}" | tee -a "$OUT/tests.log"

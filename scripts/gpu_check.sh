@@ -341,7 +341,7 @@ part_deepmd() {
   # the slow compiled one left out unless DEEPMD_TESTS_K says) then scripts/deepmd_gpu.sh's bench, its
   # variables (CONFIGS, VARIANTS, ATOMS, ROUNDS, MD_STEPS) passed on; under $OUT/deepmd
   mkdir -p "$OUT/deepmd"
-  timeout "$(left)" python3 -m pytest ${DEEPMD_TESTS:-tests/gpu/test_gpu_deepmd_frame.py tests/gpu/test_gpu_deepmd.py} \
+  timeout "$(left)" python3 -m pytest ${DEEPMD_TESTS:-tests/gpu/test_gpu_deepmd.py} \
     -m gpu -q -p no:cacheprovider -rs --tb=short -k "${DEEPMD_TESTS_K:-not slow}" 2>&1 | tee "$OUT/deepmd/tests.log" | tail -n 30
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("deepmd gpu tests rc=$r: $(tail -n 1 "$OUT/deepmd/tests.log")")
   OUT="$OUT/deepmd" TESTS_SECONDS=0 BUDGET=$(( $(left) - 10 )) INSTALLED=1 bash scripts/deepmd_gpu.sh 2>&1 | tail -n 40

@@ -29,6 +29,11 @@ def one_torch_thread():
     torch.set_num_threads(saved)
 
 
+def on_device(frame, dtype, device):
+    """``frame`` cast to ``dtype`` and moved to ``device``."""
+    return tuple(None if t is None else t.to(device) for t in cast_frame(frame, dtype))
+
+
 def require_deepmd():
     """Skip the calling module when deepmd-kit (with its PyTorch backend) is not installed."""
     pytest.importorskip("deepmd", reason="deepmd-kit is not installed (from a clone of mixstack: pip install -e '.[deepmd]')")

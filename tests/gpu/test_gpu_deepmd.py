@@ -1,6 +1,10 @@
 """deepmd-kit's SeZM models accelerated on a CUDA GPU: levels 1-3 against the unaccelerated
 model and its float64 twin; frames bitwise run to run and level 2 bitwise equal to level 1; the
-benchmark at a small size.  Skipped without CUDA or deepmd-kit."""
+benchmark at a small size.  ``FrameRunner``: the frame replayed from a CUDA graph bitwise equal to
+the same frame run eagerly, within float32 rounding of deepmd-kit's own frame and its float64
+twin; atoms that move keep or rebuild the list without a new capture; a capture that fails runs
+eagerly; deepmd-kit's compiled inference with mixstack's operators inside (``compile=True``).
+Skipped without CUDA or deepmd-kit."""
 
 from __future__ import annotations
 
@@ -11,17 +15,17 @@ import torch
 from deepmd_cases import (
     KEYS,
     accelerated_copy,
-    cast_frame,
     float64_twin,
     fp32_tolerance,
     make_model,
     model_outputs,
+    on_device,
     require_deepmd,
 )
 
 import mixstack
 from mixstack.cli import main
-from mixstack.deepmd import systems
+from mixstack.deepmd import FrameRunner, systems
 
 pytestmark = [
     pytest.mark.gpu,
@@ -33,19 +37,8 @@ require_deepmd()
 DEV = "cuda"
 
 
-@pytest.fixture
-def deterministic():
-    """deepmd-kit's own scatters (``index_add_``, ``scatter_add``) add with atomics on a GPU; the
-    bitwise comparisons need torch's deterministic versions of them (mixstack's operators are
-    deterministic either way)."""
-    saved = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    yield
-    torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
-
-
-def _on(frame, dtype):
-    return tuple(None if t is None else t.to(DEV) for t in cast_frame(frame, dtype))
+def _on(frame, dtype=torch.float32):
+    return on_device(frame, dtype, DEV)
 
 
 @pytest.mark.parametrize("name", ["water", "two_stream"])
@@ -83,3 +76,76 @@ def test_the_bench_runs_on_the_gpu(tmp_path):
         assert v["breakdown"]["stages"]["value_path"]["forward_ms"] > 0
         assert v["md"]["steps_per_s"] > 0
     assert "time" in case["variants"]["ms2g"] or case["variants"]["ms2g"]["not_run"]
+
+
+def _run(runner, frame):
+    return {k: v.detach() for k, v in runner(*_on(frame)).items() if k in KEYS}
+
+
+@pytest.mark.parametrize("level", [None, 2, 3])
+def test_replay_is_bitwise_the_eager_frame_and_within_float32_of_deepmd(level, deterministic):
+    frame = systems.water(240, seed=3)
+    model = make_model("water", "float32", rcut=6.0).to(DEV)
+    ref32 = model_outputs(model, _on(frame))
+    ref64 = model_outputs(float64_twin(model, "water", rcut=6.0).to(DEV), _on(frame, torch.float64))
+    fast = model if level is None else accelerated_copy(model, level=level)[0]
+    runner = FrameRunner(fast)
+    out = _run(runner, frame)
+    again = _run(runner, frame)
+    eager = _run(FrameRunner(fast, graph=False), frame)
+    assert runner.captures == 1 and runner.replays >= 2
+    for key in KEYS:
+        assert torch.equal(out[key], again[key]) and torch.equal(out[key], eager[key]), key
+        tol = fp32_tolerance(ref32[key], ref64[key], ulps=32 if level != 3 else 512)
+        assert (out[key].double() - ref64[key]).abs().max().item() <= tol, key
+
+
+def test_moving_atoms_keep_the_list_or_rebuild_it_in_place(deterministic):
+    frame = systems.water(240, seed=4)
+    model, _ = accelerated_copy(make_model("water", "float32", rcut=6.0).to(DEV), level=2)
+    runner = FrameRunner(model, skin=1.0)
+    coord, atype, box = _on(frame)
+    runner(coord, atype, box)
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    small = coord + 0.05 * torch.randn(coord.shape, generator=gen, device=DEV)
+    out = runner(small, atype, box)
+    assert runner.rebuilds == 1                                  # within half the skin: the kept list
+    ref = model(small.clone(), atype, box.clone())
+    assert (out["force"] - ref["force"]).abs().max().item() <= 1e-5 * ref["force"].abs().max().item()
+    far = small.clone()
+    far[0, 0] += 0.8                                             # one atom past half the skin
+    out = runner(far, atype, box)
+    assert runner.rebuilds == 2 and runner.last_reason == "an atom moved more than half the skin"
+    ref = model(far.clone(), atype, box.clone())
+    assert (out["force"] - ref["force"]).abs().max().item() <= 1e-5 * ref["force"].abs().max().item()
+
+
+@pytest.mark.slow
+def test_compiled_inference_with_mixstack_inside_matches_the_eager_frame():
+    frame = systems.water(240, seed=5)
+    model = make_model("water", "float32", rcut=6.0).to(DEV)
+    ref32 = model_outputs(model, _on(frame))
+    ref64 = model_outputs(float64_twin(model, "water", rcut=6.0).to(DEV), _on(frame, torch.float64))
+    fast, _ = accelerated_copy(model, level=2)
+    runner = FrameRunner(fast, compile=True)
+    out = _run(runner, frame)
+    assert fast.compiled_core_compute_cache, "deepmd-kit's compiled core_compute was not built"
+    for key in KEYS:
+        tol = fp32_tolerance(ref32[key], ref64[key], ulps=64)
+        assert (out[key].double() - ref64[key]).abs().max().item() <= tol, key
+
+
+def test_a_capture_that_fails_warns_and_runs_eagerly(monkeypatch):
+    frame = systems.water(96, seed=6)
+    model = make_model("water", "float32", rcut=6.0).to(DEV)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(torch.cuda, "graph", refuse)
+    runner = FrameRunner(model)
+    with pytest.warns(RuntimeWarning, match="runs it eagerly"):
+        out = _run(runner, frame)
+    assert runner.captures == 0 and runner.fallback_reason.startswith("RuntimeError: operation not permitted")
+    ref = model_outputs(model, _on(frame))
+    assert (out["force"] - ref["force"]).abs().max().item() <= 1e-5 * ref["force"].abs().max().item()
+    _run(runner, frame)                                          # eager from now on, no second warning
