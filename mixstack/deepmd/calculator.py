@@ -71,7 +71,6 @@ class DeepmdCalculator(Calculator):
         self.runner = runner
         names = list(type_map) if type_map is not None else list(runner.model.get_type_map())
         self.type_dict = {name: i for i, name in enumerate(names)}
-        self.device = next(runner.model.parameters()).device
 
     def calculate(self, atoms=None, properties=("energy", "forces"), system_changes=all_changes):
         Calculator.calculate(self, atoms, properties, system_changes)
@@ -80,11 +79,11 @@ class DeepmdCalculator(Calculator):
         if unknown:
             raise ValueError(f"atoms: elements {', '.join(unknown)} are not in the model's type map "
                              f"({', '.join(self.type_dict)})")
-        dtype = self.runner.dtype
-        coord = torch.as_tensor(atoms.get_positions(), dtype=dtype).to(self.device, non_blocking=True)
-        atype = torch.as_tensor([self.type_dict[s] for s in atoms.get_chemical_symbols()]).to(self.device)
+        dtype = self.runner.dtype                    # the runner moves the inputs to the model's device
+        coord = torch.as_tensor(atoms.get_positions(), dtype=dtype)
+        atype = torch.as_tensor([self.type_dict[s] for s in atoms.get_chemical_symbols()])
         periodic = bool(atoms.get_pbc().any())
-        box = torch.as_tensor(atoms.get_cell().array, dtype=dtype).to(self.device) if periodic else None
+        box = torch.as_tensor(atoms.get_cell().array, dtype=dtype) if periodic else None
         out = self.runner(coord, atype, box)
         energy = float(out["energy"].reshape(()))
         virial = out["virial"].reshape(3, 3).double().cpu().numpy()

@@ -136,7 +136,8 @@ class FrameRunner:
     Counters: ``calls``, ``rebuilds``, ``captures``, ``replays``; ``last_reason`` why the last
     rebuild happened; ``edge_capacity`` and ``candidate_capacity`` the buffers' sizes;
     ``fallback_reason`` why frames run eagerly although a graph was asked for (a capture that
-    failed: the runner warns once and goes on eagerly), else ``None``."""
+    failed: the runner warns once and goes on eagerly), else ``None``.  Inputs may live anywhere:
+    they go to the model's device (``device``), and the outputs live there."""
 
     def __init__(self, model, *, skin: float = 1.0, graph: bool | None = None, compile: bool | None = None):
         _check_model(model)
@@ -147,6 +148,7 @@ class FrameRunner:
         self.model, self.skin, self.graph, self.compile = model, float(skin), graph, compile
         self.rcut = float(model.get_rcut())
         self.dtype = model.global_pt_float_precision
+        self.device = next(model.parameters()).device
         self.calls = self.rebuilds = self.captures = self.replays = 0
         self.last_reason: str | None = None
         self.edge_capacity = self.candidate_capacity = 0
@@ -215,7 +217,7 @@ class FrameRunner:
         if not one_frame:
             raise ValueError(f"FrameRunner runs one frame a call: coord must be (1, N, 3), (N, 3) or (1, 3N), "
                              f"got {tuple(coord.shape)}")
-        pos = coord.reshape(-1, 3).to(self.dtype)
+        pos = coord.reshape(-1, 3).to(device=self.device, dtype=self.dtype)       # where the model is
         n = pos.shape[0]
         atype = atype.reshape(-1).to(device=pos.device, dtype=torch.long)
         if atype.numel() != n:
