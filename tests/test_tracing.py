@@ -111,3 +111,40 @@ def test_opcheck_stack_backward(case):
     torch.library.opcheck(torch.ops.mixstack.stack_backward,
                           (grad_out, y, z, inputs[1], list(inputs[2:]), case.op_spec(1), [False, False],
                            None, None, None))
+
+
+def test_a_kernel_target_makes_a_cpu_trace_record_the_operators_that_run_their_reference():
+    """``guards.kernel_target("cuda")``: a ``make_fx`` trace on CPU tensors records the stack's
+    ``mixstack::`` operators (as for a package compiled for the GPU) where it otherwise records the
+    reference formulas; the traced graph, run on the CPU, gives the same call's eager results bit
+    for bit (the operators' reference branch), and level 0's to float32 rounding."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from mixstack.dispatch import guards
+
+    u0, alpha, w0, w1, gw = helpers.make_inputs(CASE, seed=3)
+
+    def forces(u0, alpha):
+        u0 = u0.detach().requires_grad_(True)
+        out = mixstack.mixing_stack(u0, alpha, w0, w1, gw, lmax=CASE.lmax, focus_dim=CASE.Cf)
+        return out, torch.autograd.grad(out.square().sum(), [u0])[0]
+
+    def traced_ops(**target):
+        ctx = guards.kernel_target(**target) if target else torch.enable_grad()
+        with mixstack.use_level(2), ctx:
+            graph = make_fx(forces, tracing_mode="symbolic", _allow_non_fake_inputs=True)(u0, alpha)
+        return graph, {str(n.target) for n in graph.graph.nodes if "mixstack" in str(n.target)}
+
+    plain = traced_ops()[1]
+    graph, ops = traced_ops(device="cuda")
+    assert plain == set() and ops == {"mixstack.stack_forward.default", "mixstack.stack_backward.default"}
+    with mixstack.use_level(2), guards.kernel_target("cuda"):
+        eager = forces(u0, alpha)
+    with mixstack.use_level(0):
+        level0 = forces(u0, alpha)
+    replayed = graph(u0, alpha)
+    assert all(torch.equal(a, b) for a, b in zip(replayed, eager))
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(replayed, level0))
+    with pytest.raises(ValueError, match="must be a CUDA device"):
+        with guards.kernel_target("cpu"):
+            pass

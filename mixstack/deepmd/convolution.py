@@ -22,6 +22,7 @@ deepmd_pt()
 from deepmd.pt.model.descriptor.sezm_nn.attention import segment_envelope_gated_softmax  # noqa: E402
 from deepmd.pt.model.descriptor.sezm_nn.so2 import SO2Convolution  # noqa: E402
 
+from ..tuning import shape_key  # noqa: E402
 from . import glue, value_path  # noqa: E402
 
 
@@ -31,6 +32,13 @@ class MixstackSO2Convolution(SO2Convolution):
 
     _mixstack = True
     _mixstack_level: int | None = None
+
+    def stack_shape_key(self):
+        """The tuning key of this convolution's mixing stack (``mixstack.export.stack_keys`` finds
+        it): alpha applies where SeZM's focus competition or a single attention head weights the
+        edges (``value_path``)."""
+        alpha = (self.focus_compete and self.n_focus > 1) or self.n_atten_head == 1
+        return shape_key(focus_dim=self.so2_focus_dim, lmax=self.lmax, n_focus=self.n_focus, apply_alpha=alpha)
 
     def _attention_weights(self, x, rad, edges: glue.Edges, n_node: int) -> torch.Tensor:
         """SeZM's envelope-gated softmax weights ``(E, F, H)`` over each destination's edges."""

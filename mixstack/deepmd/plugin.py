@@ -6,8 +6,8 @@ in ``deepmd/pt/__init__.py``), so every command of its PyTorch backend (``dp --p
 ``MIXSTACK_DEEPMD=1`` it installs ``install()``: every SeZM descriptor deepmd-kit builds from
 then on is accelerated right after construction (``mixstack.deepmd.accelerate``, at the active
 mixstack level, ``MIXSTACK_LEVEL``), and the report goes to deepmd-kit's log (logger
-``deepmd.mixstack``, INFO).  Without the variable it
-does nothing.
+``deepmd.mixstack``, INFO); and ``dp --pt freeze`` traces the stacks as mixstack's operators and
+tunes their keys (``mixstack.deepmd.freeze``).  Without the variable it does nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ def install() -> None:
 
     setattr(__init__, _MARK, True)
     DescrptSeZM.__init__ = __init__
+    from . import freeze
+
+    freeze.install()
 
 
 def uninstall() -> None:
@@ -52,6 +55,9 @@ def uninstall() -> None:
     init = DescrptSeZM.__init__
     if getattr(init, _MARK, False):
         DescrptSeZM.__init__ = init.__wrapped__
+    from . import freeze
+
+    freeze.uninstall()
 
 
 def installed() -> bool:

@@ -8,7 +8,9 @@ with a one-time warning that says why (one per reason: CPU tensors warn once per
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 
 import torch
 
@@ -42,6 +44,31 @@ def triton_installed() -> bool:
 def kernels_can_run(t: torch.Tensor) -> bool:
     """Triton kernels run on CUDA tensors, or on any tensor under the interpreter."""
     return triton_installed() and (t.device.type == "cuda" or config.triton_interpret())
+
+
+_target = threading.local()
+
+
+@contextlib.contextmanager
+def kernel_target(device):
+    """While open, the stack's dispatch takes its operator for tensors on any device, as it would
+    on ``device`` (a CUDA device): a trace on the CPU for a GPU package (deepmd-kit's freeze traces
+    on the CPU) then records ``mixstack::`` operators, whose bodies run their reference branch on
+    CPU tensors and their kernels once the graph is moved to ``device`` and compiled."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"kernel_target: device must be a CUDA device, got {device}")
+    saved = getattr(_target, "device", None)
+    _target.device = device
+    try:
+        yield
+    finally:
+        _target.device = saved
+
+
+def _targeted() -> bool:
+    """Whether a ``kernel_target`` is open: tensors off CUDA still take the stack's operator."""
+    return triton_installed() and getattr(_target, "device", None) is not None
 
 
 def no_kernels_reason(t: torch.Tensor) -> str:
@@ -80,7 +107,7 @@ def forward_level(u0: torch.Tensor, layout: StackLayout) -> int:
     level = levels.get_level()
     if level == 0:
         return 0
-    if not kernels_can_run(u0):
+    if not kernels_can_run(u0) and not _targeted():
         warn_once(f"no-kernels:{u0.device.type}", f"mixstack: level {level} runs the reference: {no_kernels_reason(u0)}")
         return 0
     reason = unsupported_reason(layout, u0.dtype)

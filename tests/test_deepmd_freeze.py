@@ -1,0 +1,83 @@
+"""mixstack inside deepmd-kit's freeze (``mixstack.deepmd.freeze``), on a CPU: the accelerated
+model's export trace records the stacks as ``mixstack::`` operators under a CUDA kernel target and
+gives the eager frame; the hooks around deepmd-kit's ``freeze_sezm_to_pt2`` open that target for a
+CUDA freeze only and hand the model's stack keys to mixstack's freeze-time tuner."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from deepmd_cases import make_model, one_torch_thread, require_deepmd  # noqa: F401
+
+import mixstack
+from mixstack.deepmd import accelerate, systems
+from mixstack.dispatch import guards
+
+require_deepmd()
+
+MIXSTACK_OPS = {"mixstack.stack_forward.default", "mixstack.stack_backward.default"}
+
+
+def _lower_inputs(model, n=12):
+    coord, atype, box = systems.water(n, seed=0, dtype=torch.float32)
+    s = model.build_neighbor_list(coord, atype, box)
+    return (s.coord, s.atype, s.edge_index, s.edge_vec, s.edge_scatter_index, s.edge_mask, None, None, None)
+
+
+def _mixstack_ops(graph) -> set:
+    return {str(n.target) for n in graph.graph.nodes if n.op == "call_function" and "mixstack" in str(n.target)}
+
+
+@pytest.mark.slow
+def test_the_export_trace_records_the_stack_operators_under_a_cuda_target():
+    model = make_model("water", "float32")
+    accelerate(model)
+    inputs = _lower_inputs(model)
+    with mixstack.use_level(2):
+        plain = model.forward_common_lower_exportable(*inputs)
+        with guards.kernel_target("cuda"):
+            traced = model.forward_common_lower_exportable(*inputs)
+    assert _mixstack_ops(plain) == set() and _mixstack_ops(traced) == MIXSTACK_OPS
+    out, ref = traced(*inputs), model.forward_common_lower(*inputs[:6])
+    for key in ("energy", "energy_derv_r", "energy_derv_c_redu"):
+        scale = ref[key].abs().max().item()
+        assert (out[key].double() - ref[key].double()).abs().max().item() <= 1e-5 * scale, key
+    exported = torch.export.export(traced, inputs, strict=False)
+    assert _mixstack_ops(exported) == MIXSTACK_OPS
+
+
+def test_the_freeze_hooks_open_the_target_for_cuda_and_tune_the_models_keys(monkeypatch):
+    from deepmd.pt.entrypoints import freeze_pt2
+
+    from mixstack.deepmd import freeze
+
+    seen = {}
+
+    def fake_freeze(ckpt_path, out_path, *, device=None, head=None):
+        seen.setdefault("targeted", []).append(guards._targeted())
+        return "frozen"
+
+    def fake_tables(model, target_device):
+        seen["tables"] = target_device
+
+    def fake_tuner(keys, device, level):
+        seen["tuned"] = (keys, device, level)
+        return "tuned"
+    monkeypatch.setattr(freeze_pt2, "freeze_sezm_to_pt2", fake_freeze)
+    monkeypatch.setattr(freeze_pt2, "_tune_triton_configs", fake_tables)
+    monkeypatch.setattr(freeze, "tune_for_freeze", fake_tuner)
+    freeze.install()
+    freeze.install()                                                 # idempotent
+    assert freeze_pt2.freeze_sezm_to_pt2.__wrapped__ is fake_freeze
+    assert freeze_pt2.freeze_sezm_to_pt2("in.pt", "out.pt2", device=torch.device("cuda")) == "frozen"
+    assert freeze_pt2.freeze_sezm_to_pt2("in.pt", "out.pt2", device=torch.device("cpu")) == "frozen"
+    assert seen["targeted"] == [True, False] and not guards._targeted()
+    model = make_model("two_stream", "float32")
+    accelerate(model)
+    with mixstack.use_level(3):
+        freeze_pt2._tune_triton_configs(model, torch.device("cpu"))
+    keys, device, level = seen["tuned"]
+    assert seen["tables"] == device == torch.device("cpu") and level == 3
+    assert [(k.focus_dim, k.lmax, k.n_focus, k.apply_alpha) for k in keys] == [(32, 3, 2, True)]
+    freeze.uninstall()
+    assert freeze_pt2.freeze_sezm_to_pt2 is fake_freeze and freeze_pt2._tune_triton_configs is fake_tables
