@@ -16,6 +16,7 @@ import torch
 
 from ..core import config
 from ..core.layout import StackLayout
+from ..core.threads import scoped
 from . import levels
 from .log import warn_once
 
@@ -58,12 +59,8 @@ def kernel_target(device):
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"kernel_target: device must be a CUDA device, got {device}")
-    saved = getattr(_target, "device", None)
-    _target.device = device
-    try:
+    with scoped(_target, "device", device):
         yield
-    finally:
-        _target.device = saved
 
 
 def _targeted() -> bool:

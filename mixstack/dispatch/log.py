@@ -16,6 +16,8 @@ from collections import Counter
 
 import torch
 
+from ..core.threads import scoped
+
 _logs: list[Counter] = []
 _logs_lock = threading.Lock()
 _warned: set[str] = set()
@@ -39,12 +41,8 @@ def dispatch_log():
 def unlogged():
     """Record nothing from this thread inside the block: runs mixstack makes for its own checks
     (the level-3 validation at first use) are not the caller's paths."""
-    before = getattr(_quiet, "on", False)
-    _quiet.on = True
-    try:
+    with scoped(_quiet, "on", True):
         yield
-    finally:
-        _quiet.on = before
 
 
 def record(path: str) -> None:
