@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # deepmd-kit's SeZM (DPA4) models on one GPU, in one call of at most ~9 minutes: the GPU tests of
 # mixstack.deepmd and of the convolution operators' features it uses, then the deepmd bench at
-# ~4000 atoms of water for the water example and the 2-stream lmax-3 config, deepmd-kit at
-# DP_TRITON_INFER 0, 2, 3 against the accelerated model at mixstack levels 2 and 3 (frame time,
-# peak memory, forces against float64, the value path's stages apart from the rest, NVE through
-# deepmd-kit's ASE calculator).  Everything goes under $OUT.
+# ~4000 atoms of water for the water example and the 2-stream lmax-3 config: deepmd-kit's level 2
+# eager and compiled (DP_COMPILE_INFER=1, its fastest path) against the accelerated model at level 3
+# eager, through FrameRunner's CUDA graph, and compiled with the graph (frame time, busy time and
+# host gap, peak memory, forces against float64, stages, NVE).  Everything goes under $OUT.  A
+# compiled variant compiles for ~100 s at its first frame: with both configs, run one per call
+# (CONFIGS=water, then CONFIGS=two_stream).
 #
-#   Usage (repo root, the wheels in .whl/ carried along): OUT=/some/dir bash scripts/deepmd_gpu.sh
+#   Usage (repo root, the wheels of scripts/deepmd_wheels.sh in .whl/ carried along):
+#   OUT=/some/dir bash scripts/deepmd_gpu.sh
 #   BUDGET (seconds, default 530) bounds the whole run; each step's timeout is what is left of it
 #   (capped per step), so a slow step leaves the later ones their share or is cut, never the run.
-#   ATOMS (default 4000), VARIANTS (default dp0,dp2,dp3,ms2,ms3), ROUNDS (default 10),
+#   ATOMS (default 4000), VARIANTS (default dp2,ms3,ms3g,dp2c,ms3cg), ROUNDS (default 10),
 #   MD_STEPS (default 20; 0 without ase), TESTS_SECONDS (default 170: the GPU tests' cap), CONFIGS (default
 #   "water two_stream") change the bench; SECONDS_MARGIN (default 15) is how long before its share
 #   each bench stops starting steps (--seconds), the share itself the hard stop (timeout).
@@ -82,7 +85,7 @@ for config in "${configs[@]}"; do
   ((seconds < 1)) && seconds=1
   echo "== bench $config ($share s, --seconds $seconds)"
   timeout "$share" python3 -m mixstack bench deepmd --atoms "${ATOMS:-4000}" --configs "$config" \
-    --systems water --variants "${VARIANTS:-dp0,dp2,dp3,ms2,ms3}" --rounds "${ROUNDS:-10}" --warmup 2 \
+    --systems water --variants "${VARIANTS:-dp2,ms3,ms3g,dp2c,ms3cg}" --rounds "${ROUNDS:-10}" --warmup 2 \
     --breakdown --breakdown-rounds 3 --md-steps "$md_steps" --md-warmup 3 --seconds "$seconds" \
     --out "$OUT/bench-$config" 2>&1 | tee "$OUT/bench-$config.log" \
     | grep -v -e "DP_INFER_BATCH_SIZE" -e "^Triton autotuning for function" -e "^with key as" \
