@@ -153,6 +153,7 @@ class FrameRunner:
         self.last_reason: str | None = None
         self.edge_capacity = self.candidate_capacity = 0
         self._cand: Candidates | None = None
+        self._buffers = 0                            # new buffers so far: a graph reads one set of them
         self._periodic: bool | None = None
         self._pad: torch.Tensor | None = None
         self._static = None         # (pos, box, atype) the graph reads, and its outputs
@@ -249,6 +250,7 @@ class FrameRunner:
                 old.copy_(new)
         else:
             self._cand, self.candidate_capacity, self.edge_capacity = fresh, cap, edges
+            self._buffers += 1
             self._pad = torch.arange(edges, device=dev) % n
             self._periodic = box is not None
         self.rebuilds += 1
@@ -273,7 +275,7 @@ class FrameRunner:
     def _run(self, pos, box, atype):
         if not self._use_graph(pos):
             return self.frame(pos, box, atype)
-        key = (pos.shape[0], box is None, self.edge_capacity, self.candidate_capacity, id(self._cand))
+        key = (pos.shape[0], box is None, self._buffers)
         if self._graph is None or key != self._graph_key:
             try:
                 self._capture(pos, box, atype)
