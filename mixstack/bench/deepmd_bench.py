@@ -100,10 +100,6 @@ def _deepmd_env(**values):
                 os.environ[name] = old
 
 
-def _dp_triton_infer(level: int):
-    return _deepmd_env(DP_TRITON_INFER=level)
-
-
 def build_variant(key: str, config: dict, state: dict, device, rest_level: int):
     """The model of variant ``key``: ``config`` built with its deepmd-kit knobs, ``state`` loaded,
     on ``device`` in evaluation (accelerated for ``ms``); returns ``(model, report or None)``."""
@@ -136,22 +132,19 @@ def _deviation(out, ref) -> dict:
 def _peak_memory(fn, device) -> int | None:
     if torch.device(device).type != "cuda":
         return None
-    torch.cuda.synchronize(device)
-    gc.collect()
-    resident = torch.cuda.memory_allocated(device)
+    resident = _allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
     fn()
     torch.cuda.synchronize(device)
     return torch.cuda.max_memory_allocated(device) - resident
 
 
-def _profiled_frame(key: str, built: Built, inputs, args):
+def _profiled_frame(key: str, built: Built, inputs):
     """The frame the breakdown profiles: a ``g`` variant's frame run eagerly on a runner of its
     own (a graph replays the same kernels, which the profiler does not split into stages)."""
     if built.runner is None:
         return built.run
-    from ..deepmd.frame import FrameRunner
-    eager = FrameRunner(built.model, skin=args.skin, graph=False, compile=parse_variant(key).compiled)
+    eager = _eager_runner(key, built)
     return lambda: eager(*inputs)
 
 
@@ -260,15 +253,16 @@ class Built(NamedTuple):
 
 
 def _md_one(built: Built, path, atoms, args, device) -> dict:
-    if built.runner is not None:
+    runner = built.runner
+    if runner is not None:
         from ..deepmd.calculator import DeepmdCalculator
-        calc = DeepmdCalculator(built.runner)
+        calc = DeepmdCalculator(runner)
     else:
         calc = deepmd_md.deepmd_calculator(path, built.model)
     record = deepmd_md.md_throughput(calc, atoms, steps=args.md_steps, warmup=args.md_warmup,
                                      dt_fs=args.md_dt, device=device)
-    if built.runner is not None:
-        record["rebuilds"], record["captures"] = built.runner.rebuilds, built.runner.captures
+    if runner is not None:                         # counted over the whole run, the timing's frames too
+        record["rebuilds"], record["captures"] = runner.rebuilds, runner.captures
     return {**record, "accelerated": None if built.report is None else [c.runs_on for c in built.report]}
 
 
@@ -296,7 +290,7 @@ def _reference(case: dict, type_map, frame, args, device):
     float64 model's energy, forces and virial on ``frame`` (same weights)."""
     cut = {"rcut": args.rcut} if args.rcut else {}
     config = configs.model_config(case["config"], type_map=type_map, **cut)
-    with _dp_triton_infer(0):
+    with _deepmd_env(DP_TRITON_INFER=0):
         base = configs.perturb(configs.build_model(config), seed=args.seed)
         ref_model = configs.build_model(configs.model_config(case["config"], type_map=type_map,
                                                              precision="float64", **cut))
@@ -327,14 +321,18 @@ def _first_frame(key: str, model, inputs, args, notes: list):
     return runner, lambda: runner(*inputs)
 
 
+def _eager_runner(key: str, built: Built):
+    """A runner of its own on a ``g`` variant's model that runs the same frame eagerly."""
+    from ..deepmd.frame import FrameRunner
+    return FrameRunner(built.model, skin=built.runner.skin, graph=False, compile=parse_variant(key).compiled)
+
+
 def _replay_check(key: str, built: Built, inputs) -> dict | None:
     """A ``g`` variant on a GPU: its replayed frame against the same frame run eagerly (same
     kept list and capacity): the largest difference of each output (0: bitwise)."""
     if built.runner is None or not built.runner.captures:
         return None
-    from ..deepmd.frame import FrameRunner
-    eager = FrameRunner(built.model, skin=built.runner.skin, graph=False, compile=parse_variant(key).compiled)
-    a, b = built.run(), eager(*inputs)
+    a, b = built.run(), _eager_runner(key, built)(*inputs)
     return {k: (a[k].double() - b[k].double()).abs().max().item() for k in ("energy", "force", "virial")}
 
 
@@ -421,7 +419,7 @@ def run_case(case: dict, variants, args, device, progress: Progress) -> dict:
     if args.breakdown:
         for key, b in built.items():
             _step(progress, f"breakdown {key}", case["variants"][key], "breakdown",
-                  lambda key=key, b=b: _stage_times(_profiled_frame(key, b, inputs, args), b.model, device,
+                  lambda key=key, b=b: _stage_times(_profiled_frame(key, b, inputs), b.model, device,
                                                     args.breakdown_rounds))
     if args.md_steps > 0:
         md_runs(config, base, frame, type_map, case, built, args, device, progress)
