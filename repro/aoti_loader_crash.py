@@ -13,7 +13,12 @@ stderr) and the others still run:
 * ``runner``: that ``.so`` through ``torch._C._aoti.AOTIModelContainerRunnerCuda`` (or ``Cpu``);
 * ``cpu``: the same model packaged and loaded for the CPU;
 * ``load`` again with ``LD_PRELOAD`` set to the C++ compiler's own ``libstdc++.so.6`` (the one
-  the package was built against), in case the process loads another first.
+  the package was built against), in case the process loads another first;
+* ``regex``: no AOTInductor at all: a ten-line shared library built by the same compiler that
+  compiles the ``std::regex`` the model's constructor compiles (``parse_device_str``), opened
+  after ``import torch`` and called; ``regex-static`` the same library linked with
+  ``-static-libstdc++`` (its own private copy of libstdc++).  If ``regex`` crashes too, the
+  fault is the process's C++ runtime against the compiler's, not the package.
 
 Before loading it prints what the package was built with and what the process runs with: the
 C++ compiler Inductor called, the ``libstdc++`` that compiler links, the ``libstdc++`` a Python
@@ -40,7 +45,19 @@ import sys
 import tempfile
 import zipfile
 
-STEPS = ("load", "loader", "dlopen", "runner")
+STEPS = ("load", "loader", "dlopen", "runner", "regex", "regex-static")
+
+REGEX_SOURCE = r"""
+#include <regex>
+#include <string>
+extern "C" int device_index(const char* s) {
+  std::regex re("(cpu|cuda|xpu|mps)(:([0-9]+))?");
+  std::smatch sm;
+  std::string str(s);
+  if (!std::regex_match(str, sm, re)) return -2;
+  return sm[3].matched ? std::stoi(sm[3].str()) : -1;
+}
+"""
 
 
 def package(out: str, device: str) -> str:
@@ -80,6 +97,10 @@ def step(name: str, path: str) -> None:
         ctypes.CDLL(so, mode=ctypes.RTLD_GLOBAL)
         print(f"OK dlopen {so}", flush=True)
         return
+    elif name in ("regex", "regex-static"):
+        lib = ctypes.CDLL(_regex_library(os.path.dirname(path), static=name == "regex-static"))
+        print(f"OK {name}: device_index('cuda:3') = {lib.device_index(b'cuda:3')}", flush=True)
+        return
     elif name == "runner":
         folder, so = _extract(path)
         if device == "cuda":
@@ -91,6 +112,36 @@ def step(name: str, path: str) -> None:
         raise ValueError(f"--step must be one of {', '.join(STEPS)}, got {name!r}")
     torch.cuda.synchronize() if device == "cuda" else None
     print(f"OK {name}: output {tuple(out.shape)} finite={bool(torch.isfinite(out).all())}", flush=True)
+
+
+def _regex_library(folder: str, static: bool) -> str:
+    """``REGEX_SOURCE`` built by Inductor's C++ compiler into ``folder`` (``static``: with its
+    own copy of libstdc++)."""
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    src = os.path.join(folder, "regex_probe.cpp")
+    lib = os.path.join(folder, f"regex_probe{'_static' if static else ''}.so")
+    with open(src, "w") as f:
+        f.write(REGEX_SOURCE)
+    flags = "-static-libstdc++ -static-libgcc" if static else ""
+    built = subprocess.run(f"{get_cpp_compiler()} -std=c++17 -O2 -shared -fPIC {flags} {src} -o {lib}",
+                           shell=True, capture_output=True, text=True)
+    if built.returncode:
+        raise RuntimeError(f"building {lib} failed: {built.stderr.strip()}")
+    return lib
+
+
+def _locale_exporters() -> str:
+    """The libraries of a process after ``import torch`` that export libstdc++'s locale facet
+    ids (``std::collate<char>::id``, ``std::ctype<char>::id``): more than one means two copies
+    of the locale machinery, and which one a lookup binds to depends on load order."""
+    script = ("import torch, re, subprocess\n"
+              "libs = sorted({m for m in re.findall(r'(/\\S+\\.so[.0-9]*)', open('/proc/self/maps').read())})\n"
+              "for lib in libs:\n"
+              "    out = subprocess.run(['nm', '-D', '--defined-only', lib], capture_output=True, text=True).stdout\n"
+              "    n = sum(s in out for s in ('_ZNSt7collateIcE2idE', '_ZNSt5ctypeIcE2idE'))\n"
+              "    print(f'  {lib}: {n}') if n else None\n")
+    return _sh(f"{sys.executable} -c \"{script}\"") or "  none found"
 
 
 def _sh(cmd: str) -> str:
@@ -117,7 +168,9 @@ def diagnose(so: str) -> str:
              f"{', '.join(_newest_glibcxx(os.path.realpath(x)) for x in loaded.split()) or '?'})",
              "ldd of the package's .so:\n  " + _sh(f"ldd {so}").replace("\n", "\n  "),
              "libstdc++ locale symbols the package's .so defines itself (a static copy, if many): "
-             + _sh("nm -DC --defined-only " + so + " | grep -c -E 'std::(locale|codecvt|collate|ctype)'")]
+             + _sh("nm -DC --defined-only " + so + " | grep -c -E 'std::(locale|codecvt|collate|ctype)'"),
+             "libraries of a torch process that export libstdc++'s locale facet ids (more than one: two "
+             "copies):\n" + _locale_exporters()]
     return "\n".join(lines)
 
 
