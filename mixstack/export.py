@@ -46,6 +46,7 @@ import torch
 from . import tuner, tuning
 from .core.version import __version__
 from .dispatch import levels
+from .stack import level3
 from .stack.nn import MixingStack
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,16 @@ def tune_for_freeze(keys, device: torch.device, level: int) -> str:
         return f"tuned: {done}"
     log.info("freeze: tuning skipped: %s", why)
     return f"skipped: {why}"
+
+
+def check_level3(keys, device: torch.device, level: int) -> str:
+    """At level 3 on CUDA, each key's level-3 plan, the policy's unchecked configs checked against
+    float64 first (``stack.level3.check``): a trace makes no eager call, which is where that check
+    otherwise runs, so without this a freeze would trace level 2 at every key no table covers."""
+    if level < 3 or device.type != "cuda" or not keys:
+        return ""
+    plans = [(key, level3.check(key, device)) for key in keys]
+    return "; ".join(f"{key.short()}: {'level 2' if p.config is None else p.source}" for key, p in plans)
 
 
 @contextlib.contextmanager
@@ -184,6 +195,9 @@ def freeze(module: torch.nn.Module, example, path, *, tune: bool = True,
         report(f"1/3 tuning the missing stack keys ({len(keys)} in the model)")
     tuned = tune_for_freeze(keys, device, level) if tune else "skipped: freeze(tune=False)"
     report(f"1/3 tuning {tuned}")
+    checked = check_level3(keys, device, level)
+    if checked:
+        report(f"1/3 level 3: {checked}")
     was_training = module.training
     module.eval()
     report(f"2/3 tracing energy, forces and stress at level {level} on {device} (make_fx, torch.export)")
@@ -196,7 +210,7 @@ def freeze(module: torch.nn.Module, example, path, *, tune: bool = True,
         "mixstack_version": __version__, "cutoff": repr(float(module.cutoff)),
         "dtype": str(p.dtype).removeprefix("torch."), "level": str(level),
         "config": json.dumps(getattr(module, "config", {})),
-        "stack_keys": ";".join(f"[{k}]" for k in keys), "tuning": tuned,
+        "stack_keys": ";".join(f"[{k}]" for k in keys), "tuning": tuned, "level3": checked,
         "inputs": ",".join(INPUT_NAMES), "outputs": ",".join(OUTPUT_NAMES),
     }
     configs = dict(inductor_configs or {})

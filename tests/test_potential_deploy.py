@@ -9,6 +9,7 @@ of other sizes than the example it was traced with.
 from __future__ import annotations
 
 import logging
+import zipfile
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from ase.build import bulk  # noqa: E402
 
 import mixstack  # noqa: E402
 from mixstack import export, tuner, tuning  # noqa: E402
+from mixstack.packages import package_kernels  # noqa: E402
 from mixstack.potential import SO2Potential, atoms_inputs  # noqa: E402
 
 KW = dict(lmax=1, focus_dim=16, n_focus=2, n_blocks=2, n_layers=2, cutoff=3.0, energy_scale=10.0)
@@ -82,6 +84,8 @@ def test_frozen_file_carries_its_cutoff_level_and_why_tuning_was_skipped(frozen)
     assert meta["level"] == "0" and meta["tuning"].startswith("skipped: the module is on cpu")
     assert meta["stack_keys"] == "[focus_dim=16;lmax=1;n_focus=2;apply_alpha=1]"
     assert program.config["n_blocks"] == 2
+    contents = package_kernels(path)               # a CPU package: C++ kernels, no GPU binary
+    assert contents.metadata["AOTI_DEVICE_KEY"] == "cpu" and not contents.mixstack and not contents.inductor
 
 
 @pytest.mark.slow
@@ -163,6 +167,8 @@ def test_cli_freeze_builds_the_model_and_example_it_is_asked_for(monkeypatch, tm
 
     def fake_freeze(module, example, path, *, tune=True, progress=None):
         seen.update(module=module, example=example, path=path, tune=tune)
+        with zipfile.ZipFile(path, "w") as z:            # what the command reads back: the kernels
+            z.writestr("m/data/aotinductor/model/k.cubin", b"\x00block_gemm_kernel\x00")
         return path
 
     monkeypatch.setattr(export, "freeze", fake_freeze)
@@ -172,7 +178,8 @@ def test_cli_freeze_builds_the_model_and_example_it_is_asked_for(monkeypatch, tm
     m = seen["module"]
     assert (m.lmax, m.focus_dim, len(m.blocks), seen["tune"]) == (3, 32, 1, False)
     assert set(seen["example"].get_chemical_symbols()) == {"Cu"} and str(seen["path"]) == str(out)
-    assert f"wrote {out}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"wrote {out}" in printed and "mixstack kernels compiled in: 1 (block_gemm_kernel)" in printed
     ckpt = tmp_path / "c.pt"
     SO2Potential(lmax=2, focus_dim=16, n_blocks=1).save(ckpt)
     assert main(["freeze", str(out), "--checkpoint", str(ckpt)]) == 0

@@ -67,4 +67,6 @@ def run(args, argv=None) -> int:
           f"({len(example)} atoms)")
     path = freeze(model, example, args.out, tune=not args.no_tune, progress=lambda msg: print(f"  {msg}", flush=True))
     print(f"wrote {path}")
+    from ..packages import package_kernels
+    print("\n".join(package_kernels(path).lines()[1:]))
     return 0

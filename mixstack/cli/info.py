@@ -17,6 +17,9 @@ HELP = "device, versions, active level, and whether the Triton levels can run"
 def add_arguments(p) -> None:
     p.add_argument("--device", help="device to report on: cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--json", action="store_true", help="print the record as JSON")
+    p.add_argument("--package", metavar="PT2",
+                   help="instead: the GPU kernels compiled into an AOTInductor package (.pt2), mixstack's by "
+                        "name, read from the archive without loading it")
 
 
 def info_lines(record: dict) -> list[str]:
@@ -58,7 +61,26 @@ def _coverage_line(table: dict) -> str:
     return text
 
 
+def _package(args) -> int:
+    from ..packages import package_kernels
+    from .common import existing_file
+
+    try:
+        found = package_kernels(existing_file("--package", args.package))
+    except ValueError as err:
+        raise ValueError(f"--package: {err}") from None
+    if args.json:
+        print(json.dumps({"path": found.path, "members": found.members, "metadata": found.metadata,
+                          "mixstack": dict(found.mixstack), "inductor": dict(found.inductor),
+                          "sources": dict(found.sources)}, indent=1))
+    else:
+        print("\n".join(found.lines()))
+    return 0
+
+
 def run(args, argv=None) -> int:
+    if args.package:
+        return _package(args)
     from ..measure import env
     from ..tuning import store, validity
     record = env.collect(args.device)

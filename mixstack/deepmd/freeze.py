@@ -28,7 +28,7 @@ import logging
 import torch
 
 from ..dispatch import guards, levels
-from ..export import stack_keys, tune_for_freeze
+from ..export import check_level3, stack_keys, tune_for_freeze
 
 logger = logging.getLogger("deepmd.mixstack")
 
@@ -40,11 +40,14 @@ def tune(model: torch.nn.Module, device) -> str:
     mixstack level decides the families); what was done, as ``tune_for_freeze`` says it."""
     device = torch.device(device)
     keys = stack_keys(model)
+    level = levels.get_level()
     if device.type == "cuda" and torch.cuda.is_available():
         with torch.cuda.device(device):
-            done = tune_for_freeze(keys, device, levels.get_level())
+            done = tune_for_freeze(keys, device, level)
+            checked = check_level3(keys, device, level)
+            done += f"; level 3: {checked}" if checked else ""
     else:
-        done = tune_for_freeze(keys, device, levels.get_level())
+        done = tune_for_freeze(keys, device, level)
     logger.info("mixstack freeze tuning on %s: %s", device, done)
     return done
 

@@ -171,14 +171,21 @@ def prepare(u0, *, focus_dim: int, lmax: int, apply_alpha: bool) -> None:
     and keep the verdict for this process.  A no-op under a trace (``guards.tracing``) and inside a check."""
     if getattr(_busy, "on", False) or guards.tracing(u0):
         return
-    key = shape_key(focus_dim=focus_dim, lmax=lmax, n_focus=int(u0.shape[0]), apply_alpha=apply_alpha)
-    device = validity.device_name(u0.device)
-    cfg = pending(key, device)
+    check(shape_key(focus_dim=focus_dim, lmax=lmax, n_focus=int(u0.shape[0]), apply_alpha=apply_alpha), u0.device)
+
+
+def check(key, device: torch.device) -> Plan:
+    """The level-3 plan for ``key`` on ``device`` (a ``torch.device``), the policy's unchecked
+    config checked against float64 first and the verdict kept for this process: what the first
+    eager call does, for a freeze, which traces without one."""
+    key = as_key(key)
+    name = validity.device_name(device)
+    cfg = pending(key, name)
     if cfg is None:
-        return
+        return resolve(key, name)
     _busy.on = True
     try:
-        verdict = validate(key, cfg, u0.device)
+        verdict = validate(key, cfg, device)
     finally:
         _busy.on = False
     if verdict["ok"]:
@@ -187,8 +194,9 @@ def prepare(u0, *, focus_dim: int, lmax: int, apply_alpha: bool) -> None:
         plan = Plan(None, "level2", f"the policy's {families.label(cfg)} failed the float64 check ({verdict['why']})")
         warn_once(f"level3:{key}", f"mixstack: level 3 runs level 2 for {key.short()}: {plan.reason}")
     with _lock:
-        _verdicts[(device, key)] = plan
+        _verdicts[(name, key)] = plan
     log.info("level 3 at first use, %s: %s", key.short(), plan.reason)
+    return plan
 
 
 def forget() -> None:

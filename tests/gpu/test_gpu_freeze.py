@@ -22,6 +22,7 @@ from helpers import rel_err  # noqa: E402
 
 import mixstack  # noqa: E402
 from mixstack import export, tuning  # noqa: E402
+from mixstack.packages import package_kernels  # noqa: E402
 from mixstack.potential import SO2Potential, atoms_inputs  # noqa: E402
 
 
@@ -29,6 +30,25 @@ def _cu(repeat, seed):
     atoms = bulk("Cu", "bcc", a=2.87, cubic=True).repeat(repeat)
     atoms.rattle(0.05, seed=seed)
     return atoms
+
+
+# The kernels each level's package must carry: the forward GEMM and gate, the relay backward,
+# the convolution around the stack; level 3 adds the split of the weights for its compensated GEMMs.
+KERNELS = {1: {"block_gemm_kernel", "gate_kernel", "gate_backward_kernel", "rotate_in_kernel"},
+           3: {"block_gemm_kernel", "split_weights_kernel"}}
+
+
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_a_package_frozen_on_cuda_carries_mixstacks_kernels(level, tmp_path):
+    """Reads the archive only: it holds where AOTInductor's loader cannot run (docs/deployment.md)."""
+    model = SO2Potential(lmax=2, focus_dim=32, n_focus=2, cutoff=4.0, seed=3, energy_scale=10.0,
+                         device="cuda").eval()
+    example = atoms_inputs(_cu((2, 2, 2), 1), model.cutoff, device="cuda")
+    with mixstack.use_level(level):
+        path = mixstack.freeze(model, example, tmp_path / f"cu{level}.pt2", tune=False)
+    found = package_kernels(path)
+    assert found.metadata.get("AOTI_DEVICE_KEY") == "cuda", found.metadata
+    assert KERNELS[min(level, 3) if level != 2 else 1] <= set(found.mixstack), found.lines()
 
 
 @pytest.mark.parametrize("level", [1, 2])

@@ -115,3 +115,26 @@ def test_the_check_judges_an_ill_conditioned_alpha_gradient_by_its_sum_s_scale(t
     monkeypatch.setattr(level3, "_scales", lambda key, x64, grad: (None, None, None))   # relative only
     failed = level3.validate(key, cfg, "cpu", edges=(1,))
     assert not failed["ok"] and failed["why"].startswith("1 edges: output 2 (grad_alpha): relative error")
+
+
+def test_a_freeze_checks_the_policy_config_before_it_traces(tables, monkeypatch):
+    """A trace makes no eager call, where the first-use check runs: ``check`` does it for a
+    freeze (``export.check_level3``), once, and the trace then sees the verdict."""
+    import torch
+
+    from mixstack import export
+    _engage_by_grid_verdict(CASE)
+    calls = []
+    real = level3.validate
+    monkeypatch.setattr(level3, "validate", lambda *a, **k: calls.append(a) or real(*a, **k))
+    key = _key(CASE)
+    assert level3.resolve(key, DEVICE).source == "unchecked"
+    plan = level3.check(key, torch.device("cpu"))
+    assert plan.source == "policy" and plan.config == policy.rule_config(key) and len(calls) == 1
+    assert level3.resolve(key, DEVICE) == plan
+    assert level3.check(key, torch.device("cpu")) == plan and len(calls) == 1       # kept
+    # the freeze's summary: only at level 3 on CUDA, one entry per key
+    assert export.check_level3([key], torch.device("cpu"), 3) == ""
+    assert export.check_level3([key], torch.device("cuda"), 2) == ""
+    monkeypatch.setattr(level3, "check", lambda k, d: plan)
+    assert export.check_level3([key], torch.device("cuda"), 3) == f"{key.short()}: policy"
