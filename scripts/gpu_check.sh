@@ -6,7 +6,7 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,train,lammps,scaling,tma (default:
+#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,train,lammps,scaling,tma,aoti,pt2,deepmd (default:
 #   tests,stack,model) picks what runs, in that order;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it);
@@ -78,6 +78,10 @@
 #   `ncu` on one TMA launch at S1 (NCU_TMA=0 skips it); under $OUT/tma, ~6 min.
 #   "aoti": repro/aoti_loader_crash.py (AOTInductor's loader, every loading path in its own process) and
 #   a cuda-gdb backtrace of aoti_load_package, under $OUT/aoti.
+#   "pt2": scripts/pt2_check.py: mixstack's potential frozen at PT2_LEVELS (default 1,2,3) on the GPU, the
+#   mixstack kernels each package holds (read from the archive), then each package loaded in a process of
+#   its own (plainly, then with the compiler's libstdc++ preloaded if that crashed) and compared with the
+#   live module (forces, time per call), under $OUT/pt2.
 #   "deepmd": the GPU tests of mixstack.deepmd (DEEPMD_TESTS, -k DEEPMD_TESTS_K, default "not slow"), then
 #   scripts/deepmd_gpu.sh's bench (CONFIGS, VARIANTS, ATOMS, ROUNDS, MD_STEPS), under $OUT/deepmd.
 #   BUDGET (seconds, default 540) bounds the whole script: each part gets what
@@ -336,6 +340,13 @@ part_aoti() {
     summary+=("aoti cuda-gdb rc=$?: $(grep -m1 -E 'signal|exited' "$OUT/aoti/cuda-gdb.log")")
   fi
 }
+part_pt2() {
+  mkdir -p "$OUT/pt2"
+  timeout "$(left)" python3 scripts/pt2_check.py --out "$OUT/pt2" --levels "${PT2_LEVELS:-1,2,3}" 2>&1 \
+    | tee "$OUT/pt2/pt2.log" | grep -E "^level|Error" | tail -n 8
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("pt2 rc=$r: $(grep -c '^level' "$OUT/pt2/pt2.log") levels frozen")
+  rm -f "$OUT"/pt2/*.pt2
+}
 part_deepmd() {
   # deepmd-kit's SeZM models (wheels under .whl/): DEEPMD_TESTS (default the GPU tests of mixstack.deepmd,
   # the slow compiled one left out unless DEEPMD_TESTS_K says) then scripts/deepmd_gpu.sh's bench, its
@@ -350,10 +361,10 @@ part_deepmd() {
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|convprobe|train|lammps|scaling|tma|aoti|deepmd)
+    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|convprobe|train|lammps|scaling|tma|aoti|pt2|deepmd)
       "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, convprobe, train, lammps, scaling, tma, aoti, deepmd)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, convprobe, train, lammps, scaling, tma, aoti, pt2, deepmd)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
