@@ -71,19 +71,20 @@ def fp32_tolerance(ref32: torch.Tensor, ref64: torch.Tensor, ulps: int = 32) -> 
     return max(4 * (ref32.double() - ref64).abs().max().item(), ulps * torch.finfo(torch.float32).eps * scale)
 
 
-def make_model(name: str, precision: str, *, rcut: float = 3.0, seed: int = 0, **descriptor):
-    """A perturbed model of config ``name`` (mixstack.deepmd.configs) in eval mode."""
+def make_model(name: str, precision: str, *, rcut: float = 3.0, seed: int = 0, backend: str = "pt", **descriptor):
+    """A perturbed model of config ``name`` (mixstack.deepmd.configs) in eval mode, of deepmd-kit's
+    ``backend`` (``"pt"`` or ``"pt_expt"``)."""
     from mixstack.deepmd.configs import build_model, perturb
 
-    model = perturb(build_model(name, precision=precision, rcut=rcut, **descriptor), seed=seed)
+    model = perturb(build_model(name, precision=precision, rcut=rcut, backend=backend, **descriptor), seed=seed)
     return model.eval()
 
 
-def float64_twin(model, name: str, *, rcut: float = 3.0, **descriptor):
+def float64_twin(model, name: str, *, rcut: float = 3.0, backend: str = "pt", **descriptor):
     """``model``'s weights in a float64 model of the same config."""
     from mixstack.deepmd.configs import build_model
 
-    twin = build_model(name, precision="float64", rcut=rcut, **descriptor)
+    twin = build_model(name, precision="float64", rcut=rcut, backend=backend, **descriptor)
     twin.load_state_dict(model.state_dict())
     return twin.eval()
 

@@ -8,20 +8,26 @@ reason.  A SeZM descriptor none of whose convolutions reads deepmd-kit's ``(E, D
 blocks any more stops building them (deepmd-kit's own switch ``_need_full_wigner``, which its
 all-Cartesian models use; its geometric initial embedding then takes its zonal coupling from the
 edge quaternions, as there).
+
+Both drop deepmd-kit's compiled ``core_compute`` of the SeZM models they touch (its
+``DP_COMPILE_INFER`` path, ``FrameRunner(compile=True)``): ``make_fx`` traced it with the
+convolutions' classes, mixstack's level, the Wigner switch and the parameter tensors of its
+time, and deepmd-kit would keep calling it; the next compiled frame traces the model anew.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 
 import torch
 
-from .compat import deepmd_pt
 from .report import DEEPMD, MIXSTACK, AccelerationReport, ConvolutionReport
 
 logger = logging.getLogger(__name__)
 
 _SAVED_WIGNER = "_mixstack_need_full_wigner"
+_SEZM_MODEL = "deepmd.pt.model.model.sezm_model"     # deepmd-kit's compiled-inference caches live there
 
 
 def _check_level(level) -> int | None:
@@ -34,6 +40,34 @@ def _check_level(level) -> int | None:
     return level
 
 
+def _forget_compiled(model: torch.nn.Module) -> None:
+    """Drop deepmd-kit's compiled graphs of every SeZM model in ``model``: its per-model caches
+    (``compiled_core_compute_cache`` and the buffer orders that go with it, the embedding and
+    ``dens`` graphs) and its process-wide ``_SEZM_COMPILE_CACHE`` entries for the model's
+    structure key, where a model of the same modules would find the old graph again.  Where
+    deepmd-kit's SeZM model module was never imported, nothing can have been compiled."""
+    sezm_model = sys.modules.get(_SEZM_MODEL)
+    if sezm_model is None:
+        return
+    shared = getattr(sezm_model, "_SEZM_COMPILE_CACHE", None)
+    structure_key = getattr(sezm_model, "_sezm_structure_key", None)
+    for module in model.modules():
+        state = module.__dict__
+        cache = state.get("compiled_core_compute_cache")
+        if not isinstance(cache, dict):
+            continue
+        if isinstance(shared, dict) and structure_key is not None:
+            prefix = structure_key(module)
+            for key in [k for k in shared if k[:len(prefix)] == prefix]:
+                del shared[key]
+        cache.clear()
+        if isinstance(state.get("_task_buf_order_cache"), dict):
+            state["_task_buf_order_cache"].clear()
+        for name in ("compiled_embedding", "_embedding_task_buf_order", "compiled_dens_compute"):
+            if state.get(name) is not None:
+                object.__setattr__(module, name, None)
+
+
 def _needs_full_wigner(conv) -> bool:
     """Whether ``conv`` reads deepmd-kit's full Wigner blocks (its own path, not Cartesian)."""
     return not getattr(type(conv), "_mixstack", False) and not conv.edge_cartesian
@@ -44,31 +78,31 @@ def accelerate(model: torch.nn.Module, *, level: int | None = None) -> Accelerat
     mixstack's operators, in place; return the report (per convolution: where it runs and, if on
     deepmd-kit, the one option mixstack does not reproduce).
 
-    ``model`` is any ``torch.nn.Module`` holding deepmd-kit (>= 3.2, PyTorch backend) SeZM
-    modules: a model from ``deepmd.pt.model.model.get_model``, its descriptor, a wrapper.
+    ``model`` is any ``torch.nn.Module`` holding deepmd-kit (>= 3.2) SeZM modules of its PyTorch
+    backend (a model from ``deepmd.pt.model.model.get_model``, its descriptor, a wrapper) or of
+    its PT-expt backend (``deepmd.pt_expt.model.get_model``, the DPA4 models ``dp --pt-expt``
+    trains and freezes).
     ``level`` pins mixstack's level for these convolutions (``None``: the active level at each
     call, ``mixstack.set_level`` / ``use_level`` / ``MIXSTACK_LEVEL``).  Calling it again
     re-checks every convolution and sets the new level."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     level = _check_level(level)
-    deepmd_pt()
-    from deepmd.pt.model.descriptor.sezm import DescrptSeZM
-    from deepmd.pt.model.descriptor.sezm_nn.so2 import SO2Convolution
-
-    from .convolution import MixstackSO2Convolution
+    from .backends import present
     from .options import unsupported_reason
 
+    backends = present(model)
     convs = []
     for name, module in model.named_modules():
-        if not isinstance(module, SO2Convolution):
+        backend = next((b for b in backends if isinstance(module, b.convolution)), None)
+        if backend is None:
             continue
-        if type(module) is MixstackSO2Convolution:
-            module.__class__ = SO2Convolution                 # re-check from deepmd-kit's class
+        if type(module) is backend.accelerated:
+            module.__class__ = backend.convolution             # re-check from deepmd-kit's class
         name = name or type(module).__name__                  # the model itself: its class
         reason = unsupported_reason(module)
         if reason is None:
-            module.__class__ = MixstackSO2Convolution
+            module.__class__ = backend.accelerated
             module._mixstack_level = level
             convs.append(ConvolutionReport(name, MIXSTACK))
         else:
@@ -76,14 +110,16 @@ def accelerate(model: torch.nn.Module, *, level: int | None = None) -> Accelerat
 
     skipped = []
     for name, module in model.named_modules():
-        if not isinstance(module, DescrptSeZM):
+        backend = next((b for b in backends if isinstance(module, b.descriptor)), None)
+        if backend is None:
             continue
         saved = module.__dict__.setdefault(_SAVED_WIGNER, module._need_full_wigner)
-        inner = [m for m in module.modules() if isinstance(m, SO2Convolution)]
+        inner = [m for m in module.modules() if isinstance(m, backend.convolution)]
         module._need_full_wigner = saved and any(_needs_full_wigner(m) for m in inner)
         if saved and not module._need_full_wigner:
             skipped.append(name or type(module).__name__)
 
+    _forget_compiled(model)
     report = AccelerationReport(level, tuple(convs), tuple(skipped))
     logger.debug("%s", report)
     return report
@@ -94,17 +130,16 @@ def restore(model: torch.nn.Module) -> int:
     SeZM descriptor building its Wigner blocks as before.  Returns how many convolutions moved."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    deepmd_pt()
-    from deepmd.pt.model.descriptor.sezm_nn.so2 import SO2Convolution
+    from .backends import present
 
-    from .convolution import MixstackSO2Convolution
-
+    accelerated = {b.accelerated: b.convolution for b in present(model)}
     moved = 0
     for module in model.modules():
-        if type(module) is MixstackSO2Convolution:
-            module.__class__ = SO2Convolution
+        if type(module) in accelerated:
+            module.__class__ = accelerated[type(module)]
             module.__dict__.pop("_mixstack_level", None)
             moved += 1
         if _SAVED_WIGNER in module.__dict__:
             module._need_full_wigner = module.__dict__.pop(_SAVED_WIGNER)
+    _forget_compiled(model)
     return moved

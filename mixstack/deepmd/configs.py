@@ -65,13 +65,23 @@ def model_config(name: str, *, type_map=None, precision: str | None = None, **de
     return config
 
 
-def build_model(name_or_config, *, type_map=None, precision: str | None = None, **descriptor):
-    """A deepmd-kit model (``deepmd.pt.model.model.get_model``) from a config name or dict,
-    normalised by deepmd-kit's own schema; the keyword arguments as for ``model_config``."""
+BACKENDS = ("pt", "pt_expt")
+
+
+def build_model(name_or_config, *, type_map=None, precision: str | None = None, backend: str = "pt",
+                **descriptor):
+    """A deepmd-kit model from a config name or dict, normalised by deepmd-kit's own schema;
+    ``backend`` ``"pt"`` (``deepmd.pt.model.model.get_model``) or ``"pt_expt"``
+    (``deepmd.pt_expt.model.get_model``); the keyword arguments as for ``model_config``."""
     from .compat import deepmd_pt
 
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     deepmd_pt()
-    from deepmd.pt.model.model import get_model
+    if backend == "pt":
+        from deepmd.pt.model.model import get_model
+    else:
+        from deepmd.pt_expt.model.get_model import get_model
     from deepmd.utils.argcheck import model_args
 
     if isinstance(name_or_config, str):

@@ -2,7 +2,9 @@
 
 ``accelerate`` switches the class of a built convolution to this subclass (``restore`` switches
 it back): the parameters, buffers, state-dict keys and submodules stay deepmd-kit's own, and
-only ``forward`` changes.  The forward keeps deepmd-kit's steps around the value path, calling
+only ``forward`` changes.  The forward is ``MixstackConvolution``'s, which the PT-expt
+backend's class (``expt.MixstackDPA4Convolution``) shares; a backend supplies its attention
+softmax (``_mixstack_softmax``).  The forward keeps deepmd-kit's steps around the value path, calling
 its own submodules in its own order: ``pre_focus_mix``; the attention logits (``attn_qk_norm``,
 ``attn_q_proj`` / ``attn_k_proj``, the radial logit bias) and deepmd-kit's
 ``segment_envelope_gated_softmax``; the output-side head gate (or, without heads, the degree
@@ -26,12 +28,17 @@ from ..tuning import shape_key  # noqa: E402
 from . import glue, value_path  # noqa: E402
 
 
-class MixstackSO2Convolution(SO2Convolution):
-    """A SeZM ``SO2Convolution`` with its value path on mixstack (see the module docstring).
-    ``_mixstack_level`` is the mixstack level it pins (``None``: the active level)."""
+class MixstackConvolution:
+    """The forward of a SeZM convolution on mixstack, for any deepmd-kit backend whose
+    convolution holds SeZM's submodules and parameters under SeZM's names (PyTorch's
+    ``SO2Convolution``, PT-expt's).  ``_mixstack_level`` is the mixstack level it pins
+    (``None``: the active level); a backend's class supplies ``_mixstack_softmax``."""
 
     _mixstack = True
     _mixstack_level: int | None = None
+
+    def _mixstack_softmax(self, logits, edges: glue.Edges, edge_cache, n_node: int, cd) -> torch.Tensor:
+        raise NotImplementedError
 
     def stack_shape_key(self):
         """The tuning key of this convolution's mixing stack (``mixstack.export.stack_keys`` finds
@@ -40,7 +47,7 @@ class MixstackSO2Convolution(SO2Convolution):
         alpha = (self.focus_compete and self.n_focus > 1) or self.n_atten_head == 1
         return shape_key(focus_dim=self.so2_focus_dim, lmax=self.lmax, n_focus=self.n_focus, apply_alpha=alpha)
 
-    def _attention_weights(self, x, rad, edges: glue.Edges, n_node: int) -> torch.Tensor:
+    def _attention_weights(self, x, rad, edges: glue.Edges, edge_cache, n_node: int) -> torch.Tensor:
         """SeZM's envelope-gated softmax weights ``(E, F, H)`` over each destination's edges."""
         cd = self.compute_dtype
         n_edge = edges.src.shape[0]
@@ -52,10 +59,7 @@ class MixstackSO2Convolution(SO2Convolution):
         radial_l0 = rad[:, 0, :].reshape(n_edge, self.attn_n_focus, self.attn_focus_dim)
         bias = torch.einsum("efi,ifo->efo", radial_l0.to(dtype=cd), self.adamw_attn_logit_w)
         logits = (q * k).sum(-1) * (head_dim ** -0.5) + bias
-        return segment_envelope_gated_softmax(
-            logits=logits, edge_env=edges.env.to(dtype=cd), dst=edges.dst, n_nodes=n_node,
-            z_bias_raw=self.adamw_attn_z_bias_raw, eps=self.eps,
-            src_weight=None if edges.gate is None else edges.gate.to(dtype=cd))
+        return self._mixstack_softmax(logits, edges, edge_cache, n_node, cd)
 
     def _output_gate(self, x, n_node: int) -> torch.Tensor:
         """SeZM's output-side head gate, ``(N, F*Cf)``: one sigmoid per (stream, head) on its
@@ -75,7 +79,7 @@ class MixstackSO2Convolution(SO2Convolution):
         x = self.pre_focus_mix(x.unsqueeze(2)).squeeze(2)                # (N, D, F*Cf)
         edges = glue.frame_edges(edge_cache, self.lmax, self.compute_dtype, n_node, self._mixstack_level)
         rad = radial_feat if self.radial_hidden_proj is None else self.radial_hidden_proj(radial_feat)
-        attention = self._attention_weights(x, rad, edges, n_node) if self.n_atten_head > 0 else None
+        attention = self._attention_weights(x, rad, edges, edge_cache, n_node) if self.n_atten_head > 0 else None
         agg = value_path.aggregate(self, x, rad, edges, n_node, attention, level=self._mixstack_level)
         if attention is None:
             out = agg * edge_cache.inv_sqrt_deg.to(dtype=agg.dtype)
@@ -87,3 +91,14 @@ class MixstackSO2Convolution(SO2Convolution):
         if self.node_cartesian_tp is not None:
             out = self.node_cartesian_tp(out, x)
         return self.post_focus_mix(out.unsqueeze(2)).squeeze(2)
+
+
+class MixstackSO2Convolution(MixstackConvolution, SO2Convolution):
+    """deepmd-kit's PyTorch SeZM ``SO2Convolution`` with its value path on mixstack."""
+
+    def _mixstack_softmax(self, logits, edges: glue.Edges, edge_cache, n_node: int, cd) -> torch.Tensor:
+        """deepmd-kit's envelope-gated softmax over each destination's edges ``(E, F, H)``."""
+        return segment_envelope_gated_softmax(
+            logits=logits, edge_env=edges.env.to(dtype=cd), dst=edges.dst, n_nodes=n_node,
+            z_bias_raw=self.adamw_attn_z_bias_raw, eps=self.eps,
+            src_weight=None if edges.gate is None else edges.gate.to(dtype=cd))

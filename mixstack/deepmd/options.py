@@ -8,9 +8,22 @@ stack differently is refused rather than misread.
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
+# PT-expt's generated ``forward`` methods (its module wrappers, auto-wrapped or decorated): they run ``call``
+_DELEGATES = re.compile(r"(torch_module|auto_wrapped_class)\.<locals>\.")
+
+
+def _dtypes(conv) -> tuple:
+    """``(dtype, compute dtype)`` of a convolution: attributes on PyTorch's, precision strings on
+    PT-expt's."""
+    if "compute_dtype" in dir(type(conv)) or "compute_dtype" in conv.__dict__:
+        return conv.dtype, conv.compute_dtype
+    from deepmd.dpmodel.common import get_xp_precision
+    return get_xp_precision(torch, conv.precision), get_xp_precision(torch, conv.compute_precision)
 
 
 def _option_reason(conv) -> str | None:
@@ -46,15 +59,21 @@ def _option_reason(conv) -> str | None:
         return "atten_v_proj: a value projection before the attention aggregation"
     if conv.attn_o_proj is not None:
         return "atten_o_proj: an output projection after the attention aggregation"
-    if conv.dtype not in SUPPORTED_DTYPES or conv.compute_dtype != conv.dtype:
+    dtype, compute_dtype = _dtypes(conv)
+    if dtype not in SUPPORTED_DTYPES or compute_dtype != dtype:
         return f"precision {conv.precision}: mixstack's operators take float32 or float64"
     return None
 
 
-def _structure_reason(conv) -> str | None:
-    """The safety net: the modules themselves are the ones the mapping reads."""
-    from deepmd.pt.model.descriptor.sezm_nn.activation import GatedActivation
+def _math_owner(module_type: type) -> type:
+    """The first class of ``module_type``'s MRO that defines its math (``forward``, or ``call``
+    for deepmd-kit's array-API modules, whose PT-expt wrappers' ``forward`` calls ``call``)."""
+    return next(c for c in module_type.__mro__ if "call" in c.__dict__ or "forward" in c.__dict__
+                and not _DELEGATES.match(getattr(c.__dict__["forward"], "__qualname__", "")))
 
+
+def _structure_reason(conv, backend) -> str | None:
+    """The safety net: the modules themselves are the ones the mapping reads."""
     cf = conv.so2_focus_dim
     for k, linear in enumerate(conv.so2_linears):
         if (linear.in_channels, linear.out_channels, linear.n_focus, linear.mmax) != (cf, cf, conv.n_focus, 1):
@@ -62,30 +81,35 @@ def _structure_reason(conv) -> str | None:
         if linear.bias0 is not None:
             return f"so2_linears[{k}] has a bias"
     for k, norm in enumerate(conv.so2_inter_norms):
-        if not isinstance(norm, torch.nn.Identity):
+        if not isinstance(norm, backend.identity):
             return f"so2_inter_norms[{k}] is {type(norm).__name__}, not Identity"
     acts = list(conv.non_linearities)
     for k, act in enumerate(acts[:-1]):
-        if type(act) is not GatedActivation:
+        if not isinstance(act, backend.gated) or _math_owner(type(act)) not in _owners(backend.gated):
             return f"non_linearities[{k}] is {type(act).__name__}, not GatedActivation"
         gate = act.gate_linear
         if getattr(gate, "bias", None) is not None or act.lmax != conv.lmax or act.channels != cf:
             return f"non_linearities[{k}] is not a bias-free degree gate of {cf} channels"
-    if not isinstance(acts[-1], torch.nn.Identity):
+    if not isinstance(acts[-1], backend.identity):
         return f"non_linearities[{len(acts) - 1}] is {type(acts[-1]).__name__}: the last layer must be linear"
     if conv.focus_compete and conv.n_focus > 1 and conv.focus_compete_bias is not None:
         return "the focus competition has a bias"
     return None
 
 
-def unsupported_reason(conv) -> str | None:
-    """``None`` when mixstack reproduces this SeZM ``SO2Convolution`` exactly, else the one
-    option (or module) it does not."""
-    from deepmd.pt.model.descriptor.sezm_nn.so2 import SO2Convolution
+def _owners(types: tuple[type, ...]) -> set[type]:
+    return {_math_owner(t) for t in types}
 
-    if not isinstance(conv, SO2Convolution):
+
+def unsupported_reason(conv) -> str | None:
+    """``None`` when mixstack reproduces this SeZM ``SO2Convolution`` (deepmd-kit's PyTorch or
+    PT-expt one) exactly, else the one option (or module) it does not."""
+    from .backends import of
+
+    backend = of(conv)
+    if backend is None:
         return f"{type(conv).__name__} is not a SeZM SO2Convolution"
-    base = next(c for c in type(conv).__mro__ if c.__dict__.get("forward") is not None)
-    if base is not SO2Convolution and not getattr(base, "_mixstack", False):
+    base = _math_owner(type(conv))
+    if base is not _math_owner(backend.convolution) and not getattr(base, "_mixstack", False):
         return f"{type(conv).__name__} overrides SO2Convolution.forward"
-    return _option_reason(conv) or _structure_reason(conv)
+    return _option_reason(conv) or _structure_reason(conv, backend)

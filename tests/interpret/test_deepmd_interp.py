@@ -65,9 +65,9 @@ def test_convolution_on_kernels_matches_deepmd_to_float32_rounding(case):
         assert (g.double() - r64).abs().max().item() <= tol, name
 
 
-def _model_check(name, frame, **descriptor):
-    model = make_model(name, "float32", **descriptor)
-    twin = float64_twin(model, name, **descriptor)
+def _model_check(name, frame, backend="pt", **descriptor):
+    model = make_model(name, "float32", backend=backend, **descriptor)
+    twin = float64_twin(model, name, backend=backend, **descriptor)
     fast, report = accelerated_copy(model, level=1)
     assert len(report.on_mixstack) == len(report)
     frame32 = cast_frame(frame, torch.float32)
@@ -95,6 +95,12 @@ def _water():
 
 def test_water_model_on_kernels_matches_deepmd():
     _water()
+
+
+def test_expt_water_model_on_kernels_matches_deepmd():
+    """deepmd-kit's PT-expt backend (its padded neighbour layout) on the same kernels."""
+    pytest.importorskip("deepmd.pt_expt")
+    _model_check("water", systems.water(9, seed=3), backend="pt_expt")
 
 
 @pytest.mark.slow
