@@ -1,16 +1,21 @@
 """``mixstack.deepmd.FrameRunner`` and ``DeepmdCalculator`` on a CPU (the frame runs eagerly): the
 same energies, forces and virial as deepmd-kit's own frame, periodic and open; the kept list with a
 skin, its rebuilds and their reasons, the capacity that grows on an overflow, buffers refilled in
-place; errors that name the argument; the ASE calculator against deepmd-kit's."""
+place; errors that name the argument; the ASE calculator against deepmd-kit's; deepmd-kit's
+compiled inference (``compile=True``) with mixstack's operators traced inside, against the eager
+runner and the float64 twin, and ``accelerate`` / ``restore`` dropping a compiled graph."""
 
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
 import torch
 from deepmd_cases import (
     KEYS,
+    accelerated_copy,
+    cast_frame,
     float64_twin,
     fp32_tolerance,
     make_model,
@@ -18,7 +23,7 @@ from deepmd_cases import (
     require_deepmd,  # noqa: F401
 )
 
-from mixstack.deepmd import FrameRunner, systems
+from mixstack.deepmd import FrameRunner, accelerate, restore, systems
 from mixstack.deepmd.frame import search
 
 require_deepmd()
@@ -159,3 +164,87 @@ def test_the_calculator_matches_deepmds_and_runs_md(model, tmp_path):
         c.get_potential_energy()
     record = deepmd_md.md_throughput(ours, atoms, steps=3, warmup=1, dt_fs=0.5, device="cpu")
     assert record["steps"] == 3 and record["steps_per_s"] > 0
+
+
+def test_accelerate_and_restore_drop_deepmds_compiled_graph(model):
+    """deepmd-kit keeps the ``make_fx`` graph of ``core_compute`` per model and process-wide (by the
+    model's module ids); it holds the convolutions' classes, the level and the parameters it was
+    traced with.  ``accelerate`` and ``restore`` drop both, so the next compiled frame traces anew
+    (a deep copy, as ``accelerated_copy`` makes, would otherwise inherit the original's graph)."""
+    from deepmd.pt.model.model import sezm_model
+
+    fast = copy.deepcopy(model)
+    slot, stale = (False, False), object()
+    shared_key = sezm_model._sezm_structure_key(fast) + slot
+    for step in (lambda m: accelerate(m, level=2), restore):
+        fast.compiled_core_compute_cache[slot] = stale
+        fast._task_buf_order_cache[slot] = ()
+        sezm_model._SEZM_COMPILE_CACHE[shared_key] = stale
+        try:
+            step(fast)
+            assert not fast.compiled_core_compute_cache and not fast._task_buf_order_cache
+            assert shared_key not in sezm_model._SEZM_COMPILE_CACHE
+        finally:
+            sezm_model._SEZM_COMPILE_CACHE.pop(shared_key, None)
+
+
+@pytest.mark.slow
+def test_compiled_inference_with_mixstacks_operators_inside_matches_the_eager_frame(model, monkeypatch):
+    """``FrameRunner(compile=True)``: deepmd-kit's ``DP_COMPILE_INFER`` path (``core_compute`` traced
+    by ``make_fx`` with symbolic shapes, lowered by AOTAutograd and Inductor, here to C++) inside the
+    runner's frame, traced once and then called on every frame: a kept list, one rebuilt in place,
+    a new atom count (a new edge capacity: other shapes, the same graph) and an open system with
+    an atom that has no edges.  Under ``kernel_target`` the CPU trace records mixstack's stack
+    operators (their fake implementations go through the trace and Inductor; their bodies run the
+    reference formulas on CPU tensors).  Each frame is a float32 evaluation of the same function as
+    the eager runner's, in another order: within ``fp32_tolerance`` (four times the eager frame's
+    own distance from the float64 twin, at least 32 float32 ulps of the largest value) of the
+    float64 twin, and so within that plus the eager frame's distance of the eager frame."""
+    from deepmd.pt.model.model import sezm_model
+
+    from mixstack.dispatch.guards import kernel_target
+
+    fast, _ = accelerated_copy(model, level=2)
+    twin = float64_twin(model, "water", rcut=3.0)
+    traced, calls = [], []
+    make_fx = sezm_model.make_fx
+
+    def spy(*args, **kwargs):                                  # what deepmd-kit's trace records
+        trace = make_fx(*args, **kwargs)
+
+        def run(*inputs):
+            gm = trace(*inputs)
+            traced.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+            return gm
+        return run
+    monkeypatch.setattr(sezm_model, "make_fx", spy)
+
+    gen = torch.Generator().manual_seed(0)
+    coord, atype, box = _frame(seed=7)
+    small = coord + 0.05 * torch.randn(coord.shape, generator=gen)
+    far = small.clone()
+    far[0, 3] += 0.7                                            # past half the skin: a rebuild
+    frames = [(coord, atype, box), (small, atype, box), (far, atype, box), _frame(60, seed=8),
+              systems.with_isolated_atom(_frame(45, seed=9, periodic=False))]
+    compiled, eager = FrameRunner(fast, compile=True), FrameRunner(fast)
+    capacities = []
+    with kernel_target("cuda"):
+        for index, frame in enumerate(frames):
+            out = compiled(*frame)
+            if index == 0:                                      # count the compiled graph's calls from here
+                graph = fast.compiled_core_compute_cache[(False, False)]
+                fast.compiled_core_compute_cache[(False, False)] = lambda *a: calls.append(1) or graph(*a)
+            capacities.append(compiled.edge_capacity)
+            ref = eager(*frame)
+            ref64 = model_outputs(twin, cast_frame(frame, torch.float64))
+            for key in KEYS:
+                assert out[key].dtype == ref[key].dtype and out[key].shape == ref[key].shape, key
+                tol = fp32_tolerance(ref[key], ref64[key])
+                own = (ref[key].double() - ref64[key]).abs().max().item()
+                assert (out[key].double() - ref64[key]).abs().max().item() <= tol, (index, key)
+                assert (out[key].double() - ref[key].double()).abs().max().item() <= tol + own, (index, key)
+            assert torch.isfinite(out["atom_energy"]).all()
+    assert len(traced) == 1, "one trace serves every frame"
+    assert {"mixstack.stack_forward.default", "mixstack.stack_backward.default"} <= traced[0]
+    assert len(calls) >= len(frames) - 1
+    assert compiled.rebuilds == 4 and capacities[3] > capacities[0]

@@ -133,6 +133,8 @@ def test_compiled_inference_with_mixstack_inside_matches_the_eager_frame():
     for key in KEYS:
         tol = fp32_tolerance(ref32[key], ref64[key], ulps=64)
         assert (out[key].double() - ref64[key]).abs().max().item() <= tol, key
+    # the compiled core_compute inside the CUDA graph, not the eager fallback after a failed capture
+    assert runner.captures == 1 and runner.fallback_reason is None, runner.fallback_reason
 
 
 def test_a_capture_that_fails_warns_and_runs_eagerly(monkeypatch):
