@@ -81,3 +81,45 @@ def test_the_freeze_hooks_open_the_target_for_cuda_and_tune_the_models_keys(monk
     assert [(k.focus_dim, k.lmax, k.n_focus, k.apply_alpha) for k in keys] == [(32, 3, 2, True)]
     freeze.uninstall()
     assert freeze_pt2.freeze_sezm_to_pt2 is fake_freeze and freeze_pt2._tune_triton_configs is fake_tables
+
+
+def test_the_expt_freeze_hook_tunes_the_rebuilt_models_keys_and_opens_the_target(monkeypatch):
+    """PT-expt's freeze rebuilds the model from its serialized form and traces it on the CPU for its
+    target device: for a CUDA target the hook tunes that model's stack keys first and traces inside
+    the kernel target; for a CPU target it changes nothing."""
+    pytest.importorskip("deepmd.pt_expt")
+    from deepmd.pt_expt.utils import env, serialization
+
+    from mixstack.deepmd import freeze
+
+    seen = {}
+
+    def fake_trace(data, *args, **kwargs):
+        seen.setdefault("targeted", []).append(guards._targeted())
+        return "exported"
+
+    def fake_tuner(keys, device, level):
+        seen["tuned"] = ([(k.focus_dim, k.lmax, k.n_focus, k.apply_alpha) for k in keys], device)
+        return "tuned"
+    model = make_model("two_stream", "float32", backend="pt_expt")
+    accelerate(model)
+    data = {"model": model.serialize()}
+    monkeypatch.setattr(serialization, "_trace_and_export", fake_trace)
+    monkeypatch.setattr(freeze, "tune_for_freeze", fake_tuner)
+    monkeypatch.setattr(freeze, "check_level3", lambda keys, device, level: "")
+    monkeypatch.setattr(freeze.torch.cuda, "is_available", lambda: False)     # no device to enter here
+    freeze.install_expt()
+    freeze.install_expt()                                            # idempotent
+    assert serialization._trace_and_export.__wrapped__ is fake_trace
+    monkeypatch.setattr(env, "DEVICE", torch.device("cpu"))
+    assert serialization._trace_and_export(data) == "exported" and "tuned" not in seen
+    from mixstack.deepmd import plugin
+    plugin.install_expt()                                            # the rebuilt model is accelerated
+    try:
+        monkeypatch.setattr(env, "DEVICE", torch.device("cuda"))
+        assert serialization._trace_and_export(data) == "exported"
+    finally:
+        plugin.uninstall()
+    assert seen["targeted"] == [False, True] and not guards._targeted()
+    assert seen["tuned"] == ([(32, 3, 2, True)], torch.device("cuda"))
+    assert serialization._trace_and_export is fake_trace

@@ -27,6 +27,7 @@ def test_pyproject_declares_the_entry_point_and_the_extra():
     tomllib = pytest.importorskip("tomllib")                      # Python >= 3.11
     project = tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))["project"]
     assert project["entry-points"]["deepmd.pt"] == {"mixstack": "mixstack.deepmd.plugin"}
+    assert project["entry-points"]["deepmd.pt_expt"] == {"mixstack": "mixstack.deepmd.plugin_expt"}
     assert any(req.startswith("deepmd-kit") for req in project["optional-dependencies"]["deepmd"])
 
 
@@ -82,6 +83,34 @@ def test_deepmd_loader_runs_the_plugin_which_accelerates_what_deepmd_builds(monk
     plugin.uninstall()
     assert not plugin.installed()
     assert _conv_classes(build_model("water", rcut=3.0)) == ["SO2Convolution"] * 2
+
+
+def test_the_expt_entry_point_accelerates_what_pt_expt_builds(monkeypatch, plugin):
+    """deepmd-kit's loader for its PT-expt backend (``load_entry_point("deepmd.pt_expt")``) imports
+    ``plugin_expt``; with ``MIXSTACK_DEEPMD=1`` the DPA4 models PT-expt builds are accelerated."""
+    pytest.importorskip("deepmd.pt_expt")
+    from deepmd.pt_expt.descriptor.dpa4 import DescrptDPA4
+    from deepmd.utils.entry_point import load_entry_point
+
+    from mixstack.deepmd import plugin_expt
+    from mixstack.deepmd.configs import build_model
+
+    listed = importlib.metadata.EntryPoint(name="mixstack", value="mixstack.deepmd.plugin_expt", group="deepmd.pt_expt")
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda **kw: importlib.metadata.EntryPoints([listed]) if kw.get("group") == "deepmd.pt_expt"
+                        else real(**kw))
+    monkeypatch.setenv("MIXSTACK_DEEPMD", "0")
+    importlib.reload(plugin_expt)
+    assert load_entry_point("deepmd.pt_expt") == [plugin_expt]
+    assert _conv_classes(build_model("water", rcut=3.0, backend="pt_expt")) == ["SO2Convolution"] * 2
+    monkeypatch.setenv("MIXSTACK_DEEPMD", "1")
+    importlib.reload(plugin_expt)
+    assert _conv_classes(build_model("water", rcut=3.0, backend="pt_expt")) == ["MixstackDPA4Convolution"] * 2
+    plugin.install_expt()                                # idempotent
+    assert not hasattr(DescrptDPA4.__init__.__wrapped__, "__wrapped__")
+    plugin.uninstall()
+    assert _conv_classes(build_model("water", rcut=3.0, backend="pt_expt")) == ["SO2Convolution"] * 2
 
 
 def test_the_op_library_stands_in_only_when_it_cannot_load():
@@ -176,3 +205,67 @@ def test_the_op_library_stands_in_where_its_mpi_package_is_missing():
     assert out.returncode == 0, out.stderr[-2000:]
     assert "stood in True" in out.stdout
     assert "mpich" in out.stderr
+
+
+_EXPT_DRIVER = """
+import numpy as np, torch
+from deepmd.pt_expt.model.get_model import get_model
+from deepmd.pt_expt.train.wrapper import ModelWrapper
+from mixstack.deepmd import dp, plugin, plugin_expt, systems
+from mixstack.deepmd.configs import perturb
+
+def checkpoint_model(state):
+    model = get_model(state["model"]["_extra_state"]["model_params"])
+    wrapper = ModelWrapper(model)
+    wrapper.load_state_dict(state["model"])
+    return model.eval(), wrapper
+
+dp.main(["--pt-expt", "train", "input.json", "--skip-neighbor-stat"])
+state = torch.load("model.ckpt.pt", weights_only=True)
+model, wrapper = checkpoint_model(state)
+perturb(model)                                  # untrained SeZM output layers are zero
+state["model"] = wrapper.state_dict()
+torch.save(state, "model.ckpt.pt")
+dp.main(["--pt-expt", "freeze", "-c", "model.ckpt.pt", "-o", "fast.pte"])
+plugin.uninstall()
+model, _ = checkpoint_model(torch.load("model.ckpt.pt", weights_only=True))
+from deepmd.infer import DeepPot
+frozen = DeepPot("fast.pte")
+out = {}
+for seed in (0, 1):
+    coord, atype, box = systems.water(9, seed=seed)
+    e, f = frozen.eval(coord.reshape(1, -1).numpy(), box.reshape(1, 9).numpy(), atype.reshape(-1).numpy())[:2]
+    ref = model(coord.float(), atype, box.float())
+    want_e = ref["energy"].detach().double().numpy().reshape(-1)
+    want_f = ref["force"].detach().double().numpy().reshape(-1, 3)
+    out[seed] = [float(np.abs(e.reshape(-1) - want_e).max()), float(np.abs(f.reshape(-1, 3) - want_f).max()),
+                 float(np.abs(want_e).max()), float(np.abs(want_f).max())]
+print("RESULT", out)
+"""
+
+
+@pytest.mark.slow
+def test_dp_pt_expt_freeze_runs_accelerated(tmp_path):
+    """``dp --pt-expt train`` then ``dp --pt-expt freeze`` with ``MIXSTACK_DEEPMD=1`` (PT-expt freezes
+    DPA4 through its NeighborGraph lower): the log shows the report, and the frozen program (CPU
+    target: mixstack's level-0 formulas traced) gives the unaccelerated checkpoint's energies and
+    forces to float32 rounding."""
+    pytest.importorskip("deepmd.pt_expt")
+    from mixstack.deepmd.configs import model_config
+
+    _write_system(str(tmp_path / "data"), seed=0)
+    config_ = {"model": model_config("water", rcut=3.0, n_blocks=1),
+               "learning_rate": {"type": "exp", "start_lr": 1e-3, "stop_lr": 1e-4, "decay_steps": 10},
+               "loss": {"type": "ener", "start_pref_e": 1, "limit_pref_e": 1, "start_pref_f": 1, "limit_pref_f": 1},
+               "training": {"training_data": {"systems": [str(tmp_path / "data")], "batch_size": 1},
+                            "numb_steps": 1, "save_freq": 1, "disp_freq": 1, "save_dir": "ckpt", "seed": 1}}
+    (tmp_path / "input.json").write_text(json.dumps(config_))
+    env = dict(os.environ, MIXSTACK_DEEPMD="1", OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    run = subprocess.run([sys.executable, "-c", _EXPT_DRIVER], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    log = run.stdout + run.stderr
+    assert log.count("mixstack.deepmd: 1 of 1 SO(2) convolutions on mixstack") >= 2     # trained, then frozen
+    result = eval(log.split("RESULT", 1)[1].strip().splitlines()[0])
+    for e_diff, f_diff, e_scale, f_scale in result.values():      # float32: ~1e-6 relative, a wrong term O(1)
+        assert f_scale > 1e-2 and e_diff <= 1e-5 * e_scale and f_diff <= 1e-4 * f_scale, result

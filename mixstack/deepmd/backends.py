@@ -39,8 +39,9 @@ def pt() -> Backend:
 
 def expt() -> Backend:
     """deepmd-kit's PT-expt backend."""
-    from .expt import BACKEND
-    return BACKEND
+    from . import expt as classes
+    return Backend("pt_expt", classes.SO2Convolution, classes.MixstackDPA4Convolution, classes.DescrptDPA4,
+                   (classes.GatedActivation,), (torch.nn.Identity, classes.Identity))
 
 
 def present(model: torch.nn.Module) -> list[Backend]:

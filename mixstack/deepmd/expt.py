@@ -14,14 +14,14 @@ from .compat import deepmd_pt
 deepmd_pt()
 
 from deepmd.dpmodel.common import get_xp_precision  # noqa: E402
-from deepmd.dpmodel.descriptor.dpa4_nn.activation import GatedActivation  # noqa: E402
+# the backend's classes, which backends.expt() reads from here
+from deepmd.dpmodel.descriptor.dpa4_nn.activation import GatedActivation  # noqa: E402, F401
 from deepmd.dpmodel.descriptor.dpa4_nn.attention import segment_envelope_gated_softmax  # noqa: E402
-from deepmd.dpmodel.utils.network import Identity  # noqa: E402
-from deepmd.pt_expt.descriptor.dpa4 import DescrptDPA4  # noqa: E402
+from deepmd.dpmodel.utils.network import Identity  # noqa: E402, F401
+from deepmd.pt_expt.descriptor.dpa4 import DescrptDPA4  # noqa: E402, F401
 from deepmd.pt_expt.descriptor.dpa4_nn.so2 import SO2Convolution  # noqa: E402
 
 from . import glue  # noqa: E402
-from .backends import Backend  # noqa: E402
 from .convolution import MixstackConvolution  # noqa: E402
 
 
@@ -51,7 +51,3 @@ class MixstackDPA4Convolution(SO2Convolution, MixstackConvolution):
             logits=logits, edge_env=edges.env.to(dtype=cd), dst=edges.dst, n_nodes=n_node,
             z_bias_raw=self.adamw_attn_z_bias_raw, eps=self.eps,
             src_weight=None if edges.gate is None else edges.gate.to(dtype=cd), edge_mask=edge_cache.edge_mask)
-
-
-BACKEND = Backend("pt_expt", SO2Convolution, MixstackDPA4Convolution, DescrptDPA4, (GatedActivation,),
-                  (torch.nn.Identity, Identity))

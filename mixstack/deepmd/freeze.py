@@ -1,6 +1,7 @@
 """mixstack inside deepmd-kit's freeze (``dp --pt freeze`` of a SeZM checkpoint to an AOTInductor
-``.pt2``): the accelerated model's mixing stacks traced as ``mixstack::`` operators, their keys
-tuned by mixstack's one freeze-time tuner.
+``.pt2``, and ``dp --pt-expt freeze`` of a DPA4 one to a ``.pt2`` or ``.pte``): the accelerated
+model's mixing stacks traced as ``mixstack::`` operators, their keys tuned by mixstack's one
+freeze-time tuner, which both routes reach.
 
 deepmd-kit's ``freeze_sezm_to_pt2`` builds the model (accelerated by the plugin with
 ``MIXSTACK_DEEPMD=1``), tunes its own Triton tables (``_tune_triton_configs``), traces the model
@@ -14,6 +15,12 @@ two at runtime, deepmd-kit's files untouched:
 * after deepmd-kit's own tuning, ``tune(model, device)`` tunes the model's stack keys that have
   no table entry on that device with ``mixstack.export.tune_for_freeze``, the tuner
   ``mixstack freeze`` calls: one tuner for both routes.
+
+PT-expt's freeze (``deepmd.pt_expt.utils.serialization``) rebuilds the model from its serialized
+form (accelerated there by the plugin's PT-expt hook), traces it on the CPU and moves the exported
+graph to its target device (``deepmd.pt_expt.utils.env.DEVICE``).  ``install_expt`` wraps its
+``_trace_and_export``, which both its ``.pt2`` and ``.pte`` writers call: for a CUDA target, the
+same model's keys first go to ``tune``, then the trace runs inside the kernel target.
 
 The convolution's rotations trace as their reference formulas (a trace never runs their
 kernels: ``guards.tracing``).  A CPU target freezes as before.
@@ -81,6 +88,56 @@ def install() -> None:
     for fn in (freeze_sezm_to_pt2, _tune_triton_configs):
         setattr(fn, _MARK, True)
     freeze_pt2.freeze_sezm_to_pt2, freeze_pt2._tune_triton_configs = freeze_sezm_to_pt2, _tune_triton_configs
+
+
+def _expt_model(data: dict):
+    """The PT-expt model that ``data`` (deepmd-kit's serialized model) describes, built on the CPU
+    (only its stack keys are read; deepmd-kit's own trace builds it there too), or ``None`` where
+    it is not one PT-expt's registry builds (its spin models)."""
+    from deepmd.pt_expt.model.model import BaseModel
+    from deepmd.pt_expt.utils import env
+
+    saved, env.DEVICE = env.DEVICE, torch.device("cpu")
+    try:
+        return BaseModel.deserialize(data["model"])
+    except Exception as err:               # deepmd-kit raises many types for what it does not build
+        logger.info("mixstack freeze: no keys tuned for this model (%s: %s)", type(err).__name__, err)
+        return None
+    finally:
+        env.DEVICE = saved
+
+
+def install_expt() -> None:
+    """Wrap PT-expt's ``_trace_and_export`` (idempotent)."""
+    from deepmd.pt_expt.utils import serialization
+
+    trace = serialization._trace_and_export
+    if getattr(trace, _MARK, False):
+        return
+
+    @functools.wraps(trace)
+    def _trace_and_export(data, *args, **kwargs):
+        from deepmd.pt_expt.utils import env
+
+        device = env.DEVICE
+        if device.type == "cuda":
+            model = _expt_model(data)
+            if model is not None:
+                tune(model, device)
+        with target(device):
+            return trace(data, *args, **kwargs)
+
+    setattr(_trace_and_export, _MARK, True)
+    serialization._trace_and_export = _trace_and_export
+
+
+def uninstall_expt() -> None:
+    """Undo ``install_expt``."""
+    from deepmd.pt_expt.utils import serialization
+
+    trace = serialization._trace_and_export
+    if getattr(trace, _MARK, False):
+        serialization._trace_and_export = trace.__wrapped__
 
 
 def uninstall() -> None:
