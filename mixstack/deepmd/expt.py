@@ -13,8 +13,8 @@ from .compat import deepmd_pt
 
 deepmd_pt()
 
+# GatedActivation, Identity and DescrptDPA4: the backend's classes, which backends.expt() reads here
 from deepmd.dpmodel.common import get_xp_precision  # noqa: E402
-# the backend's classes, which backends.expt() reads from here
 from deepmd.dpmodel.descriptor.dpa4_nn.activation import GatedActivation  # noqa: E402, F401
 from deepmd.dpmodel.descriptor.dpa4_nn.attention import segment_envelope_gated_softmax  # noqa: E402
 from deepmd.dpmodel.utils.network import Identity  # noqa: E402, F401
