@@ -148,3 +148,20 @@ def test_a_kernel_target_makes_a_cpu_trace_record_the_operators_that_run_their_r
     with pytest.raises(ValueError, match="must be a CUDA device"):
         with guards.kernel_target("cpu"):
             pass
+
+
+def test_a_persistent_launchs_program_count_stays_symbolic_in_a_trace():
+    """Traced with a dynamic edge count (make_fx, as deepmd-kit's compiled inference and
+    ``mixstack.freeze`` trace), the persistent kernels' program count is the traced expression
+    ``max(1, min(tiles, cap))``, not the branch the example size took."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from mixstack.stack.gemm import persistent_programs
+    from mixstack.tuning.configs import INTERPRETER_PROGRAMS
+
+    def programs(x):
+        return x.new_empty((persistent_programs(x, x.shape[0] * 2, 4), 1))
+
+    for example in (1, 50):                       # below and above the cap
+        traced = make_fx(programs, tracing_mode="symbolic")(torch.zeros(example))
+        assert [traced(torch.zeros(n)).shape[0] for n in (1, 50)] == [2, INTERPRETER_PROGRAMS]

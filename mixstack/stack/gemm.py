@@ -142,7 +142,8 @@ def tma_block_gemm(a: Operand, weights: BlockWeights, epilogue: Epilogue, config
     grid = (triton.cdiv(a.edges, config["BLOCK_M"]) * n_tiles, a.focus)
     persistent = bool(config.get(PERSISTENT_FIELD))
     if persistent:                    # one program per SM, shared among the focus streams
-        grid = (max(1, min(grid[0], persistent_programs(a.rows, grid[0] * a.focus, 1) // a.focus)), a.focus)
+        grid = (torch.sym_max(1, torch.sym_min(grid[0], persistent_programs(a.rows, grid[0] * a.focus, 1) // a.focus)),
+                a.focus)
     tiles = None if epilogue.amax_out is None else epilogue.amax_out.new_empty((a.focus, a.edges, n_tiles))
     wrap_triton(tma_block_gemm_kernel)[grid](
         a.rows, w1_hi if block else w0_hi, w1_lo if block else w0_lo, wup,
@@ -185,11 +186,12 @@ def tma_fits(a: Operand) -> bool:
 
 def persistent_programs(t, n_tiles: int, per_sm: int) -> int:
     """Programs of a persistent launch over ``n_tiles`` tiles: ``per_sm`` on each SM of ``t``'s
-    GPU, a few under the interpreter (so that the tile loop is exercised)."""
-    if t.device.type == "cuda":
-        sms = torch.cuda.get_device_properties(t.device).multi_processor_count
-        return max(1, min(n_tiles, sms * per_sm))
-    return max(1, min(n_tiles, INTERPRETER_PROGRAMS))
+    GPU, a few under the interpreter (so that the tile loop is exercised).  ``n_tiles`` may be
+    symbolic (a trace with a dynamic edge count): ``sym_min`` keeps the cap in the traced graph,
+    where Python's ``min`` would fix the branch of the trace's example size."""
+    cap = torch.cuda.get_device_properties(t.device).multi_processor_count * per_sm if t.device.type == "cuda" \
+        else INTERPRETER_PROGRAMS
+    return torch.sym_max(1, torch.sym_min(n_tiles, cap))
 
 
 def _scratch(size: int, alignment: int, stream):
