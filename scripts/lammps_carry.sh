@@ -21,12 +21,18 @@
 #   cache/lammps/<key>/pair_mixstack.so            the plugin, built here against the same
 #                                                  LAMMPS (its cache key holds no path)
 # xz -9 keeps it near 20 MiB; the script fails above 50 MiB.
+#
+# deepmd-kit's route (scripts/deepmd_lammps.sh) needs LAMMPS 2025.7.22.2.0, the version deepmd-kit
+# 3.2.0's plugin is built against (2025.7.22.4.0 moved Pair::suffix_flag), whose headers lack the
+# json_fwd.h that mixstack's plugin includes: PLUGIN=0 leaves the plugin out, CARRY_NAME names the file:
+#   LAMMPS_VERSION=2025.7.22.2.0 PLUGIN=0 CARRY_NAME=lammps-runtime-deepmd bash scripts/lammps_carry.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LAMMPS_VERSION=${LAMMPS_VERSION:-2025.7.22.4.0}
 MPICH_VERSION=${MPICH_VERSION:-5.0.2}
 PY_TAG=${PY_TAG:-3.12}                    # the site-packages folder name on the GPU machine
 OUT_DIR=.lammps-carry
+CARRY=$OUT_DIR/${CARRY_NAME:-lammps-runtime}.tar.xz
 LIMIT_MIB=50
 
 work=$(mktemp -d)
@@ -81,23 +87,25 @@ for path in glob.glob(os.path.join(root, "prefix", "bin", "*")) + \
     os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 EOF
 
-# the plugin, built by mixstack against the local LAMMPS of the same version
-local_version=$(python -c "import importlib.metadata as m; print(m.version('lammps'))")
-if [ "$local_version" != "$LAMMPS_VERSION" ]; then
-  echo "the local lammps is $local_version, the carry holds $LAMMPS_VERSION: install lammps==$LAMMPS_VERSION" >&2
-  exit 1
+# the plugin, built by mixstack against the local LAMMPS of the same version (PLUGIN=0: none)
+if [ "${PLUGIN:-1}" != 0 ]; then
+  local_version=$(python -c "import importlib.metadata as m; print(m.version('lammps'))")
+  if [ "$local_version" != "$LAMMPS_VERSION" ]; then
+    echo "the local lammps is $local_version, the carry holds $LAMMPS_VERSION: install lammps==$LAMMPS_VERSION" >&2
+    exit 1
+  fi
+  MIXSTACK_CACHE_DIR=$root/cache PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
+    python -c "from mixstack.lammps import build; print(build.plugin_path(rebuild=True))" >/dev/null
+  rm -f "$root"/cache/lammps/*/*.lock
 fi
-MIXSTACK_CACHE_DIR=$root/cache PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
-  python -c "from mixstack.lammps import build; print(build.plugin_path(rebuild=True))" >/dev/null
-rm -f "$root"/cache/lammps/*/*.lock
 
 { echo "lammps $LAMMPS_VERSION, mpich $MPICH_VERSION, python tag $PY_TAG, built $(date -u +%F)"
   echo "mixstack git $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
   (cd "$root" && find . -type f | sort); } > "$root/MANIFEST.txt"
 mkdir -p "$OUT_DIR"
-tar -C "$root" -cf - . | xz -9 -T0 > "$OUT_DIR/lammps-runtime.tar.xz"
-size=$(stat -c %s "$OUT_DIR/lammps-runtime.tar.xz")
-echo "$OUT_DIR/lammps-runtime.tar.xz: $((size / 1048576)) MiB"
+tar -C "$root" -cf - . | xz -9 -T0 > "$CARRY"
+size=$(stat -c %s "$CARRY")
+echo "$CARRY: $((size / 1048576)) MiB"
 if [ "$size" -gt $((LIMIT_MIB * 1048576)) ]; then
   echo "larger than $LIMIT_MIB MiB" >&2
   exit 1

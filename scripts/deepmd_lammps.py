@@ -1,0 +1,444 @@
+"""The pieces of ``scripts/deepmd_lammps.sh``: deepmd-kit's production route for a SeZM (DPA4)
+model (``dp --pt freeze`` to an AOTInductor ``.pt2``, deepmd-kit's ``DeepPot``, LAMMPS's
+``pair_style deepmd``), plain and with mixstack's plugin (``MIXSTACK_DEEPMD=1``).
+
+    python3 scripts/deepmd_lammps.py data --atoms 96 --rcut 4 --blocks 1 --out DIR
+    python3 scripts/deepmd_lammps.py perturb model.ckpt.pt model.pt
+    python3 scripts/deepmd_lammps.py inspect plain.pt2 accel.pt2 --json kernels.json
+    python3 scripts/deepmd_lammps.py deeppot MODEL --frame DIR/frame.npz --out RESULT.npz
+    python3 scripts/deepmd_lammps.py lammps-input MODEL --data DIR/water.lmp --steps 20 --out DIR/in.lammps
+    python3 scripts/deepmd_lammps.py lammps-read LOG DUMP --frame DIR/frame.npz --out RESULT.npz
+    python3 scripts/deepmd_lammps.py compare --ref NAME=RESULT.npz NAME=RESULT.npz ... [--md]
+
+``deeppot`` imports deepmd-kit through ``mixstack.deepmd.compat`` and then mixstack's plugin
+module (the entry point, also where mixstack is not installed but on ``PYTHONPATH``): it
+accelerates what deepmd-kit builds only with ``MIXSTACK_DEEPMD=1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+import zipfile
+
+import numpy as np
+
+NKTV2P = 1.6021765e6            # LAMMPS metal units: eV/Å^3 -> bar
+MASSES = {"O": 15.999, "H": 1.008}
+
+
+# -- data and checkpoint -------------------------------------------------------------------------
+
+def cmd_data(args) -> int:
+    """Training data (two water frames, random labels), dp's input.json (1 training step), the
+    comparison frame (frame.npz) and the same frame as a LAMMPS data file (water.lmp)."""
+    from mixstack.deepmd import systems
+    from mixstack.deepmd.configs import model_config
+
+    out = args.out
+    data = os.path.join(out, "data")
+    os.makedirs(os.path.join(data, "set.000"), exist_ok=True)
+    frames = [systems.water(args.atoms, seed=i) for i in range(2)]
+    coord, atype, box = (t.numpy().astype(np.float64) if t.is_floating_point() else t.numpy() for t in frames[0])
+    nat = coord.shape[1]
+    np.savetxt(os.path.join(data, "type.raw"), atype.reshape(-1), fmt="%d")
+    with open(os.path.join(data, "type_map.raw"), "w") as f:
+        f.write("O\nH\n")
+    gen = np.random.default_rng(0)
+    np.save(os.path.join(data, "set.000", "coord.npy"), np.stack([f[0].reshape(-1).numpy() for f in frames]))
+    np.save(os.path.join(data, "set.000", "box.npy"), np.stack([f[2].reshape(-1).numpy() for f in frames]))
+    np.save(os.path.join(data, "set.000", "energy.npy"), gen.normal(size=2))
+    np.save(os.path.join(data, "set.000", "force.npy"), gen.normal(size=(2, nat * 3)))
+    config = {"model": model_config(args.config, rcut=args.rcut, n_blocks=args.blocks),
+              "learning_rate": {"type": "exp", "start_lr": 1e-3, "stop_lr": 1e-4, "decay_steps": 10},
+              "loss": {"type": "ener", "start_pref_e": 1, "limit_pref_e": 1, "start_pref_f": 1, "limit_pref_f": 1},
+              "training": {"training_data": {"systems": [os.path.abspath(data)], "batch_size": 1},
+                           "numb_steps": 1, "save_freq": 1, "disp_freq": 1, "save_dir": "ckpt", "seed": 1}}
+    with open(os.path.join(out, "input.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    # the comparison frame, wrapped into the box (LAMMPS wraps on read; the energy is the same)
+    side = np.diag(box.reshape(3, 3))
+    pos = np.mod(coord.reshape(-1, 3), side)
+    np.savez(os.path.join(out, "frame.npz"), coord=pos.reshape(1, -1), box=box.reshape(1, 9),
+             atype=atype.reshape(-1), type_map=np.array(["O", "H"]))
+    with open(os.path.join(out, "water.lmp"), "w") as f:
+        f.write(f"water, {nat} atoms (mixstack.deepmd.systems.water seed 0)\n\n{nat} atoms\n2 atom types\n\n")
+        for lo, name in zip(side, "xyz"):
+            f.write(f"0.0 {lo:.10f} {name}lo {name}hi\n")
+        f.write(f"\nMasses\n\n1 {MASSES['O']}\n2 {MASSES['H']}\n\nAtoms # atomic\n\n")
+        for i, (t, p) in enumerate(zip(atype.reshape(-1), pos)):
+            f.write(f"{i + 1} {t + 1} {p[0]:.12f} {p[1]:.12f} {p[2]:.12f}\n")
+    print(f"{nat} atoms of water in a {side[0]:.2f} Å box; config {args.config}, rcut {args.rcut}, "
+          f"{args.blocks} block(s) -> {out}")
+    return 0
+
+
+def cmd_perturb(args) -> int:
+    """A trained-for-one-step checkpoint with Gaussian noise on its parameters: an untrained SeZM
+    model's output layers start at zero, and its convolutions would add nothing to the forces."""
+    import torch
+
+    from mixstack.deepmd.compat import deepmd_pt
+
+    deepmd_pt()
+    from deepmd.pt.model.model import get_model
+    from deepmd.pt.train.wrapper import ModelWrapper
+
+    from mixstack.deepmd.configs import perturb
+
+    raw = torch.load(args.src, map_location="cpu", weights_only=False)
+    inner = raw["model"]
+    params = inner["_extra_state"]["model_params"]
+    model = get_model(params)
+    wrapper = ModelWrapper(model, model_params=params)
+    wrapper.load_state_dict(inner)
+    perturb(model, seed=args.seed, scale=args.scale)
+    state = wrapper.state_dict()
+    changed = sum(1 for k, v in state.items() if torch.is_tensor(v) and not torch.equal(v, inner[k]))
+    raw["model"] = state
+    torch.save(raw, args.dst)
+    print(f"{args.dst}: {changed} tensors perturbed (scale {args.scale})")
+    return 0
+
+
+# -- what a .pt2 holds --------------------------------------------------------------------------
+
+def _deepmd_kernel_names() -> frozenset[str]:
+    """deepmd-kit's own Triton kernels (``deepmd.kernels.triton``), by name."""
+    import importlib
+    import pkgutil
+
+    try:
+        import deepmd.kernels.triton as root
+        import triton
+    except Exception:
+        return frozenset()
+    names = set()
+    for info in pkgutil.walk_packages(root.__path__, root.__name__ + "."):
+        try:
+            module = importlib.import_module(info.name)
+        except Exception:
+            continue
+        for value in vars(module).values():
+            if isinstance(value, triton.runtime.jit.JITFunction):
+                names.add(value.__name__)
+    return frozenset(names)
+
+
+def _archive(path: str, label: str, deepmd_names) -> dict:
+    from mixstack.packages import _BINARY_SUFFIXES, _SOURCE_SUFFIXES, _identifiers, package_kernels
+
+    found = package_kernels(path)
+    sizes, mentions, deepmd_found, cpp_kernels = {}, {}, set(), set()
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if info.is_dir():
+                continue
+            ext = os.path.splitext(info.filename)[1] or info.filename.rsplit("/", 1)[-1]
+            sizes[ext] = sizes.get(ext, 0) + info.file_size
+            data = archive.read(info)
+            if info.filename.endswith(_BINARY_SUFFIXES + _SOURCE_SUFFIXES):
+                words = _identifiers(data)
+                deepmd_found |= words & deepmd_names
+                cpp_kernels |= {w for w in words if w.startswith("cpp_fused_")}
+                if info.filename.endswith(_SOURCE_SUFFIXES):
+                    n = data.count(b"mixstack")
+                    if n:
+                        mentions[info.filename] = n
+    return {"archive": label, "files": found.members, "device": found.metadata.get("AOTI_DEVICE_KEY", "?"),
+            "mixstack_kernels": sorted(found.mixstack), "mixstack_in_sources_only": sorted(found.sources),
+            "deepmd_kernels": sorted(deepmd_found), "inductor_triton_kernels": len(found.inductor),
+            "inductor_cpp_kernels": len(cpp_kernels), "mixstack_mentions": mentions,
+            "bytes_by_suffix": dict(sorted(sizes.items(), key=lambda kv: -kv[1]))}
+
+
+def inspect_pt2(path: str) -> dict:
+    """The main archive and deepmd-kit's nested with-comm archive (the multi-rank LAMMPS graph)."""
+    deepmd_names = _deepmd_kernel_names()
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+        nested = [n for n in names if n.endswith(".pt2")]
+        extra = {n: archive.read(n).decode(errors="replace") for n in names if n.endswith("metadata.json")
+                 and n.startswith("model/extra/")}
+        parts = [_archive(path, "main", deepmd_names)]
+        for name in nested:
+            with tempfile.TemporaryDirectory() as tmp:
+                inner = os.path.join(tmp, "inner.pt2")
+                with open(inner, "wb") as f:
+                    f.write(archive.read(name))
+                parts.append(_archive(inner, name, deepmd_names))
+    meta = json.loads(next(iter(extra.values()))) if extra else {}
+    return {"path": path, "bytes": os.path.getsize(path), "members": len(names), "parts": parts,
+            "metadata_keys": sorted(meta)}
+
+
+def cmd_inspect(args) -> int:
+    records = []
+    for path in args.pt2:
+        rec = inspect_pt2(path)
+        records.append(rec)
+        print(f"{path}: {rec['bytes'] / 2**20:.1f} MiB, {rec['members']} members")
+        for part in rec["parts"]:
+            print(f"  [{part['archive']}] {part['files']} files, built for {part['device']}; "
+                  f"mixstack kernels {len(part['mixstack_kernels'])} {part['mixstack_kernels'] or ''}; "
+                  f"deepmd-kit kernels {len(part['deepmd_kernels'])} {part['deepmd_kernels'] or ''}; "
+                  f"Inductor Triton kernels {part['inductor_triton_kernels']}, C++ kernels "
+                  f"{part['inductor_cpp_kernels']}")
+            if part["mixstack_in_sources_only"]:
+                print(f"    mixstack kernels named in the C++ but in no binary: {part['mixstack_in_sources_only']}")
+            print(f"    'mixstack' in the generated sources: "
+                  f"{sum(part['mixstack_mentions'].values())} times {list(part['mixstack_mentions']) or ''}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+    return 0
+
+
+# -- deepmd-kit's DeepPot ------------------------------------------------------------------------
+
+def cmd_deeppot(args) -> int:
+    """Energy, forces and virial of one frame by deepmd-kit's ``DeepPot`` (``.pt`` checkpoint:
+    deepmd-kit's PyTorch backend, accelerated with ``MIXSTACK_DEEPMD=1``; ``.pt2``: its pt_expt
+    backend, AOTInductor's loader), and the time of ``--repeats`` further calls."""
+    import logging
+
+    from mixstack.deepmd.compat import deepmd_pt
+
+    logging.basicConfig(format="%(name)s: %(message)s")
+    logging.getLogger("deepmd.mixstack").setLevel(logging.INFO)       # the plugin's report
+    deepmd_pt()
+    from deepmd.infer import DeepPot
+
+    import mixstack.deepmd.plugin  # noqa: F401  (the entry point, also where mixstack is not installed)
+
+    frame = np.load(args.frame)
+    t0 = time.perf_counter()
+    dp = DeepPot(args.model)
+    load_s = time.perf_counter() - t0
+    atype = frame["atype"].tolist()
+    t0 = time.perf_counter()
+    e, f, v = dp.eval(frame["coord"], frame["box"], atype, atomic=False)[:3]
+    first_s = time.perf_counter() - t0
+    times = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        dp.eval(frame["coord"], frame["box"], atype, atomic=False)
+        times.append(time.perf_counter() - t0)
+    np.savez(args.out, energy=np.asarray(e).reshape(-1), force=np.asarray(f).reshape(-1, 3),
+             virial=np.asarray(v).reshape(-1))
+    accelerated = os.environ.get("MIXSTACK_DEEPMD", "") not in ("", "0")
+    per = f"{1e3 * float(np.median(times)):.1f} ms/frame (median of {len(times)})" if times else ""
+    print(f"DeepPot {args.model}{' (MIXSTACK_DEEPMD=1)' if accelerated else ''}: E = {float(np.ravel(e)[0]):.8f} eV; "
+          f"load {load_s:.1f} s, first call {first_s:.2f} s, {per}")
+    return 0
+
+
+# -- LAMMPS --------------------------------------------------------------------------------------
+
+def cmd_lammps_input(args) -> int:
+    """A LAMMPS input: ``pair_style deepmd MODEL``, the forces dumped at step 0 (``run 0``),
+    then ``--steps`` NVE steps at 300 K (``Performance:`` in the log gives steps/s)."""
+    text = f"""# deepmd-kit's pair style on {args.model} (scripts/deepmd_lammps.sh)
+units           metal
+atom_style      atomic
+boundary        p p p
+atom_modify     map array sort 0 0.0
+read_data       {args.data}
+pair_style      deepmd {args.model}
+pair_coeff      * * O H
+neighbor        1.0 bin
+compute         vir all pressure NULL virial
+thermo_style    custom step pe ke etotal temp c_vir[1] c_vir[2] c_vir[3] c_vir[4] c_vir[5] c_vir[6] vol
+thermo_modify   format float %.10g
+dump            f0 all custom 1 {args.dump} id type fx fy fz
+dump_modify     f0 sort id format float %.12g
+run             0
+undump          f0
+velocity        all create 300.0 12345 mom yes rot yes dist gaussian
+fix             nve all nve
+timestep        0.0005
+thermo          {max(1, args.steps // 2)}
+run             {args.steps}
+"""
+    with open(args.out, "w") as f:
+        f.write(text)
+    return 0
+
+
+def cmd_lammps_run(args) -> int:
+    """Run a LAMMPS input through the lammps Python module with deepmd-kit's plugin loaded
+    (``plugin load``; under mpirun, one process a rank); ``mixstack.lammps`` loads the mpich
+    package's ``libmpi.so.12``, which ``liblammps.so`` needs.  ``import torch`` first: deepmd-kit's
+    .pt2 backend (``libdeepmd_backend_ptexpt.so``) needs libtorch and has no path to it (its
+    ``lmp`` entry point sets ``LD_LIBRARY_PATH`` for a child process instead)."""
+    import deepmd.env
+    import torch  # noqa: F401
+
+    from mixstack.lammps import import_lammps
+
+    lammps = import_lammps().lammps        # libmpi.so.12 of the mpich package loaded first
+
+    plugin = deepmd.env.SHARED_LIB_DIR / "libdeepmd_lmpplugin.so"
+    lmp = lammps(cmdargs=["-log", args.log, "-nocite"])
+    try:
+        if not lmp.has_style("pair", "deepmd"):   # the lammps package loads LAMMPS_PLUGIN_PATH's itself
+            lmp.command(f"plugin load {plugin}")
+        lmp.file(args.input)
+    finally:
+        lmp.close()
+    return 0
+
+
+def _thermo_blocks(log: str):
+    """Each thermo block of a LAMMPS log as (header, rows)."""
+    blocks, lines = [], log.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].split()[:2] == ["Step", "PotEng"]:
+            header, rows = lines[i].split(), []
+            i += 1
+            while i < len(lines) and lines[i].strip() and lines[i].split()[0].lstrip("-").isdigit():
+                rows.append([float(x) for x in lines[i].split()])
+                i += 1
+            blocks.append((header, rows))
+        i += 1
+    return blocks
+
+
+def cmd_lammps_read(args) -> int:
+    """Step-0 energy, forces and virial of a LAMMPS run (the ``lammps-input`` layout) as a result
+    file, and its steps/s from the ``Performance:`` line."""
+    with open(args.log) as f:
+        log = f.read()
+    blocks = _thermo_blocks(log)
+    if not blocks:
+        raise SystemExit(f"{args.log}: no thermo output")
+    header, rows = blocks[0]
+    row = dict(zip(header, rows[0]))
+    vol = row["Volume"]
+    # the virial part of the pressure (bar) back to deepmd-kit's virial (eV): W = P V / nktv2p,
+    # in deepmd-kit's order xx xy xz yx yy yz zx zy zz
+    p = [row[f"c_vir[{i}]"] for i in range(1, 7)]
+    w = [x * vol / NKTV2P for x in p]
+    virial = np.array([w[0], w[3], w[4], w[3], w[1], w[5], w[4], w[5], w[2]])
+    with open(args.dump) as f:
+        lines = f.read().splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("ITEM: ATOMS"))) + 1
+    force = np.array([[float(x) for x in line.split()[2:5]] for line in lines[start:]])
+    perf = re.findall(r"Performance:.*?([0-9.]+) timesteps/s", log)
+    tasks = re.findall(r"CPU use with (\d+) MPI tasks x (\d+) OpenMP threads", log)
+    result = {"energy": np.array([row["PotEng"]]), "force": force, "virial": virial}
+    steps_s = float(perf[-1]) if perf else float("nan")
+    np.savez(args.out, **result, steps_per_s=np.array([steps_s]))
+    if blocks[1:] and len(blocks[-1][1]) > 1:
+        e = [r[header.index("TotEng")] for r in blocks[-1][1]]
+        drift = f"; NVE total energy {e[0]:.6f} -> {e[-1]:.6f} eV"
+    else:
+        drift = ""
+    ranks = f"{tasks[-1][0]} rank(s) x {tasks[-1][1]} OpenMP thread(s)" if tasks else "? ranks"
+    print(f"LAMMPS {args.log}: E0 = {row['PotEng']:.8f} eV, {steps_s:.3f} steps/s on {ranks}{drift}")
+    return 0
+
+
+# -- comparison ----------------------------------------------------------------------------------
+
+def _diff(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    d = float(np.abs(a - b).max()) if a.size else float("nan")
+    scale = float(np.abs(b).max()) if b.size else 0.0
+    return d, d / scale if scale > 0 else float("nan")
+
+
+def cmd_compare(args) -> int:
+    """Max abs and relative (to the reference's largest value) differences of energy, forces and
+    virial against ``--ref``; a markdown table on stdout and in ``--md``."""
+    def load(spec):
+        name, path = spec.split("=", 1)
+        return name, dict(np.load(path))
+
+    ref_name, ref = load(args.ref)
+    rows = [f"| result | vs {ref_name}: energy abs / rel | forces max abs / rel | virial max abs / rel | steps/s |",
+            "|---|---|---|---|---|"]
+    worst = 0.0
+    for spec in args.results:
+        name, res = load(spec)
+        cells = []
+        for key in ("energy", "force", "virial"):
+            if key not in res or res[key].shape != ref[key].shape:
+                cells.append(f"shape {res.get(key, np.empty(0)).shape} vs {ref[key].shape}")
+                continue
+            d, r = _diff(res[key].astype(np.float64), ref[key].astype(np.float64))
+            worst = max(worst, r if r == r else 0.0)
+            cells.append(f"{d:.2e} / {r:.1e}")
+        rate = res.get("steps_per_s")
+        cells.append(f"{float(rate[0]):.3f}" if rate is not None else "")
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    text = "\n".join(rows)
+    print(text)
+    if args.md:
+        with open(args.md, "a") as f:
+            f.write(text + "\n\n")
+    if args.tol is not None and worst > args.tol:
+        print(f"largest relative difference {worst:.1e} above --tol {args.tol:g}")
+        return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("data")
+    s.add_argument("--atoms", type=int, default=96)
+    s.add_argument("--rcut", type=float, default=6.0)
+    s.add_argument("--blocks", type=int, default=2)
+    s.add_argument("--config", default="water")
+    s.add_argument("--out", required=True)
+    s.set_defaults(fn=cmd_data)
+    s = sub.add_parser("perturb")
+    s.add_argument("src")
+    s.add_argument("dst")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--scale", type=float, default=0.05)
+    s.set_defaults(fn=cmd_perturb)
+    s = sub.add_parser("inspect")
+    s.add_argument("pt2", nargs="+")
+    s.add_argument("--json")
+    s.set_defaults(fn=cmd_inspect)
+    s = sub.add_parser("deeppot")
+    s.add_argument("model")
+    s.add_argument("--frame", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--repeats", type=int, default=3)
+    s.set_defaults(fn=cmd_deeppot)
+    s = sub.add_parser("lammps-input")
+    s.add_argument("model")
+    s.add_argument("--data", required=True)
+    s.add_argument("--dump", required=True)
+    s.add_argument("--steps", type=int, default=20)
+    s.add_argument("--out", required=True)
+    s.set_defaults(fn=cmd_lammps_input)
+    s = sub.add_parser("lammps-run")
+    s.add_argument("input")
+    s.add_argument("--log", required=True)
+    s.set_defaults(fn=cmd_lammps_run)
+    s = sub.add_parser("lammps-read")
+    s.add_argument("log")
+    s.add_argument("dump")
+    s.add_argument("--out", required=True)
+    s.set_defaults(fn=cmd_lammps_read)
+    s = sub.add_parser("compare")
+    s.add_argument("--ref", required=True)
+    s.add_argument("results", nargs="+")
+    s.add_argument("--md")
+    s.add_argument("--tol", type=float)
+    s.set_defaults(fn=cmd_compare)
+    args = p.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

