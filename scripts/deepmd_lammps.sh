@@ -194,6 +194,7 @@ fi
 if has lammps; then
   # MPICH's mpirun from the mpich package (the one liblammps.so's libmpi.so.12 comes from), else PATH's
   MPIRUN=$("$PY" -c "from mixstack.lammps.runtime import mpi_tool; print(mpi_tool('mpirun') or '')" 2>/dev/null)
+  CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)      # nproc reads OMP_NUM_THREADS
   for name in plain accel; do
     [ -f "$WORK/$name.pt2" ] || continue
     for n in $RANKS; do
@@ -203,7 +204,7 @@ if has lammps; then
       if [ "$n" = 1 ]; then launch=(); else launch=("${MPIRUN:-mpirun}" -np "$n"); fi
       # on the CPU, the cores shared by the ranks (deepmd-kit's C++ reads DP_*_THREADS, torch OMP_NUM_THREADS)
       if [ "$DEVICE_ARG" = cpu ]; then
-        threads=$(( $(nproc) / n )); ((threads < 1)) && threads=1
+        threads=$(( CORES / n )); ((threads < 1)) && threads=1
         export OMP_NUM_THREADS=$threads DP_INTRA_OP_PARALLELISM_THREADS=$threads DP_INTER_OP_PARALLELISM_THREADS=1
       fi
       (cd "$WORK" && timeout "$(left)" "${launch[@]}" "$PY" "$HELP" lammps-run "$OUT/$tag.in" --log "$OUT/$tag.log") \
@@ -243,7 +244,8 @@ if [ -f "$OUT/ckpt-plain.npz" ] && [ "${#results[@]}" -gt 0 ]; then
 fi
 [ -f "$OUT/inspect.log" ] && { echo '```'; cat "$OUT/inspect.log"; echo '```'; } >> "$OUT/summary.md"
 # everything but the summary in one archive (a device call returns at most 8 files from $OUT)
-(cd "$OUT" && tar czf deepmd_lammps.tgz --exclude=summary.md --exclude=deepmd_lammps.tgz --exclude='*.dump' . \
-  && find . -maxdepth 1 -type f -not -name summary.md -not -name deepmd_lammps.tgz -delete)
+pack=$(mktemp -u /tmp/deepmd_lammps.XXXXXX).tgz
+(cd "$OUT" && tar czf "$pack" --exclude=summary.md --exclude=deepmd_lammps.tgz --exclude='*.dump' . \
+  && find . -maxdepth 1 -type f -not -name summary.md -delete && mv "$pack" deepmd_lammps.tgz)
 echo "== done in $(( $(date +%s) - START )) s, rc=$rc (tables in $OUT/summary.md, logs in $OUT/deepmd_lammps.tgz)"
 exit $rc

@@ -374,8 +374,8 @@ part_deepmdlammps() {
     LAMMPS_CARRY=${DEEPMD_LAMMPS_CARRY:-.lammps-carry/lammps-runtime-deepmd.tar.xz} \
     bash scripts/deepmd_lammps.sh ${DEEPMD_LAMMPS_ARGS:---device cuda} 2>&1 | tail -n 40
   r=${PIPESTATUS[0]}; rc=$(( rc || r ))
-  summary+=("deepmd lammps rc=$r: $(grep -c '^- .* rc=0' "$OUT/deepmdlammps/summary.md" 2>/dev/null) steps rc=0," \
-    "$(grep -c '^- .* rc=[1-9]' "$OUT/deepmdlammps/summary.md" 2>/dev/null) failed")
+  summary+=("deepmd lammps rc=$r: $(grep -c '^- .* rc=0' "$OUT/deepmdlammps/summary.md" 2>/dev/null) steps rc=0, $(
+    grep -c '^- .* rc=[1-9]' "$OUT/deepmdlammps/summary.md" 2>/dev/null) failed")
 }
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
