@@ -269,3 +269,38 @@ def test_dp_pt_expt_freeze_runs_accelerated(tmp_path):
     result = eval(log.split("RESULT", 1)[1].strip().splitlines()[0])
     for e_diff, f_diff, e_scale, f_scale in result.values():      # float32: ~1e-6 relative, a wrong term O(1)
         assert f_scale > 1e-2 and e_diff <= 1e-5 * e_scale and f_diff <= 1e-4 * f_scale, result
+
+
+def test_the_op_library_stands_in_where_its_mpi_library_cannot_be_opened():
+    """``mpich`` installed, but its ``libmpi`` cannot be opened (a library it links is missing: a
+    pip ``--target`` install): ``deepmd.pt`` still imports, with the stand-in, and says why; an
+    error that does not come from deepmd-kit's op loader is not swallowed."""
+    code = textwrap.dedent("""
+        import ctypes, sys
+        real = ctypes.CDLL
+        def cdll(name, *args, **kwargs):
+            if "libmpi" in str(name):
+                raise OSError("libfabric.so.1: cannot open shared object file: No such file or directory")
+            return real(name, *args, **kwargs)
+        ctypes.CDLL = cdll
+        import importlib.metadata as md
+        real_files = md.files
+        class Fake:
+            def match(self, pattern): return pattern.startswith("libmpi")
+            def locate(self): return "/nowhere/libmpi.so.12"
+        md.files = lambda name: [Fake()] if name == "mpich" else real_files(name)
+        from deepmd.env import GLOBAL_CONFIG
+        GLOBAL_CONFIG["cibuildwheel"] = "1"
+        from mixstack.deepmd.compat import _raised_in_op_loader, deepmd_pt, op_library_stood_in
+        deepmd_pt()
+        print("stood in", op_library_stood_in())
+        try:
+            raise OSError("elsewhere")
+        except OSError as err:
+            print("elsewhere caught", _raised_in_op_loader(err))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "stood in True" in out.stdout and "elsewhere caught False" in out.stdout
+    assert "libfabric.so.1" in out.stderr

@@ -166,3 +166,23 @@ def test_a_persistent_launchs_program_count_stays_symbolic_in_a_trace():
     for example in (2, 50):                       # below and above the cap (size 1 would be specialised)
         traced = make_fx(programs, tracing_mode="symbolic")(torch.zeros(example))
         assert [traced(torch.zeros(n)).shape[0] for n in (2, 50)] == [2, 3]
+
+
+def test_a_kernel_target_runs_the_convolutions_reference_without_a_warning(monkeypatch):
+    """Under a kernel target the convolution's operators run their reference formulas by design
+    (a trace never runs their kernels), so no "level N runs the reference" warning reaches a
+    freeze's log; an eager CPU call outside one still warns."""
+    import warnings
+
+    from mixstack.dispatch import guards, log
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(log, "_warned", set())
+    t = torch.zeros(3)
+    with mixstack.use_level(2), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with guards.kernel_target("cuda"):
+            assert guards.conv_level(t, 16) == 0
+        assert not seen
+        assert guards.conv_level(t, 16) == 0
+    assert len(seen) == 1 and "level 2 runs the reference" in str(seen[0].message)

@@ -5,7 +5,8 @@ against another torch than the one installed raises there, and the whole backend
 although those ops serve only model compression and the LAMMPS plugin: nothing the SeZM
 models, their training or ``dp --pt test`` call.  ``deepmd_pt`` imports the backend as usual
 and, only when that load fails with deepmd-kit's own version or ABI message (or, for a wheel,
-when the ``mpich`` package its op library links against is missing), imports it again
+when the ``mpich`` package its op library links against is missing, or its MPI library cannot
+be opened), imports it again
 with a stand-in ``deepmd.pt.cxx_op`` that reports the ops as absent
 (``ENABLE_CUSTOMIZED_OP = False``, the value deepmd-kit itself uses when the library file is
 missing), and logs why.
@@ -45,6 +46,12 @@ def deepmd_pt():
         if _OP_LIBRARY not in str(err):
             raise
         reason = str(err).splitlines()[0]
+    except (OSError, StopIteration) as err:
+        # the MPI library a wheel's ops link against, found in mpich's files and opened with
+        # ctypes before the ops: missing (StopIteration) or missing what it links (OSError)
+        if not _raised_in_op_loader(err):
+            raise
+        reason = f"the MPI library its ops link against did not load ({type(err).__name__}: {err})"
     stand_in = types.ModuleType(_STAND_IN, "Stand-in for deepmd-kit's compiled op library, which did not load: "
                                            "its ops (model compression, the LAMMPS plugin) are absent.")
     stand_in.ENABLE_CUSTOMIZED_OP = False
@@ -53,6 +60,16 @@ def deepmd_pt():
                    "(model compression and deepmd's LAMMPS ops are unavailable, the models are not)",
                    _OP_LIBRARY, reason)
     return importlib.import_module("deepmd.pt")
+
+
+def _raised_in_op_loader(err: BaseException) -> bool:
+    """Whether ``err`` came out of deepmd-kit's op-library loader (``deepmd/pt/cxx_op.py``)."""
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.replace("\\", "/").endswith("deepmd/pt/cxx_op.py"):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def op_library_stood_in() -> bool:
