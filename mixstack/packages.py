@@ -6,13 +6,15 @@ member, or embedded in the model's ``.so``) whose symbol is the kernel's Python 
 mixstack's kernels are found by their names (``mixstack.kernels``: every launched kernel's name
 ends in ``_kernel``) and Inductor's own generated ones by their prefixes (``triton_poi_``,
 ``triton_red_``, ``triton_per_``, ...).  Reading the archive loads nothing: it works where the
-package cannot be loaded, on any machine.
+package cannot be loaded, on any machine.  A package nested in the archive (deepmd-kit puts its
+multi-rank LAMMPS graph there as a second ``.pt2``) is read the same way and reported beside.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import io
 import json
 import os
 import pkgutil
@@ -48,15 +50,19 @@ class PackageKernels:
     """The GPU kernels of one package: ``mixstack`` (name -> members whose binary holds it),
     ``inductor`` (Inductor's generated Triton kernels, name -> members), ``sources`` (mixstack
     kernel names that appear only in the generated C++, not in any binary: launched by name
-    but compiled elsewhere), ``members`` (files in the archive), ``metadata`` (the package's
-    AOTInductor metadata, where it has one)."""
+    but compiled elsewhere), ``named`` (the caller's ``names`` found in a binary or the C++, name
+    -> members), ``members`` (files in the archive), ``metadata`` (the package's AOTInductor
+    metadata, where it has one), ``nested`` (member name -> the ``PackageKernels`` of a package
+    inside this one)."""
 
     path: str
     mixstack: Counter = field(default_factory=Counter)
     inductor: Counter = field(default_factory=Counter)
     sources: Counter = field(default_factory=Counter)
+    named: Counter = field(default_factory=Counter)
     members: int = 0
     metadata: dict = field(default_factory=dict)
+    nested: dict = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         """A short human-readable account."""
@@ -67,6 +73,10 @@ class PackageKernels:
                f"  Inductor's generated Triton kernels: {len(self.inductor)}"]
         if self.sources:
             out.append(f"  mixstack kernels named in the C++ but in no binary: {', '.join(sorted(self.sources))}")
+        if self.named:
+            out.append(f"  the other names asked for: {', '.join(sorted(self.named))}")
+        for name, inner in self.nested.items():
+            out += ["  " + line for line in inner.lines()]
         return out
 
 
@@ -74,32 +84,45 @@ def _identifiers(data: bytes) -> set[str]:
     return {m.decode() for m in _IDENTIFIER.findall(data)}
 
 
-def package_kernels(path) -> PackageKernels:
-    """Read the GPU kernels compiled into the AOTInductor package at ``path`` (nothing is loaded)."""
+def package_kernels(path, names: frozenset[str] = frozenset()) -> PackageKernels:
+    """Read the GPU kernels compiled into the AOTInductor package at ``path`` (nothing is loaded);
+    ``names``: other kernel names to look for (another library's), reported in ``named``."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no file at {path}")
     if not zipfile.is_zipfile(path):
         raise ValueError(f"{path} is not an AOTInductor package (not a zip archive)")
+    with zipfile.ZipFile(path) as archive:
+        return _read(archive, path, frozenset(names))
+
+
+def _read(archive: zipfile.ZipFile, path: str, names: frozenset[str]) -> PackageKernels:
     ours = mixstack_kernel_names()
     found = PackageKernels(path)
     in_sources: set[str] = set()
-    with zipfile.ZipFile(path) as archive:
-        for info in archive.infolist():
-            if info.is_dir():
-                continue
-            found.members += 1
-            name = info.filename
-            if name.endswith(_BINARY_SUFFIXES):
-                words = _identifiers(archive.read(info))
-                found.mixstack.update(words & ours)
-                found.inductor.update(w for w in words if _INDUCTOR_KERNEL.match(w))
-            elif name.endswith(_SOURCE_SUFFIXES):
-                in_sources |= _identifiers(archive.read(info)) & ours
-            elif name.endswith("metadata.json"):
-                try:
-                    found.metadata.update(json.loads(archive.read(info)))
-                except ValueError:
-                    pass
+    for info in archive.infolist():
+        if info.is_dir():
+            continue
+        found.members += 1
+        name = info.filename
+        if name.endswith(".pt2"):
+            data = archive.read(info)
+            if zipfile.is_zipfile(io.BytesIO(data)):
+                with zipfile.ZipFile(io.BytesIO(data)) as inner:
+                    found.nested[name] = _read(inner, f"{path}:{name}", names)
+        elif name.endswith(_BINARY_SUFFIXES):
+            words = _identifiers(archive.read(info))
+            found.mixstack.update(words & ours)
+            found.inductor.update(w for w in words if _INDUCTOR_KERNEL.match(w))
+            found.named.update(words & names)
+        elif name.endswith(_SOURCE_SUFFIXES):
+            words = _identifiers(archive.read(info))
+            in_sources |= words & ours
+            found.named.update(words & names)
+        elif name.endswith("metadata.json"):
+            try:
+                found.metadata.update(json.loads(archive.read(info)))
+            except ValueError:
+                pass
     found.sources.update(in_sources - set(found.mixstack))
     return found

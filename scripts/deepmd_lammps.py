@@ -131,28 +131,27 @@ def _deepmd_kernel_names() -> frozenset[str]:
 
 
 def _archive(path: str, label: str, deepmd_names) -> dict:
-    from mixstack.packages import _BINARY_SUFFIXES, _SOURCE_SUFFIXES, _identifiers, package_kernels
+    """One archive's kernels (``mixstack.packages.package_kernels``, deepmd-kit's by name too), its
+    C++ kernels, where its generated sources name mixstack, and its bytes by suffix."""
+    from mixstack.packages import package_kernels
 
-    found = package_kernels(path)
-    sizes, mentions, deepmd_found, cpp_kernels = {}, {}, set(), set()
+    found = package_kernels(path, names=deepmd_names)
+    sizes, mentions, cpp_kernels = {}, {}, set()
     with zipfile.ZipFile(path) as archive:
         for info in archive.infolist():
-            if info.is_dir():
+            if info.is_dir() or info.filename.endswith(".pt2"):       # a nested package: read on its own
                 continue
             ext = os.path.splitext(info.filename)[1] or info.filename.rsplit("/", 1)[-1]
             sizes[ext] = sizes.get(ext, 0) + info.file_size
-            data = archive.read(info)
-            if info.filename.endswith(_BINARY_SUFFIXES + _SOURCE_SUFFIXES):
-                words = _identifiers(data)
-                deepmd_found |= words & deepmd_names
-                cpp_kernels |= {w for w in words if w.startswith("cpp_fused_")}
-                if info.filename.endswith(_SOURCE_SUFFIXES):
-                    n = data.count(b"mixstack")
-                    if n:
-                        mentions[info.filename] = n
+            if info.filename.endswith((".cpp", ".so")):
+                data = archive.read(info)
+                cpp_kernels |= set(re.findall(rb"cpp_fused_\w+", data))
+                n = data.count(b"mixstack") if info.filename.endswith(".cpp") else 0
+                if n:
+                    mentions[info.filename] = n
     return {"archive": label, "files": found.members, "device": found.metadata.get("AOTI_DEVICE_KEY", "?"),
             "mixstack_kernels": sorted(found.mixstack), "mixstack_in_sources_only": sorted(found.sources),
-            "deepmd_kernels": sorted(deepmd_found), "inductor_triton_kernels": len(found.inductor),
+            "deepmd_kernels": sorted(found.named), "inductor_triton_kernels": len(found.inductor),
             "inductor_cpp_kernels": len(cpp_kernels), "mixstack_mentions": mentions,
             "bytes_by_suffix": dict(sorted(sizes.items(), key=lambda kv: -kv[1]))}
 

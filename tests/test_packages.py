@@ -74,3 +74,22 @@ def test_cli_prints_the_kernels_and_json(tmp_path, capsys):
     assert main(["info", "--package", path, "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["mixstack"] == {"gate_kernel": 1} and record["inductor"] == {"triton_per_fused_0": 1}
+
+
+def test_a_nested_package_and_other_names_are_read_too(tmp_path):
+    """deepmd-kit nests its multi-rank LAMMPS graph as a second .pt2 inside the first."""
+    import io
+    inner = io.BytesIO()
+    with zipfile.ZipFile(inner, "w") as z:
+        z.writestr(MODEL + "c.cubin", b"\x00gate_backward_kernel\x00so2_block_gemm_kernel\x00")
+    path = _archive(tmp_path / "outer.pt2", {
+        MODEL + "a.cubin": b"\x00block_gemm_kernel\x00",
+        MODEL + "w.wrapper.cpp": "so2_block_gemm_kernel",
+        "outer/extra/forward_lower_with_comm.pt2": inner.getvalue(),
+    })
+    found = package_kernels(path, names=frozenset({"so2_block_gemm_kernel"}))
+    assert set(found.mixstack) == {"block_gemm_kernel"} and dict(found.named) == {"so2_block_gemm_kernel": 1}
+    nested = found.nested["outer/extra/forward_lower_with_comm.pt2"]
+    assert set(nested.mixstack) == {"gate_backward_kernel"} and set(nested.named) == {"so2_block_gemm_kernel"}
+    text = "\n".join(found.lines())
+    assert "forward_lower_with_comm.pt2" in text and "gate_backward_kernel" in text
