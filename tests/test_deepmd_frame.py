@@ -138,6 +138,9 @@ def test_bad_input_is_named(model):
             FrameRunner(model)
     finally:
         model.eval()
+    pytest.importorskip("deepmd.pt_expt")
+    with pytest.raises(TypeError, match="PT-expt model"):
+        FrameRunner(make_model("water", "float32", backend="pt_expt"))
 
 
 @pytest.mark.slow

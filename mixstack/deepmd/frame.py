@@ -72,6 +72,10 @@ class Candidates(NamedTuple):
 
 
 def _check_model(model) -> None:
+    if type(model).__module__.startswith("deepmd.pt_expt."):
+        raise TypeError(f"model is a deepmd-kit PT-expt model ({type(model).__name__}); FrameRunner runs the "
+                        "PyTorch backend's SeZM models (deepmd.pt.model.model.get_model): accelerate a PT-expt "
+                        "model with mixstack.deepmd.accelerate, or freeze it with dp --pt-expt freeze")
     for name in ("forward_common_lower", "get_rcut"):
         if not callable(getattr(model, name, None)):
             raise TypeError(f"model must be a deepmd-kit model with {name}() (a SeZM / DPA4 energy model), "
