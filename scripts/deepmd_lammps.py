@@ -1,18 +1,21 @@
 """The pieces of ``scripts/deepmd_lammps.sh``: deepmd-kit's production route for a SeZM (DPA4)
-model (``dp --pt freeze`` to an AOTInductor ``.pt2``, deepmd-kit's ``DeepPot``, LAMMPS's
-``pair_style deepmd``), plain and with mixstack's plugin (``MIXSTACK_DEEPMD=1``).
+model (``dp --pt freeze`` or ``dp --pt-expt freeze`` to an AOTInductor ``.pt2``, deepmd-kit's
+``DeepPot``, LAMMPS's ``pair_style deepmd``), plain and with mixstack's plugin (``MIXSTACK_DEEPMD=1``).
 
     python3 scripts/deepmd_lammps.py data --atoms 96 --rcut 4 --blocks 1 --out DIR
-    python3 scripts/deepmd_lammps.py perturb model.ckpt.pt model.pt
+    python3 scripts/deepmd_lammps.py perturb model.ckpt.pt model.pt [--backend pt|pt_expt]
     python3 scripts/deepmd_lammps.py inspect plain.pt2 accel.pt2 --json kernels.json
     python3 scripts/deepmd_lammps.py deeppot MODEL --frame DIR/frame.npz --out RESULT.npz
+    python3 scripts/deepmd_lammps.py eager model.pt --frame DIR/frame.npz --out RESULT.npz   (a PT-expt checkpoint)
     python3 scripts/deepmd_lammps.py lammps-input MODEL --data DIR/water.lmp --steps 20 --out DIR/in.lammps
     python3 scripts/deepmd_lammps.py lammps-read LOG DUMP --frame DIR/frame.npz --out RESULT.npz
     python3 scripts/deepmd_lammps.py compare --ref NAME=RESULT.npz NAME=RESULT.npz ... [--md]
 
 ``deeppot`` imports deepmd-kit through ``mixstack.deepmd.compat`` and then mixstack's plugin
 module (the entry point, also where mixstack is not installed but on ``PYTHONPATH``): it
-accelerates what deepmd-kit builds only with ``MIXSTACK_DEEPMD=1``.
+accelerates what deepmd-kit builds only with ``MIXSTACK_DEEPMD=1``.  ``eager`` is the PT-expt
+checkpoint's own eager model (deepmd-kit's ``DeepPot`` reads a ``.pt`` file with its PT backend,
+which does not load a PT-expt state dict), accelerated the same way.
 """
 
 from __future__ import annotations
@@ -78,31 +81,42 @@ def cmd_data(args) -> int:
     return 0
 
 
-def cmd_perturb(args) -> int:
-    """A trained-for-one-step checkpoint with Gaussian noise on its parameters: an untrained SeZM
-    model's output layers start at zero, and its convolutions would add nothing to the forces."""
-    import torch
-
+def _checkpoint_model(state: dict, backend: str):
+    """A checkpoint's model and its ``ModelWrapper`` (the state dict loaded), for deepmd-kit's PT
+    backend or its PT-expt one (``dp --pt-expt train``'s checkpoints: their own model classes)."""
     from mixstack.deepmd.compat import deepmd_pt
 
     deepmd_pt()
-    from deepmd.pt.model.model import get_model
-    from deepmd.pt.train.wrapper import ModelWrapper
+    if backend == "pt_expt":
+        from deepmd.pt_expt.model.get_model import get_model
+        from deepmd.pt_expt.train.wrapper import ModelWrapper
+    else:
+        from deepmd.pt.model.model import get_model
+        from deepmd.pt.train.wrapper import ModelWrapper
+    params = state["_extra_state"]["model_params"]
+    model = get_model(params)
+    wrapper = ModelWrapper(model, model_params=params) if backend == "pt" else ModelWrapper(model)
+    wrapper.load_state_dict(state)
+    return model, wrapper
+
+
+def cmd_perturb(args) -> int:
+    """A trained-for-one-step checkpoint with Gaussian noise on its parameters (its buffers as
+    they are): an untrained SeZM model's output layers start at zero, and its convolutions would
+    add nothing to the forces.  ``--backend pt_expt``: a ``dp --pt-expt train`` checkpoint."""
+    import torch
 
     from mixstack.deepmd.configs import perturb
 
-    raw = torch.load(args.src, map_location="cpu", weights_only=False)
+    raw = torch.load(args.src, map_location="cpu", weights_only=args.backend == "pt_expt")
     inner = raw["model"]
-    params = inner["_extra_state"]["model_params"]
-    model = get_model(params)
-    wrapper = ModelWrapper(model, model_params=params)
-    wrapper.load_state_dict(inner)
+    model, wrapper = _checkpoint_model(inner, args.backend)
     perturb(model, seed=args.seed, scale=args.scale)
     state = wrapper.state_dict()
     changed = sum(1 for k, v in state.items() if torch.is_tensor(v) and not torch.equal(v, inner[k]))
     raw["model"] = state
     torch.save(raw, args.dst)
-    print(f"{args.dst}: {changed} tensors perturbed (scale {args.scale})")
+    print(f"{args.dst}: {changed} tensors perturbed (scale {args.scale}; {args.backend} checkpoint)")
     return 0
 
 
@@ -233,6 +247,56 @@ def cmd_deeppot(args) -> int:
     accelerated = os.environ.get("MIXSTACK_DEEPMD", "") not in ("", "0")
     per = f"{1e3 * float(np.median(times)):.1f} ms/frame (median of {len(times)})" if times else ""
     print(f"DeepPot {args.model}{' (MIXSTACK_DEEPMD=1)' if accelerated else ''}: E = {float(np.ravel(e)[0]):.8f} eV; "
+          f"load {load_s:.1f} s, first call {first_s:.2f} s, {per}")
+    return 0
+
+
+def cmd_eager(args) -> int:
+    """Energy, forces and virial of one frame by a PT-expt checkpoint's own eager model (the
+    reference of ``--backend pt_expt``; ``MIXSTACK_DEEPMD=1``: built accelerated, as
+    ``dp --pt-expt freeze`` builds it), and the time of ``--repeats`` further calls."""
+    import logging
+
+    import torch
+
+    logging.basicConfig(format="%(name)s: %(message)s")
+    logging.getLogger("deepmd.mixstack").setLevel(logging.INFO)
+    from mixstack.deepmd.compat import deepmd_pt
+
+    deepmd_pt()
+    from deepmd.pt_expt.utils.env import DEVICE
+
+    import mixstack.deepmd.plugin_expt  # noqa: F401  (the entry point, also where mixstack is not installed)
+
+    frame = np.load(args.frame)
+    t0 = time.perf_counter()
+    state = torch.load(args.model, map_location=DEVICE, weights_only=True)
+    model, _ = _checkpoint_model(state.get("model", state), "pt_expt")
+    model = model.to(DEVICE).eval()
+    load_s = time.perf_counter() - t0
+    coord = torch.tensor(frame["coord"], dtype=torch.float64, device=DEVICE).reshape(1, -1, 3)
+    box = torch.tensor(frame["box"], dtype=torch.float64, device=DEVICE).reshape(1, 9)
+    atype = torch.tensor(frame["atype"], dtype=torch.int64, device=DEVICE).reshape(1, -1)
+
+    def call():
+        out = model(coord, atype, box)
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize()
+        return out
+
+    t0 = time.perf_counter()
+    ret = call()
+    first_s = time.perf_counter() - t0
+    times = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    e, f, v = (ret[k].detach().double().cpu().numpy() for k in ("energy", "force", "virial"))
+    np.savez(args.out, energy=e.reshape(-1), force=f.reshape(-1, 3), virial=v.reshape(-1))
+    accelerated = os.environ.get("MIXSTACK_DEEPMD", "") not in ("", "0")
+    per = f"{1e3 * float(np.median(times)):.1f} ms/frame (median of {len(times)})" if times else ""
+    print(f"eager PT-expt {args.model}{' (MIXSTACK_DEEPMD=1)' if accelerated else ''}: E = {float(e.reshape(-1)[0]):.8f} eV; "
           f"load {load_s:.1f} s, first call {first_s:.2f} s, {per}")
     return 0
 
@@ -402,6 +466,7 @@ def main(argv=None) -> int:
     s.add_argument("dst")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--scale", type=float, default=0.05)
+    s.add_argument("--backend", choices=("pt", "pt_expt"), default="pt")
     s.set_defaults(fn=cmd_perturb)
     s = sub.add_parser("inspect")
     s.add_argument("pt2", nargs="+")
@@ -413,6 +478,12 @@ def main(argv=None) -> int:
     s.add_argument("--out", required=True)
     s.add_argument("--repeats", type=int, default=3)
     s.set_defaults(fn=cmd_deeppot)
+    s = sub.add_parser("eager")
+    s.add_argument("model")
+    s.add_argument("--frame", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--repeats", type=int, default=3)
+    s.set_defaults(fn=cmd_eager)
     s = sub.add_parser("lammps-input")
     s.add_argument("model")
     s.add_argument("--data", required=True)

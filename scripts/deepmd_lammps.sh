@@ -1,25 +1,37 @@
 #!/usr/bin/env bash
 # deepmd-kit's production route for a SeZM (DPA4) model, plain and with mixstack's plugin: a water
-# checkpoint (`dp --pt train`, one step, then its parameters perturbed), `dp --pt freeze` to an
-# AOTInductor .pt2 twice (plain, and with MIXSTACK_DEEPMD=1: for a CUDA target the plugin traces the
-# stacks as mixstack:: operators and AOTInductor compiles mixstack's Triton kernels into the .pt2;
-# for a CPU target they trace as their reference formulas), the kernels each .pt2 holds (main and
-# deepmd-kit's nested multi-rank archive), deepmd-kit's DeepPot on the checkpoint (plain and
-# accelerated) and on both .pt2 against the plain checkpoint, and LAMMPS `pair_style deepmd` on
-# both .pt2 (step-0 energy, forces and virial against the same reference; NVE steps/s) on one rank
-# and on more (mpirun).  Results and logs under $OUT, a table in $OUT/summary.md.
+# checkpoint (`dp --pt-expt train`, or `dp --pt train` with --backend pt; one step, then its
+# parameters perturbed), `dp --pt-expt freeze` (`dp --pt freeze`) to an AOTInductor .pt2 twice
+# (plain, and with MIXSTACK_DEEPMD=1: for a CUDA target the plugin traces the stacks as mixstack::
+# operators and AOTInductor compiles mixstack's Triton kernels into the .pt2; for a CPU target they
+# trace as their reference formulas), the kernels each .pt2 holds (main and deepmd-kit's nested
+# multi-rank archive), the checkpoint (plain and accelerated: PT-expt's own eager model, or
+# deepmd-kit's DeepPot for a PT one) and deepmd-kit's DeepPot on both .pt2 against the plain
+# checkpoint, and LAMMPS `pair_style deepmd` on both .pt2 (step-0 energy, forces and virial against
+# the same reference; NVE steps/s) on one rank and on more (mpirun).  Results and logs under $OUT,
+# a table in $OUT/summary.md.
 #
 #   Usage (repo root; a python with torch, triton, deepmd-kit 3.2 and its op library, the lammps
 #   and mpich packages; mixstack from this checkout, installed or not):
-#   OUT=/some/dir bash scripts/deepmd_lammps.sh [--device cuda|cpu] [--python PY]
+#   OUT=/some/dir bash scripts/deepmd_lammps.sh [--backend pt_expt|pt] [--device cuda|cpu] [--python PY]
+#   --backend (default pt_expt): deepmd-kit's backend for training, freezing and the reference.
+#   pt_expt is deepmd-kit's current route for SeZM/DPA4 .pt2 files (`dp --pt-expt freeze`, the
+#   NeighborGraph lower, lower_kind=graph); deepmd-kit warns that a PT-backend SeZM .pt2 uses a
+#   deprecated "edge_vec lower schema".  A PT checkpoint does not load into PT-expt's ModelWrapper
+#   (nor the reverse): each backend trains its own, and the reference is its own (pt_expt: the
+#   checkpoint's eager PT-expt model; pt: deepmd-kit's DeepPot on the .pt checkpoint).
 #   --device (default cuda when torch sees a GPU, else cpu): the freeze target; deepmd-kit's DEVICE.
-#   --checkpoint CKPT: freeze that SeZM checkpoint (no training; --atoms sizes the frame alone).
+#   --checkpoint CKPT: freeze that SeZM checkpoint of --backend's kind (no training; --atoms sizes
+#   the frame alone).
 #   --atoms N (96), --rcut R (6), --blocks B (2; the water example's): the model and the frame
 #   (water at 1 g/cm^3); CPU rehearsal: --rcut 4 --blocks 1 (a freeze is ~3-4 min on 2 cores).
 #   --steps N (20): NVE steps per LAMMPS run; --ranks "1 2" (default): LAMMPS rank counts.
 #   --parts ckpt,freeze,inspect,deeppot,lammps (default all): what runs; WORK (default
-#   /tmp/deepmd_lammps) keeps the checkpoint and the .pt2 between calls, so a later call can run
+#   /tmp/deepmd_lammps), in its subfolder per backend (WORK/pt_expt, WORK/pt), keeps the
+#   checkpoint, the frame and the .pt2 between calls, so a later call can run
 #   the remaining parts (an existing plain.pt2 / accel.pt2 is not frozen again; FREEZE_AGAIN=1 does);
+#   FREEZE_THREADS=N: the freezes' OMP_NUM_THREADS (default 1 for a PT-expt freeze to a CPU target,
+#   where torch 2.11's C++ Inductor fails on the with-comm graph with more; else unset).
 #   --freezes "plain accel" (default) picks the freezes (two AOTInductor compiles each: the main graph and
 #   deepmd-kit's multi-rank with-comm graph), so that a 10-minute call can hold one of them.
 #   BUDGET (seconds, default 560) bounds the whole run; each step gets what is left.
@@ -35,10 +47,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a results folder}
-PY=python3 DEVICE_ARG="" CKPT="" ATOMS=96 RCUT=6 BLOCKS=2 STEPS=20 RANKS="1 2" PARTS=ckpt,freeze,inspect,deeppot,lammps
+PY=python3 BACKEND=pt_expt DEVICE_ARG="" CKPT="" ATOMS=96 RCUT=6 BLOCKS=2 STEPS=20 RANKS="1 2" PARTS=ckpt,freeze,inspect,deeppot,lammps
 FREEZES="plain accel"
 while [ $# -gt 0 ]; do
   case "$1" in
+    --backend) BACKEND=$2; shift 2 ;;
     --device) DEVICE_ARG=$2; shift 2 ;;
     --python) PY=$2; shift 2 ;;
     --checkpoint) CKPT=$(realpath "$2"); shift 2 ;;
@@ -52,9 +65,14 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument $1"; exit 2 ;;
   esac
 done
+case "$BACKEND" in
+  pt) DPB=--pt ;;
+  pt_expt|pt-expt) BACKEND=pt_expt DPB=--pt-expt ;;
+  *) echo "--backend: pt_expt or pt, not $BACKEND"; exit 2 ;;
+esac
 mkdir -p "$OUT"
 OUT=$(realpath "$OUT")
-WORK=${WORK:-/tmp/deepmd_lammps}
+WORK=${WORK:-/tmp/deepmd_lammps}/$BACKEND
 mkdir -p "$WORK"
 START=$(date +%s)
 BUDGET=${BUDGET:-560}
@@ -87,7 +105,7 @@ fi
 if [ "$DEVICE_ARG" = cpu ]; then export DEVICE=cpu; else unset DEVICE; fi
 
 {
-  echo "device $DEVICE_ARG; python $PY; work $WORK"
+  echo "backend $BACKEND (dp $DPB); device $DEVICE_ARG; python $PY; work $WORK"
   command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   "$PY" - <<'PY'
 import importlib.metadata as md, sys, torch
@@ -123,30 +141,42 @@ if has ckpt; then
   if [ -n "$CKPT" ]; then
     cp "$CKPT" "$WORK/model.pt"
   else
-    (cd "$WORK" && rm -rf ckpt && MIXSTACK_DEEPMD=0 timeout "$(left)" "${DP[@]}" --pt train input.json \
-       --skip-neighbor-stat && "$PY" "$HELP" perturb model.ckpt.pt model.pt) >> "$OUT/ckpt.log" 2>&1
+    (cd "$WORK" && rm -rf ckpt && MIXSTACK_DEEPMD=0 timeout "$(left)" "${DP[@]}" "$DPB" train input.json \
+       --skip-neighbor-stat && "$PY" "$HELP" perturb model.ckpt.pt model.pt --backend "$BACKEND") >> "$OUT/ckpt.log" 2>&1
   fi
   r=$?; rc=$(( rc || r ))
   tail -n 2 "$OUT/ckpt.log"
-  note "checkpoint rc=$r in $(( $(date +%s) - t0 )) s ($(grep -h 'atoms of water' "$OUT/ckpt.log"))"
+  note "checkpoint ($BACKEND) rc=$r in $(( $(date +%s) - t0 )) s ($(grep -h 'atoms of water' "$OUT/ckpt.log"))"
 fi
 
 # -- 2. the two freezes ---------------------------------------------------------------------------
 freeze() {           # NAME MIXSTACK_DEEPMD
-  local name=$1 on=$2 t0
+  local name=$1 on=$2 t0 how
   if [ -f "$WORK/$name.pt2" ] && [ "${FREEZE_AGAIN:-0}" != 1 ]; then
     note "freeze $name: $WORK/$name.pt2 kept from an earlier call"; return
   fi
-  rm -f "$WORK/$name.pt2"
+  rm -f "$WORK/$name.pt2" "$WORK/$name.pt2.failed"
   t0=$(date +%s)
-  (cd "$WORK" && MIXSTACK_DEEPMD=$on timeout "$(left)" "${DP[@]}" --pt freeze -c model.pt -o "$name.pth") \
-    > "$OUT/freeze-$name.log" 2>&1
+  # PT-expt: the graph lower asked for (what it resolves a DPA4 model to anyway, with a warning)
+  if [ "$BACKEND" = pt ]; then how=(--pt freeze -c model.pt -o "$name.pth")
+  else how=(--pt-expt freeze -c model.pt -o "$name.pt2" --lower-kind graph); fi
+  (cd "$WORK" && { [ -z "$FREEZE_THREADS" ] \
+     || export OMP_NUM_THREADS=$FREEZE_THREADS DP_INTRA_OP_PARALLELISM_THREADS=$FREEZE_THREADS; } \
+     && MIXSTACK_DEEPMD=$on timeout "$(left)" "${DP[@]}" "${how[@]}") > "$OUT/freeze-$name.log" 2>&1
   r=$?; rc=$(( rc || r ))
+  # a failed PT-expt freeze leaves its main archive without deepmd-kit's metadata: set aside, so that
+  # the later parts (and calls) do not take it for a package
+  [ "$r" = 0 ] || { [ -f "$WORK/$name.pt2" ] && mv "$WORK/$name.pt2" "$WORK/$name.pt2.failed"; }
   grep -E "DEEPMD (INFO|WARNING|ERROR)|Error|error:|^  " "$OUT/freeze-$name.log" | grep -v -e "^  return" -e "@article" -e " = {" -e "Thank you" | tail -n 14
-  note "freeze $name (MIXSTACK_DEEPMD=$on, target $DEVICE_ARG) rc=$r$(signal "$r") in $(( $(date +%s) - t0 )) s:" \
-    "$(ls -l "$WORK/$name.pt2" 2>/dev/null | awk '{printf "%.1f MiB", $5 / 2^20}')" \
+  note "freeze $name (dp $DPB, MIXSTACK_DEEPMD=$on, target $DEVICE_ARG${FREEZE_THREADS:+, $FREEZE_THREADS thread(s)}) rc=$r$(signal "$r") in $(( $(date +%s) - t0 )) s:" \
+    "$(ls -l "$WORK/$name.pt2"* 2>/dev/null | awk '{printf "%.1f MiB", $5 / 2^20}')" \
     "$(grep -o 'Compiling the [a-zA-Z -]*' "$OUT/freeze-$name.log" | sed -n '$p')"
 }
+# PT-expt on a CPU target: torch 2.11's C++ Inductor fails on the with-comm graph with more than one
+# thread ("assert isinstance(index, CppCSEVariable) and index.is_vec", torch/_inductor/codegen/cpp.py:
+# a float64 atomic_add scatter into a [1, 1] buffer, vectorized; one thread takes the scalar path), so
+# that freeze traces and compiles with one (the package's CPU kernels then run on one thread)
+FREEZE_THREADS=${FREEZE_THREADS-$([ "$BACKEND$DEVICE_ARG" = pt_exptcpu ] && echo 1)}
 if has freeze; then
   for name in $FREEZES; do
     case "$name" in plain) freeze plain 0 ;; accel) freeze accel 1 ;; *) echo "--freezes: plain and/or accel, not $name" ;; esac
@@ -170,23 +200,27 @@ print(subprocess.run([get_cpp_compiler(), '-print-file-name=libstdc++.so.6'], ca
   2>/dev/null)
 [ -f "$PRELOAD" ] || PRELOAD=""
 if has deeppot; then
-  deeppot() {        # NAME MODEL MIXSTACK_DEEPMD
-    (cd "$WORK" && MIXSTACK_DEEPMD=$3 timeout "$(left)" "$PY" "$HELP" deeppot "$2" --frame frame.npz \
+  deeppot() {        # NAME MODEL MIXSTACK_DEEPMD [HOW: deeppot (default) or eager]
+    local how=${4:-deeppot}
+    (cd "$WORK" && MIXSTACK_DEEPMD=$3 timeout "$(left)" "$PY" "$HELP" "$how" "$2" --frame frame.npz \
       --out "$OUT/$1.npz") > "$OUT/deeppot-$1.log" 2>&1
     r=$?
     if (( r > 128 && r != 137 )) && [ -n "$PRELOAD" ]; then
       note "DeepPot $1 rc=$r$(signal "$r"); again with LD_PRELOAD=$PRELOAD"
-      (cd "$WORK" && LD_PRELOAD=$PRELOAD MIXSTACK_DEEPMD=$3 timeout "$(left)" "$PY" "$HELP" deeppot "$2" \
+      (cd "$WORK" && LD_PRELOAD=$PRELOAD MIXSTACK_DEEPMD=$3 timeout "$(left)" "$PY" "$HELP" "$how" "$2" \
         --frame frame.npz --out "$OUT/$1.npz") > "$OUT/deeppot-$1-preload.log" 2>&1
       r=$?; cat "$OUT/deeppot-$1-preload.log" >> "$OUT/deeppot-$1.log"
     fi
     rc=$(( rc || r ))
-    grep -E "^deepmd.mixstack|Error|error" "$OUT/deeppot-$1.log" | tail -n 3
-    note "DeepPot $1 rc=$r$(signal "$r"): $(grep -h '^DeepPot' "$OUT/deeppot-$1.log")"
+    grep -E "^deepmd.mixstack|Error|error|deprecated" "$OUT/deeppot-$1.log" | tail -n 3
+    note "${how/deeppot/DeepPot} $1 rc=$r$(signal "$r"): $(grep -h -e '^DeepPot' -e '^eager' "$OUT/deeppot-$1.log")"
     [ "$r" = 0 ] && [ "$1" != ckpt-plain ] && results+=("$1=$OUT/$1.npz")
   }
-  deeppot ckpt-plain model.pt 0
-  deeppot ckpt-accel model.pt 1
+  # the reference: the checkpoint itself (DeepPot reads a .pt with the PT backend; PT-expt's own
+  # checkpoint through its eager model)
+  if [ "$BACKEND" = pt ]; then ref=deeppot; else ref=eager; fi
+  deeppot ckpt-plain model.pt 0 "$ref"
+  deeppot ckpt-accel model.pt 1 "$ref"
   for name in plain accel; do [ -f "$WORK/$name.pt2" ] && deeppot "pt2-$name" "$name.pt2" 0; done
 fi
 
@@ -232,7 +266,7 @@ fi
 
 # -- the table ------------------------------------------------------------------------------------
 {
-  echo "# deepmd-kit's route on $DEVICE_ARG ($(date -u +%Y-%m-%dT%H:%MZ))"
+  echo "# deepmd-kit's route (dp $DPB) on $DEVICE_ARG ($(date -u +%Y-%m-%dT%H:%MZ))"
   echo
   sed 's/^/    /' "$OUT/env.log"
   echo

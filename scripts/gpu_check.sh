@@ -85,12 +85,13 @@
 #   "deepmd": the GPU tests of mixstack.deepmd (DEEPMD_TESTS, -k DEEPMD_TESTS_K, default "not slow"), then
 #   scripts/deepmd_gpu.sh's bench (CONFIGS, VARIANTS, ATOMS, ROUNDS, MD_STEPS), under $OUT/deepmd.
 #   "deepmdlammps": deepmd-kit's production route, plain and with mixstack's plugin (scripts/deepmd_lammps.sh,
-#   DEEPMD_LAMMPS_ARGS, default --device cuda): `dp --pt freeze` of a water checkpoint to a .pt2 twice, the
-#   kernels in each, DeepPot against the checkpoint, LAMMPS `pair_style deepmd` steps/s on 1 and 2 ranks;
+#   DEEPMD_LAMMPS_ARGS, default --device cuda): `dp --pt-expt freeze` of a water checkpoint to a .pt2 twice
+#   (--backend pt in DEEPMD_LAMMPS_ARGS: `dp --pt freeze`), the kernels in each, the .pt2 in DeepPot against
+#   the checkpoint, LAMMPS `pair_style deepmd` steps/s on 1 and 2 ranks;
 #   the LAMMPS + MPICH runtime from DEEPMD_LAMMPS_CARRY (default .lammps-carry/lammps-runtime-deepmd.tar.xz:
 #   LAMMPS 2025.7.22.2.0, the version deepmd-kit 3.2.0's plugin is built against, built by
 #   LAMMPS_VERSION=2025.7.22.2.0 PLUGIN=0 CARRY_NAME=lammps-runtime-deepmd bash scripts/lammps_carry.sh; its
-#   mpich is also what deepmd-kit's op library, and so the freeze's multi-rank graph, needs); DEEPMD_LAMMPS_WORK (default /tmp/deepmd_lammps) keeps the .pt2 between calls
+#   mpich is also what deepmd-kit's op library, and so the freeze's multi-rank graph, needs); DEEPMD_LAMMPS_WORK (default /tmp/deepmd_lammps; a subfolder per backend) keeps the .pt2 between calls
 #   (DEEPMD_LAMMPS_ARGS="--parts ckpt,freeze" then "--parts inspect,deeppot,lammps"), under $OUT/deepmdlammps.
 #   BUDGET (seconds, default 540) bounds the whole script: each part gets what
 #   is left, so the packing at the end always runs.  Everything under $OUT is
