@@ -234,21 +234,31 @@ def cmd_deeppot(args) -> int:
     dp = DeepPot(args.model)
     load_s = time.perf_counter() - t0
     atype = frame["atype"].tolist()
+    ret, first_s, times = _timed(lambda: dp.eval(frame["coord"], frame["box"], atype, atomic=False)[:3], args.repeats)
+    _save_frame(args, "DeepPot", *(np.asarray(x) for x in ret), load_s, first_s, times)
+    return 0
+
+
+def _timed(call, repeats: int):
+    """``(the first call's result, its seconds, the seconds of ``repeats`` further calls)``."""
     t0 = time.perf_counter()
-    e, f, v = dp.eval(frame["coord"], frame["box"], atype, atomic=False)[:3]
+    ret = call()
     first_s = time.perf_counter() - t0
     times = []
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         t0 = time.perf_counter()
-        dp.eval(frame["coord"], frame["box"], atype, atomic=False)
+        call()
         times.append(time.perf_counter() - t0)
-    np.savez(args.out, energy=np.asarray(e).reshape(-1), force=np.asarray(f).reshape(-1, 3),
-             virial=np.asarray(v).reshape(-1))
+    return ret, first_s, times
+
+
+def _save_frame(args, label: str, e, f, v, load_s: float, first_s: float, times: list) -> None:
+    """Energy, forces and virial into ``args.out``, and one line: the energy and the times."""
+    np.savez(args.out, energy=e.reshape(-1), force=f.reshape(-1, 3), virial=v.reshape(-1))
     accelerated = os.environ.get("MIXSTACK_DEEPMD", "") not in ("", "0")
     per = f"{1e3 * float(np.median(times)):.1f} ms/frame (median of {len(times)})" if times else ""
-    print(f"DeepPot {args.model}{' (MIXSTACK_DEEPMD=1)' if accelerated else ''}: E = {float(np.ravel(e)[0]):.8f} eV; "
+    print(f"{label} {args.model}{' (MIXSTACK_DEEPMD=1)' if accelerated else ''}: E = {float(e.reshape(-1)[0]):.8f} eV; "
           f"load {load_s:.1f} s, first call {first_s:.2f} s, {per}")
-    return 0
 
 
 def cmd_eager(args) -> int:
@@ -284,20 +294,9 @@ def cmd_eager(args) -> int:
             torch.cuda.synchronize()
         return out
 
-    t0 = time.perf_counter()
-    ret = call()
-    first_s = time.perf_counter() - t0
-    times = []
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
+    ret, first_s, times = _timed(call, args.repeats)
     e, f, v = (ret[k].detach().double().cpu().numpy() for k in ("energy", "force", "virial"))
-    np.savez(args.out, energy=e.reshape(-1), force=f.reshape(-1, 3), virial=v.reshape(-1))
-    accelerated = os.environ.get("MIXSTACK_DEEPMD", "") not in ("", "0")
-    per = f"{1e3 * float(np.median(times)):.1f} ms/frame (median of {len(times)})" if times else ""
-    print(f"eager PT-expt {args.model}{' (MIXSTACK_DEEPMD=1)' if accelerated else ''}: E = {float(e.reshape(-1)[0]):.8f} eV; "
-          f"load {load_s:.1f} s, first call {first_s:.2f} s, {per}")
+    _save_frame(args, "eager PT-expt", e, f, v, load_s, first_s, times)
     return 0
 
 
@@ -472,18 +471,13 @@ def main(argv=None) -> int:
     s.add_argument("pt2", nargs="+")
     s.add_argument("--json")
     s.set_defaults(fn=cmd_inspect)
-    s = sub.add_parser("deeppot")
-    s.add_argument("model")
-    s.add_argument("--frame", required=True)
-    s.add_argument("--out", required=True)
-    s.add_argument("--repeats", type=int, default=3)
-    s.set_defaults(fn=cmd_deeppot)
-    s = sub.add_parser("eager")
-    s.add_argument("model")
-    s.add_argument("--frame", required=True)
-    s.add_argument("--out", required=True)
-    s.add_argument("--repeats", type=int, default=3)
-    s.set_defaults(fn=cmd_eager)
+    for name, fn in (("deeppot", cmd_deeppot), ("eager", cmd_eager)):     # one frame, the same arguments
+        s = sub.add_parser(name)
+        s.add_argument("model")
+        s.add_argument("--frame", required=True)
+        s.add_argument("--out", required=True)
+        s.add_argument("--repeats", type=int, default=3)
+        s.set_defaults(fn=fn)
     s = sub.add_parser("lammps-input")
     s.add_argument("model")
     s.add_argument("--data", required=True)
