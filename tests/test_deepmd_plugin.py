@@ -145,6 +145,25 @@ def _write_system(path, seed):
     np.save(os.path.join(path, "set.000", "force.npy"), gen.normal(size=(2, 27)))
 
 
+def _run_dp_driver(tmp_path, driver: str, *, timeout: int) -> str:
+    """``driver`` (a Python program of dp commands) in ``tmp_path`` with ``MIXSTACK_DEEPMD=1``, on a
+    one-block water model's training input and a two-frame system there; its log."""
+    from mixstack.deepmd.configs import model_config
+
+    _write_system(str(tmp_path / "data"), seed=0)
+    config_ = {"model": model_config("water", rcut=3.0, n_blocks=1),
+               "learning_rate": {"type": "exp", "start_lr": 1e-3, "stop_lr": 1e-4, "decay_steps": 10},
+               "loss": {"type": "ener", "start_pref_e": 1, "limit_pref_e": 1, "start_pref_f": 1, "limit_pref_f": 1},
+               "training": {"training_data": {"systems": [str(tmp_path / "data")], "batch_size": 1},
+                            "numb_steps": 1, "save_freq": 1, "disp_freq": 1, "save_dir": "ckpt", "seed": 1}}
+    (tmp_path / "input.json").write_text(json.dumps(config_))
+    env = dict(os.environ, MIXSTACK_DEEPMD="1", OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    run = subprocess.run([sys.executable, "-c", driver], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=timeout)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout + run.stderr
+
+
 _DRIVER = """
 import sys
 from mixstack.deepmd import dp, plugin
@@ -159,20 +178,7 @@ dp.main(["--pt", "test", "-m", "model.ckpt.pt", "-s", "data", "-n", "2", "-d", "
 def test_dp_train_and_dp_test_run_accelerated(tmp_path):
     """``dp --pt train`` and ``dp --pt test`` with ``MIXSTACK_DEEPMD=1``: deepmd-kit's log shows
     the report, and ``dp --pt test``'s predictions equal the unaccelerated model's."""
-    from mixstack.deepmd.configs import model_config
-
-    _write_system(str(tmp_path / "data"), seed=0)
-    config_ = {"model": model_config("water", rcut=3.0, n_blocks=1),
-               "learning_rate": {"type": "exp", "start_lr": 1e-3, "stop_lr": 1e-4, "decay_steps": 10},
-               "loss": {"type": "ener", "start_pref_e": 1, "limit_pref_e": 1, "start_pref_f": 1, "limit_pref_f": 1},
-               "training": {"training_data": {"systems": [str(tmp_path / "data")], "batch_size": 1},
-                            "numb_steps": 1, "save_freq": 1, "disp_freq": 1, "save_dir": "ckpt", "seed": 1}}
-    (tmp_path / "input.json").write_text(json.dumps(config_))
-    env = dict(os.environ, MIXSTACK_DEEPMD="1", OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    run = subprocess.run([sys.executable, "-c", _DRIVER], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    log = run.stdout + run.stderr
+    log = _run_dp_driver(tmp_path, _DRIVER, timeout=600)
     assert "mixstack.deepmd: 1 of 1 SO(2) convolutions on mixstack" in log
     import numpy as np
 
@@ -208,6 +214,7 @@ def test_the_op_library_stands_in_where_its_mpi_package_is_missing():
 
 
 _EXPT_DRIVER = """
+import json
 import numpy as np, torch
 from deepmd.pt_expt.model.get_model import get_model
 from deepmd.pt_expt.train.wrapper import ModelWrapper
@@ -240,7 +247,7 @@ for seed in (0, 1):
     want_f = ref["force"].detach().double().numpy().reshape(-1, 3)
     out[seed] = [float(np.abs(e.reshape(-1) - want_e).max()), float(np.abs(f.reshape(-1, 3) - want_f).max()),
                  float(np.abs(want_e).max()), float(np.abs(want_f).max())]
-print("RESULT", out)
+print("RESULT", json.dumps(out))
 """
 
 
@@ -251,22 +258,9 @@ def test_dp_pt_expt_freeze_runs_accelerated(tmp_path):
     target: mixstack's level-0 formulas traced) gives the unaccelerated checkpoint's energies and
     forces to float32 rounding."""
     pytest.importorskip("deepmd.pt_expt")
-    from mixstack.deepmd.configs import model_config
-
-    _write_system(str(tmp_path / "data"), seed=0)
-    config_ = {"model": model_config("water", rcut=3.0, n_blocks=1),
-               "learning_rate": {"type": "exp", "start_lr": 1e-3, "stop_lr": 1e-4, "decay_steps": 10},
-               "loss": {"type": "ener", "start_pref_e": 1, "limit_pref_e": 1, "start_pref_f": 1, "limit_pref_f": 1},
-               "training": {"training_data": {"systems": [str(tmp_path / "data")], "batch_size": 1},
-                            "numb_steps": 1, "save_freq": 1, "disp_freq": 1, "save_dir": "ckpt", "seed": 1}}
-    (tmp_path / "input.json").write_text(json.dumps(config_))
-    env = dict(os.environ, MIXSTACK_DEEPMD="1", OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    run = subprocess.run([sys.executable, "-c", _EXPT_DRIVER], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    log = run.stdout + run.stderr
+    log = _run_dp_driver(tmp_path, _EXPT_DRIVER, timeout=900)
     assert log.count("mixstack.deepmd: 1 of 1 SO(2) convolutions on mixstack") >= 2     # trained, then frozen
-    result = eval(log.split("RESULT", 1)[1].strip().splitlines()[0])
+    result = json.loads(log.split("RESULT", 1)[1].strip().splitlines()[0])
     for e_diff, f_diff, e_scale, f_scale in result.values():      # float32: ~1e-6 relative, a wrong term O(1)
         assert f_scale > 1e-2 and e_diff <= 1e-5 * e_scale and f_diff <= 1e-4 * f_scale, result
 
