@@ -21,7 +21,6 @@ import time
 
 
 def _model_and_inputs(atoms: int, device: str, seed: int = 3):
-    import torch
     from ase.build import bulk
 
     from mixstack.potential import SO2Potential, atoms_inputs
@@ -31,30 +30,7 @@ def _model_and_inputs(atoms: int, device: str, seed: int = 3):
     reps = max(1, round((atoms / 2) ** (1 / 3)))
     structure = bulk("Cu", "bcc", a=2.87, cubic=True).repeat((reps, reps, reps))
     structure.rattle(0.05, seed=seed)
-    return model, atoms_inputs(structure, model.cutoff, device=device), torch
-
-
-def _time(fn, inputs, torch, repeats: int = 20) -> float:
-    """Median ms of one call (CUDA events; wall time on a CPU)."""
-    for _ in range(3):
-        fn(*inputs)
-    if inputs[0].device.type != "cuda":
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn(*inputs)
-            times.append(1e3 * (time.perf_counter() - start))
-        return sorted(times)[len(times) // 2]
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(*inputs)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    return model, atoms_inputs(structure, model.cutoff, device=device)
 
 
 def load_and_compare(path: str, level: int, atoms: int, device: str) -> None:
@@ -63,17 +39,22 @@ def load_and_compare(path: str, level: int, atoms: int, device: str) -> None:
 
     faulthandler.enable()
     import mixstack
+    from mixstack.measure.timing import time_interleaved
 
-    model, inputs, torch = _model_and_inputs(atoms, device)
+    model, inputs = _model_and_inputs(atoms, device)
     frozen = mixstack.load(path)
-    with mixstack.use_level(level):
-        want = model(*inputs)
-        live_ms = _time(model, inputs, torch)
-    got = frozen(*inputs)
+
+    def live():
+        with mixstack.use_level(level):
+            return model(*inputs)
+
+    want, got = live(), frozen(*inputs)
     diffs = {name: float((g.double() - w.double()).norm() / max(w.double().norm(), 1e-30))
              for name, g, w in zip(("energy", "forces", "stress"), got[:3], want[:3])}
-    print(json.dumps({"loaded": True, "rel_diff": diffs, "frozen_ms": _time(frozen, inputs, torch),
-                      "live_ms": live_ms}), flush=True)
+    samples = time_interleaved({"live": live, "frozen": lambda: frozen(*inputs)}, rounds=20, warmup=3,
+                               device=inputs[0].device)
+    print(json.dumps({"loaded": True, "rel_diff": diffs, "frozen_ms": 1e3 * samples["frozen"].median,
+                      "live_ms": 1e3 * samples["live"].median}), flush=True)
 
 
 def _compiler_libstdcxx() -> str | None:
@@ -120,7 +101,7 @@ def main(argv=None) -> int:
     preload = _compiler_libstdcxx()
     records = []
     for level in levels:
-        model, inputs, _ = _model_and_inputs(args.atoms, args.device)
+        model, inputs = _model_and_inputs(args.atoms, args.device)
         path = os.path.join(args.out, f"potential-level{level}.pt2")
         start = time.perf_counter()
         with mixstack.use_level(level):
