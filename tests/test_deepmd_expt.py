@@ -70,3 +70,26 @@ def test_expt_options_and_overrides_are_checked_as_for_pytorch():
 
     conv.__class__ = Changed
     assert unsupported_reason(conv) == "Changed overrides SO2Convolution.forward"
+
+
+def test_a_descriptor_accelerated_as_built_keeps_its_trainable_parameters():
+    """With the plugin, PT-expt's descriptor is accelerated inside its ``__init__``; PT-expt then
+    promotes trainable arrays to Parameters by class name (after building and after deserializing):
+    the accelerated convolutions' attention weights must be Parameters that get gradients, as in
+    the unaccelerated descriptor."""
+    from deepmd.pt_expt.descriptor.dpa4 import DescrptDPA4
+
+    from mixstack.deepmd import plugin
+
+    model = make_model("water", "float64", backend="pt_expt")
+    data = model.atomic_model.descriptor.serialize()
+    plain = DescrptDPA4.deserialize(data)
+    plugin.install_expt()
+    try:
+        fast = DescrptDPA4.deserialize(data)
+    finally:
+        plugin.uninstall()
+    assert type(fast.blocks[0].so2_conv).__name__ == "MixstackDPA4Convolution"
+    names = {n for n, p in plain.named_parameters() if p.requires_grad}
+    assert "blocks.0.so2_conv.adamw_attn_logit_w" in names
+    assert {n for n, p in fast.named_parameters() if p.requires_grad} == names

@@ -18,7 +18,7 @@ from deepmd.dpmodel.common import get_xp_precision  # noqa: E402
 from deepmd.dpmodel.descriptor.dpa4_nn.activation import GatedActivation  # noqa: E402, F401
 from deepmd.dpmodel.descriptor.dpa4_nn.attention import segment_envelope_gated_softmax  # noqa: E402
 from deepmd.dpmodel.utils.network import Identity  # noqa: E402, F401
-from deepmd.pt_expt.descriptor.dpa4 import DescrptDPA4  # noqa: E402, F401
+from deepmd.pt_expt.descriptor.dpa4 import _TRAINABLE_ATTRS, DescrptDPA4  # noqa: E402, F401
 from deepmd.pt_expt.descriptor.dpa4_nn.so2 import SO2Convolution  # noqa: E402
 
 from . import glue  # noqa: E402
@@ -51,3 +51,10 @@ class MixstackDPA4Convolution(SO2Convolution, MixstackConvolution):
             logits=logits, edge_env=edges.env.to(dtype=cd), dst=edges.dst, n_nodes=n_node,
             z_bias_raw=self.adamw_attn_z_bias_raw, eps=self.eps,
             src_weight=None if edges.gate is None else edges.gate.to(dtype=cd), edge_mask=edge_cache.edge_mask)
+
+
+# PT-expt makes a module's trainable arrays Parameters by its class's name, after building and after
+# deserializing (``_TRAINABLE_ATTRS``): the accelerated class is looked up under its own name, so
+# without this entry a convolution switched before that pass would keep its attention weights as
+# buffers, and training would never update them.
+_TRAINABLE_ATTRS.setdefault(MixstackDPA4Convolution.__name__, _TRAINABLE_ATTRS[SO2Convolution.__name__])
