@@ -17,7 +17,8 @@ energy, forces and virial (its neighbour list included).  Variants:
 
 Per case (config x system x size): the median frame time of interleaved rounds in rotating
 order after warm-up (``mixstack.bench.timing``, CUDA events), peak memory above the resident
-models (for a ``g`` variant with what its runner holds: the graph's memory pool and its buffers),
+models (for a ``g`` variant with what its runner holds: the graph's whole memory pool, reserved
+for its replays, and its buffers),
 and energy, forces and virial against the float64 model (deepmd-kit's path, same
 weights); with ``--breakdown``, each variant's device time per stage, forward and backward
 (``deepmd_ranges``: the edge build and the value path apart from the rest; a ``g`` variant's
@@ -343,9 +344,9 @@ def _variant(key: str, entry: dict, config: dict, state: dict, inputs, ref, args
     with progress.step(f"{key}: built + first frame") as notes:
         model, acc_report = build_variant(key, config, state, device, args.rest_level)
         entry["accelerated"] = None if acc_report is None else [c.runs_on for c in acc_report]
-        base = _allocated(device) if cuda else 0
+        base = _reserved(device) if cuda else 0
         runner, run = _first_frame(key, model, inputs, args, notes)
-        held = _allocated(device) - base if cuda and runner is not None else 0   # a graph's pool, its buffers
+        held = _reserved(device) - base if cuda and runner is not None else 0   # a graph's pool, its buffers
         built = Built(model, runner, run, acc_report)
         if runner is not None and runner.fallback_reason:
             entry["graph_fallback"] = runner.fallback_reason
@@ -367,6 +368,14 @@ def _allocated(device) -> int:
     torch.cuda.synchronize(device)
     gc.collect()
     return torch.cuda.memory_allocated(device)
+
+
+def _reserved(device) -> int:
+    """The memory the caching allocator holds once its free blocks went back: a CUDA graph's
+    private pool stays whole (its replays reuse all of it), what no tensor or pool holds does not."""
+    _allocated(device)
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_reserved(device)
 
 
 def _time_all(case: dict, tasks: dict, args, device, progress: Progress) -> None:

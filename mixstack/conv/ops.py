@@ -33,8 +33,10 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op
 
+from ..core import config
 from ..core.layout import StackLayout
 from ..dispatch.guards import conv_unsupported_reason, kernels_can_run
 from ..dispatch.log import record
@@ -44,6 +46,10 @@ from .layout import DegreeMix, LinearRadial
 
 
 def _kernels_for(t: Tensor, channels: int, level: int) -> bool:
+    # a trace's fake pass under the interpreter takes the reference formulas for its shapes:
+    # torch wraps only compiled Triton kernels (wrap_triton), and the interpreter's would run on fake tensors
+    if config.triton_interpret() and is_fake(t):
+        return False
     return level > 0 and kernels_can_run(t) and conv_unsupported_reason(channels, t.dtype) is None
 
 

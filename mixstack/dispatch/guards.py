@@ -68,6 +68,30 @@ def _targeted() -> bool:
     return triton_installed() and getattr(_target, "device", None) is not None
 
 
+_opaque = threading.local()
+
+
+@contextlib.contextmanager
+def opaque_operators():
+    """While open, a trace (``make_fx``, AOTAutograd, Inductor) keeps mixstack's operators as
+    opaque calls: torch does not decompose them into their Triton kernels
+    (``torch._functorch.config.decompose_custom_triton_ops`` off), so a compiled graph calls the
+    same launchers an eager call does, and the convolution's operators trace as themselves
+    instead of their reference formulas (``conv_level``)."""
+    from torch._functorch import config as functorch_config
+    saved = functorch_config.decompose_custom_triton_ops
+    functorch_config.decompose_custom_triton_ops = False
+    try:
+        with scoped(_opaque, "on", True):
+            yield
+    finally:
+        functorch_config.decompose_custom_triton_ops = saved
+
+
+def _opaque_trace() -> bool:
+    return getattr(_opaque, "on", False)
+
+
 def no_kernels_reason(t: torch.Tensor) -> str:
     """Why the Triton kernels cannot run on ``t`` (where ``kernels_can_run(t)`` is false)."""
     if not triton_installed():
@@ -137,7 +161,8 @@ def conv_level(t: torch.Tensor, channels: int) -> int:
     and 3 with the convolution's kernels traced inside gave wrong forces on the H200, where the
     same frames run eagerly are right; compiled, the frame then traces the stack's kernels
     alone, as when compiled level 3 was measured right.  The fault is not isolated
-    (docs/contract.md §7; BENCHMARKS.md, "The glue on kernels")."""
+    (docs/contract.md §7; BENCHMARKS.md, "The glue on kernels").  Under ``opaque_operators`` a
+    trace keeps the operators whole, calls of the eager kernels, and takes them."""
     level = levels.get_level()
     if level == 0 or not config.conv_kernels_enabled():
         return 0
@@ -146,7 +171,7 @@ def conv_level(t: torch.Tensor, channels: int) -> int:
     if not kernels_can_run(t):
         warn_once(f"no-kernels:{t.device.type}", f"mixstack: level {level} runs the reference: {no_kernels_reason(t)}")
         return 0
-    if tracing(t):
+    if tracing(t) and not _opaque_trace():
         return 0
     reason = conv_unsupported_reason(channels, t.dtype)
     if reason is not None:

@@ -257,3 +257,54 @@ def test_make_fx_traces_the_reference_formulas_of_the_convolution_and_the_kernel
     targets = {str(n.target) for n in graph.graph.nodes if n.op == "call_function"}
     assert not any("mixstack" in t for t in targets), targets
     assert log["conv_in:triton"] == 1
+
+
+def test_under_opaque_operators_a_trace_keeps_the_convolutions_operators_whole_and_calls_their_kernels():
+    """``guards.opaque_operators`` (what ``FrameRunner`` opens around deepmd-kit's compiled
+    inference): ``make_fx`` records ``mixstack::rotate_in`` as an operator, not its reference
+    formulas; AOTAutograd keeps it whole (no Triton kernel inlined into the graph); the traced
+    graph, run, calls the same kernel as an eager call and gives its bits.  Outside the block
+    torch's setting is back and a trace records the reference formulas again.  (The forward
+    only: the interpreter's fake pass of the backward operator runs reference gradients that
+    a fake trace cannot; on a GPU the fake pass goes through ``wrap_triton``.)"""
+    from torch._functorch import config as functorch_config
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from mixstack.dispatch.guards import opaque_operators
+
+    case = CASES[1]
+    inp = helpers.make_conv_inputs(case, 0)
+
+    def forces(x, wigner, src):
+        u = mixstack.rotate_in(x, wigner, None, src)
+        return u, (u * u).sum()
+
+    args = (inp["x"], inp["wigner"], inp["src"])
+    with mixstack.use_level(1):
+        with mixstack.dispatch_log() as log:
+            eager = forces(*args)
+        with opaque_operators():
+            assert functorch_config.decompose_custom_triton_ops is False
+            graph = make_fx(forces, tracing_mode="symbolic")(*args)
+            lowered = []
+
+            def keep(gm, _inputs):
+                lowered.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+                return gm
+            fakes = [n.meta["val"] for n in graph.graph.nodes if n.op == "placeholder"]     # as deepmd-kit lowers
+            with torch.no_grad():
+                aot = aot_module_simplified(graph, fakes, fw_compiler=keep, inference_compiler=keep)
+        assert functorch_config.decompose_custom_triton_ops is True
+        with mixstack.dispatch_log() as traced_log:
+            got = graph(*args)
+            again = aot(*args)
+        plain = make_fx(forces, tracing_mode="fake")(*args)
+    targets = {str(n.target) for n in graph.graph.nodes if n.op == "call_function"}
+    assert "mixstack.rotate_in.default" in targets, targets
+    assert "mixstack.rotate_in.default" in lowered[0], lowered
+    assert not any("triton_kernel_wrapper" in t for t in lowered[0]), lowered
+    assert log["conv_in:triton"] == 1 and traced_log["conv_in:triton"] == 2, (dict(log), dict(traced_log))
+    for a, b, c in zip(eager, got, again):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    assert not any("mixstack" in str(n.target) for n in plain.graph.nodes if n.op == "call_function")

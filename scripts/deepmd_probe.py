@@ -1,0 +1,75 @@
+"""Where one deepmd-kit SeZM frame's device time goes, per bench variant: the kernels by self
+device time of one frame (a ``g`` variant's graph replays), the memory it holds, and the frame's median time.
+
+    PYTHONPATH=. python3 scripts/deepmd_probe.py --config water --atoms 4000 --variants ms3cg,dp2cg --out DIR
+
+A probe, not a bench (``mixstack bench deepmd`` measures): it says which kernels make a variant
+slow.  Writes ``kernels-<variant>.txt`` (a ``g`` variant's: its graph's replay) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from frame_probe import kernel_table
+
+from mixstack.bench import deepmd_bench as db
+from mixstack.deepmd import systems
+from mixstack.measure.timing import clock_for, time_interleaved
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="water")
+    p.add_argument("--atoms", type=int, default=4000)
+    p.add_argument("--variants", default="ms3cg")
+    p.add_argument("--rest-level", type=int, default=2)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device("cuda")
+    frame = systems.water(a.atoms, seed=0)
+    type_map = ["O", "H"]
+    args = argparse.Namespace(rcut=None, seed=0, skin=1.0)
+    case = {"config": a.config}
+    config, _base, state, ref = db._reference(case, type_map, frame, args, dev)
+    inputs = tuple(None if t is None else t.to(dev) for t in frame)
+    tasks = {}
+    for key in a.variants.split(","):
+        t0 = time.time()
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            base = torch.cuda.memory_reserved()
+            model, _report = db.build_variant(key, config, state, dev, a.rest_level)
+            runner, run = db._first_frame(key, model, inputs, args, [])
+            out_now = run()
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            held = torch.cuda.memory_reserved() - base
+            now = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            run()
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - now
+            err = (out_now["force"].double() - ref["force"].double()).abs().max().item()
+            print(f"{key}: built + first frame {time.time() - t0:.1f} s, force max abs {err:.2e}, "
+                  f"{held / 2**20:.0f} MiB reserved after it, a frame's peak {peak / 2**20:.0f} MiB above that" + (f", graph fallback: {runner.fallback_reason}"
+                                                                  if runner is not None and runner.fallback_reason else ""),
+                  flush=True)
+            table = kernel_table(lambda _: run(), None)
+            (out / f"kernels-{key}.txt").write_text(table)
+            print("\n".join(table.splitlines()[:22]), flush=True)
+            tasks[key] = run
+        except Exception as err:                           # one variant that fails leaves the others
+            print(f"{key}: FAILED {type(err).__name__}: {str(err)[:2000]}", flush=True)
+    for key, r in time_interleaved(tasks, rounds=5, warmup=1, clock=clock_for(dev)).items():
+        print(f"{key}: median {1e3 * r.median:.2f} ms", flush=True)
+
+
+if __name__ == "__main__":
+    main()
