@@ -251,3 +251,39 @@ def test_compiled_inference_with_mixstacks_operators_inside_matches_the_eager_fr
     assert {"mixstack.stack_forward.default", "mixstack.stack_backward.default"} <= traced[0]
     assert len(calls) >= len(frames) - 1
     assert compiled.rebuilds == 4 and capacities[3] > capacities[0]
+
+
+def test_the_calculator_maps_types_once_and_again_when_the_elements_change():
+    """``DeepmdCalculator`` maps symbols to type indices once and keeps the types on the model's
+    device while the atoms' elements stay; a step whose elements changed gets new types, and an
+    element outside the type map is refused by name."""
+    pytest.importorskip("ase")
+    from ase import Atoms
+
+    from mixstack.deepmd import DeepmdCalculator
+
+    seen = []
+
+    class Recording(FrameRunner):                     # the calculator's side of the runner only
+        def __init__(self):
+            self.dtype, self.device = torch.float32, torch.device("cpu")
+
+        def __call__(self, coord, atype, box=None):
+            seen.append(atype)
+            n = atype.numel()
+            return {"energy": torch.zeros(1, 1, dtype=torch.float64), "force": torch.zeros(1, n, 3),
+                    "virial": torch.zeros(1, 9, dtype=torch.float64)}
+
+    calc = DeepmdCalculator(Recording(), type_map=["O", "H"])
+    atoms = Atoms("OHHOHH", positions=[[i, 0.5 * i, 0.0] for i in range(6)], cell=[9, 9, 9], pbc=True)
+    atoms.calc = calc
+    atoms.get_forces()
+    atoms.positions += 0.01
+    atoms.get_forces()
+    assert seen[0].tolist() == [0, 1, 1, 0, 1, 1] and seen[1] is seen[0]
+    atoms[1].symbol = "O"
+    atoms.get_forces()
+    assert seen[2].tolist() == [0, 0, 1, 0, 1, 1]
+    atoms[2].symbol = "Cu"
+    with pytest.raises(ValueError, match="elements Cu are not in the model's type map"):
+        atoms.get_forces()

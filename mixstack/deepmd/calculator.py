@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .compat import INSTALL_HINT
 
 try:
     from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
+    from ase.data import atomic_numbers, chemical_symbols
 except ImportError as exc:                      # pragma: no cover - exercised without ase only
     raise ImportError(f"mixstack.deepmd.calculator needs ASE ({INSTALL_HINT})") from exc
 
@@ -71,17 +73,33 @@ class DeepmdCalculator(Calculator):
         self.runner = runner
         names = list(type_map) if type_map is not None else list(runner.model.get_type_map())
         self.type_dict = {name: i for i, name in enumerate(names)}
+        # atomic number -> type index (-1: not in the type map), and the last frame's types on the
+        # model's device: an MD step maps no symbols and copies no types
+        self._type_of_number = np.full(len(chemical_symbols), -1, dtype=np.int64)
+        for name, index in self.type_dict.items():
+            if name in atomic_numbers:
+                self._type_of_number[atomic_numbers[name]] = index
+        self._numbers = self._atype = None
+
+    def _types(self, numbers: np.ndarray) -> torch.Tensor:
+        """The type index of each atom (``numbers``: atomic numbers), kept while they do not change."""
+        if self._numbers is not None and np.array_equal(numbers, self._numbers):
+            return self._atype
+        types = self._type_of_number[numbers]
+        if (types < 0).any():
+            unknown = sorted({chemical_symbols[z] for z in numbers[types < 0]})
+            raise ValueError(f"atoms: elements {', '.join(unknown)} are not in the model's type map "
+                             f"({', '.join(self.type_dict)})")
+        self._atype = torch.as_tensor(types, device=self.runner.device)
+        self._numbers = numbers.copy()
+        return self._atype
 
     def calculate(self, atoms=None, properties=("energy", "forces"), system_changes=all_changes):
         Calculator.calculate(self, atoms, properties, system_changes)
         atoms = self.atoms
-        unknown = sorted(set(atoms.get_chemical_symbols()) - set(self.type_dict))
-        if unknown:
-            raise ValueError(f"atoms: elements {', '.join(unknown)} are not in the model's type map "
-                             f"({', '.join(self.type_dict)})")
+        atype = self._types(atoms.numbers)
         dtype = self.runner.dtype                    # the runner moves the inputs to the model's device
         coord = torch.as_tensor(atoms.get_positions(), dtype=dtype)
-        atype = torch.as_tensor([self.type_dict[s] for s in atoms.get_chemical_symbols()])
         periodic = bool(atoms.get_pbc().any())
         box = torch.as_tensor(atoms.get_cell().array, dtype=dtype) if periodic else None
         out = self.runner(coord, atype, box)
