@@ -31,12 +31,14 @@ def kernel_table(frame, inp, rows: int = 45) -> str:
     return prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=90)
 
 
-def _frames(entry, depth: int = 6) -> str:
-    keep = [f for f in entry.get("frames", []) if "mixstack" in f["filename"] or "torch/autograd" in f["filename"]]
+def _frames(entry, depth: int = 6, where=("mixstack", "torch/autograd")) -> str:
+    keep = [f for f in entry.get("frames", []) if any(w in f["filename"] for w in where)]
     return " <- ".join(f"{Path(f['filename']).name}:{f['line']} {f['name']}" for f in keep[:depth])
 
 
-def peak_report(frame, inp, rows: int = 30) -> str:
+def peak_report(frame, inp, rows: int = 30, where=("mixstack", "torch/autograd")) -> str:
+    """The allocations of one ``frame(inp)`` alive together at its peak, grouped by the Python
+    frames (from files whose path holds one of ``where``) that made them, largest first."""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -64,7 +66,7 @@ def peak_report(frame, inp, rows: int = 30) -> str:
              f"{torch.cuda.max_memory_allocated() / 2**20:.0f} MiB", ""]
     groups: dict = collections.defaultdict(lambda: [0, 0])
     for e in peak_live.values():
-        key = _frames(e)
+        key = _frames(e, where=where)
         groups[key][0] += e["size"]
         groups[key][1] += 1
     for key, (size, n) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:rows]:
