@@ -6,7 +6,7 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,train,lammps,scaling,tma,aoti,pt2,deepmd,deepmdlammps (default:
+#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,probe,deepmdprobe,train,lammps,scaling,tma,aoti,pt2,deepmd,deepmdlammps (default:
 #   tests,stack,model) picks what runs, in that order;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it);
@@ -43,6 +43,8 @@
 #   the candidate standalone reproducers repro/inductor_gpu_*.py, ~3 min.
 #   "probe": scripts/frame_probe.py (PROBE_ARGS): one frame's kernels by device time and the
 #   allocations alive at its peak memory, per level, under $OUT/probe.
+#   "deepmdprobe": scripts/deepmd_probe.py (DEEPMD_PROBE_ARGS, default --variants ms3cg; the wheels of .whl/):
+#   a deepmd-kit frame's kernels, a graphed variant's memory by pool and its eager peak, under $OUT/deepmdprobe.
 #   "convprobe": scripts/conv_probe.py (CONVPROBE_ARGS): rotate-in forward and backward at the
 #   frame's shape per edge-kernel launch config, then `ncu` on one NCU_KERNEL launch (default
 #   rotate_in_grad_kernel), under $OUT/convprobe.
@@ -222,6 +224,14 @@ part_probe() {
   timeout "$(left)" python3 scripts/frame_probe.py ${PROBE_ARGS:-} --out "$OUT/probe" 2>&1 | tee "$OUT/probe.log" | tail -n 40
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("frame probe rc=$r")
 }
+part_deepmdprobe() {
+  # scripts/deepmd_probe.py (DEEPMD_PROBE_ARGS, default --variants ms3cg): one deepmd-kit frame's kernels
+  # by device time, a graphed variant's memory by pool and its eager peak by where it was allocated
+  mkdir -p "$OUT/deepmdprobe"
+  timeout "$(left)" python3 scripts/deepmd_probe.py ${DEEPMD_PROBE_ARGS:---variants ms3cg} --out "$OUT/deepmdprobe" 2>&1 \
+    | tee "$OUT/deepmdprobe.log" | grep -v -e Autotuning -e DP_INFER | tail -n 60
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("deepmd probe rc=$r")
+}
 part_convprobe() {
   # rotate-in's forward and backward at the frame's shape per edge-kernel launch config, then
   # Nsight Compute on one backward kernel (CONVPROBE_ARGS, NCU_KERNEL)
@@ -381,10 +391,10 @@ part_deepmdlammps() {
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|convprobe|train|lammps|scaling|tma|aoti|pt2|deepmd|deepmdlammps)
+    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|deepmdprobe|convprobe|train|lammps|scaling|tma|aoti|pt2|deepmd|deepmdlammps)
       "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, convprobe, train, lammps, scaling, tma, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, deepmdprobe, convprobe, train, lammps, scaling, tma, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
