@@ -191,6 +191,47 @@ def test_accelerate_and_restore_drop_deepmds_compiled_graph(model):
             sezm_model._SEZM_COMPILE_CACHE.pop(shared_key, None)
 
 
+def test_an_accelerated_models_compiled_inference_traces_mixstacks_operators_whole(model):
+    """``accelerate`` marks the model: deepmd-kit's ``forward_common_lower`` (where its compiled
+    inference traces and lowers ``core_compute``) runs inside ``guards.opaque_operators`` for it, and
+    for no other model; ``restore`` unmarks it.  Seen from inside a convolution's forward: torch's
+    ``decompose_custom_triton_ops`` is off exactly while a marked model runs."""
+    from torch._functorch import config as functorch_config
+
+    from mixstack.deepmd import compiled
+    from mixstack.deepmd.convolution import MixstackSO2Convolution
+
+    seen = []
+    forward = MixstackSO2Convolution.forward
+
+    def spy(self, *args, **kwargs):
+        seen.append(functorch_config.decompose_custom_triton_ops)
+        return forward(self, *args, **kwargs)
+
+    coord, atype, box = _frame(seed=3)
+    fast = copy.deepcopy(model)
+    report = accelerate(fast, level=0)
+    assert report.on_mixstack and compiled.marked(fast)
+    plain = copy.deepcopy(fast)
+    compiled.mark(plain, False)
+    try:
+        MixstackSO2Convolution.forward = spy
+        for m, opaque in ((fast, True), (plain, False)):
+            seen.clear()
+            m.forward_common_lower(*_lower_inputs(m, coord, atype, box), use_compile=False)
+            assert seen and all(flag is (not opaque) for flag in seen), (opaque, seen)
+    finally:
+        MixstackSO2Convolution.forward = forward
+    assert functorch_config.decompose_custom_triton_ops is True
+    restore(fast)
+    assert not compiled.marked(fast)
+
+
+def _lower_inputs(model, coord, atype, box):
+    schema = model.build_neighbor_list(coord.reshape(1, -1, 3), atype.reshape(1, -1), box)
+    return schema.coord, schema.atype, schema.edge_index, schema.edge_vec, schema.edge_scatter_index, schema.edge_mask
+
+
 @pytest.mark.slow
 def test_compiled_inference_with_mixstacks_operators_inside_matches_the_eager_frame(model, monkeypatch):
     """``FrameRunner(compile=True)``: deepmd-kit's ``DP_COMPILE_INFER`` path (``core_compute`` traced

@@ -9,7 +9,9 @@ blocks any more stops building them (deepmd-kit's own switch ``_need_full_wigner
 all-Cartesian models use; its geometric initial embedding then takes its zonal coupling from the
 edge quaternions, as there).
 
-Both drop deepmd-kit's compiled ``core_compute`` of the SeZM models they touch (its
+``accelerate`` marks a model with convolutions on mixstack so that deepmd-kit's compiled
+inference traces mixstack's operators whole (``compiled``); ``restore`` unmarks it.  Both drop
+deepmd-kit's compiled ``core_compute`` of the SeZM models they touch (its
 ``DP_COMPILE_INFER`` path, ``FrameRunner(compile=True)``): ``make_fx`` traced it with the
 convolutions' classes, mixstack's level, the Wigner switch and the parameter tensors of its
 time, and deepmd-kit would keep calling it; the next compiled frame traces the model anew.
@@ -22,6 +24,7 @@ import sys
 
 import torch
 
+from . import compiled
 from .report import DEEPMD, MIXSTACK, AccelerationReport, ConvolutionReport
 
 logger = logging.getLogger(__name__)
@@ -119,6 +122,7 @@ def accelerate(model: torch.nn.Module, *, level: int | None = None) -> Accelerat
         if saved and not module._need_full_wigner:
             skipped.append(name or type(module).__name__)
 
+    compiled.mark(model, any(c.runs_on == MIXSTACK for c in convs))
     _forget_compiled(model)
     report = AccelerationReport(level, tuple(convs), tuple(skipped))
     logger.debug("%s", report)
@@ -141,5 +145,6 @@ def restore(model: torch.nn.Module) -> int:
             moved += 1
         if _SAVED_WIGNER in module.__dict__:
             module._need_full_wigner = module.__dict__.pop(_SAVED_WIGNER)
+    compiled.mark(model, False)
     _forget_compiled(model)
     return moved

@@ -43,7 +43,6 @@ from typing import NamedTuple
 
 import torch
 
-from ..dispatch.guards import opaque_operators
 from ..potential.graphs import capture_stream, run_on_capture_stream
 from ..potential.verlet import edge_capacity
 
@@ -209,10 +208,9 @@ class FrameRunner:
             if box is not None:
                 flag = flag + (box != cand.box0).any().int() * BOX
         n = pos.shape[0]
-        with opaque_operators():          # a compile here traces mixstack's operators whole: their kernels
-            ret = self.model.forward_common_lower(pos.unsqueeze(0), atype.unsqueeze(0), edge_index, edge_vec,
-                                                  edge_index, mask,
-                                                  use_compile=self.compile if use_compile is None else use_compile)
+        ret = self.model.forward_common_lower(pos.unsqueeze(0), atype.unsqueeze(0), edge_index, edge_vec,
+                                              edge_index, mask,
+                                              use_compile=self.compile if use_compile is None else use_compile)
         return (ret["energy_redu"].view(1, 1), ret["energy_derv_r"].view(1, n, 3),
                 ret["energy_derv_c_redu"].view(1, 9), ret["energy"].view(1, n, 1), flag)
 

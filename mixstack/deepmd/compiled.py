@@ -1,0 +1,65 @@
+"""deepmd-kit's compiled inference (``DP_COMPILE_INFER=1``) with mixstack's operators kept whole.
+
+deepmd-kit's SeZM model traces its ``core_compute`` with ``make_fx`` inside ``forward_common_lower``
+and lowers it through AOTAutograd and Inductor.  A trace outside ``guards.opaque_operators`` records
+the convolution's reference formulas (contract §7), whose per-edge einsums Inductor cannot make
+fast (BENCHMARKS.md, "`FrameRunner` measured").
+``install`` wraps the SeZM model class's ``forward_common_lower`` once, at runtime (deepmd-kit's
+files are not edited): a model that ``mark`` marked (``accelerate`` does, for a model with
+convolutions on mixstack) runs it inside ``opaque_operators``; every other model runs deepmd-kit's
+own unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..dispatch.guards import opaque_operators
+
+_MARK = "_mixstack_opaque_trace"
+_WRAPPED = "_mixstack_opaque"
+
+
+def marked(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s compiled inference traces mixstack's operators whole."""
+    return bool(model.__dict__.get(_MARK, False))
+
+
+def mark(model: torch.nn.Module, on: bool) -> int:
+    """Mark (``on``) or unmark every deepmd-kit SeZM model in ``model`` (the modules with
+    ``forward_common_lower``); their classes' ``forward_common_lower`` wrapped (``install``).
+    Returns how many were marked or unmarked."""
+    count = 0
+    for module in model.modules():
+        if not callable(getattr(type(module), "forward_common_lower", None)) or \
+                not callable(getattr(type(module), "trace_and_compile", None)):
+            continue
+        if on:
+            install(type(module))
+            module.__dict__[_MARK] = True
+        else:
+            module.__dict__.pop(_MARK, None)
+        count += 1
+    return count
+
+
+def install(cls: type) -> None:
+    """Wrap ``cls.forward_common_lower`` (once): a marked model runs it inside ``opaque_operators``."""
+    original = cls.__dict__.get("forward_common_lower")
+    if original is None:                    # inherited: wrap where it is defined
+        owner = next(c for c in cls.__mro__ if "forward_common_lower" in c.__dict__)
+        return install(owner)
+    if getattr(original, _WRAPPED, False):
+        return
+
+    @functools.wraps(original)
+    def forward_common_lower(self, *args, **kwargs):
+        if not marked(self):
+            return original(self, *args, **kwargs)
+        with opaque_operators():
+            return original(self, *args, **kwargs)
+
+    setattr(forward_common_lower, _WRAPPED, True)
+    cls.forward_common_lower = forward_common_lower
