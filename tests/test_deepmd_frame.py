@@ -191,11 +191,13 @@ def test_accelerate_and_restore_drop_deepmds_compiled_graph(model):
             sezm_model._SEZM_COMPILE_CACHE.pop(shared_key, None)
 
 
-def test_an_accelerated_models_compiled_inference_traces_mixstacks_operators_whole(model):
+def test_an_accelerated_models_compiled_inference_traces_mixstacks_operators_whole(model, monkeypatch):
     """``accelerate`` marks the model: deepmd-kit's ``forward_common_lower`` (where its compiled
-    inference traces and lowers ``core_compute``) runs inside ``guards.opaque_operators`` for it, and
-    for no other model; ``restore`` unmarks it.  Seen from inside a convolution's forward: torch's
-    ``decompose_custom_triton_ops`` is off exactly while a marked model runs."""
+    inference traces and lowers ``core_compute``) runs inside ``guards.opaque_operators`` for it in
+    evaluation, not in training (deepmd-kit's ``torch.compile`` path), and for no other model;
+    ``restore`` unmarks it; on a GPU only (``compiled._on_cuda`` stands in for one here).  Seen from
+    inside a convolution's forward: torch's ``decompose_custom_triton_ops`` is off exactly while a
+    marked model runs."""
     from torch._functorch import config as functorch_config
 
     from mixstack.deepmd import compiled
@@ -216,12 +218,16 @@ def test_an_accelerated_models_compiled_inference_traces_mixstacks_operators_who
     compiled.mark(plain, False)
     try:
         MixstackSO2Convolution.forward = spy
-        for m, opaque in ((fast, True), (plain, False)):
+        for m, training, gpu, opaque in ((fast, False, True, True), (plain, False, True, False),
+                                         (fast, True, True, False), (fast, False, False, False)):
             seen.clear()
+            m.train(training)
+            monkeypatch.setattr(compiled, "_on_cuda", lambda _model, gpu=gpu: gpu)
             m.forward_common_lower(*_lower_inputs(m, coord, atype, box), use_compile=False)
-            assert seen and all(flag is (not opaque) for flag in seen), (opaque, seen)
+            assert seen and all(flag is (not opaque) for flag in seen), (training, gpu, opaque, seen)
     finally:
         MixstackSO2Convolution.forward = forward
+        fast.eval()
     assert functorch_config.decompose_custom_triton_ops is True
     restore(fast)
     assert not compiled.marked(fast)

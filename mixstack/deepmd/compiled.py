@@ -6,8 +6,10 @@ the convolution's reference formulas (contract §7), whose per-edge einsums Indu
 fast (BENCHMARKS.md, "`FrameRunner` measured").
 ``install`` wraps the SeZM model class's ``forward_common_lower`` once, at runtime (deepmd-kit's
 files are not edited): a model that ``mark`` marked (``accelerate`` does, for a model with
-convolutions on mixstack) runs it inside ``opaque_operators``; every other model runs deepmd-kit's
-own unchanged.
+convolutions on mixstack) runs it inside ``opaque_operators`` in evaluation on a GPU.  In training
+(its ``torch.compile`` path), on a CPU (Inductor's C++ wrapper did not build deepmd-kit's own Triton
+operators kept whole; mixstack's convolution runs its reference there anyway) and for every other
+model deepmd-kit's own runs unchanged.
 """
 
 from __future__ import annotations
@@ -45,8 +47,14 @@ def mark(model: torch.nn.Module, on: bool) -> int:
     return count
 
 
+def _on_cuda(model: torch.nn.Module) -> bool:
+    param = next(model.parameters(), None)
+    return param is not None and param.is_cuda
+
+
 def install(cls: type) -> None:
-    """Wrap ``cls.forward_common_lower`` (once): a marked model runs it inside ``opaque_operators``."""
+    """Wrap ``cls.forward_common_lower`` (once): a marked model in evaluation on a GPU runs it
+    inside ``opaque_operators``."""
     original = cls.__dict__.get("forward_common_lower")
     if original is None:                    # inherited: wrap where it is defined
         owner = next(c for c in cls.__mro__ if "forward_common_lower" in c.__dict__)
@@ -56,7 +64,7 @@ def install(cls: type) -> None:
 
     @functools.wraps(original)
     def forward_common_lower(self, *args, **kwargs):
-        if not marked(self):
+        if self.training or not marked(self) or not _on_cuda(self):
             return original(self, *args, **kwargs)
         with opaque_operators():
             return original(self, *args, **kwargs)
