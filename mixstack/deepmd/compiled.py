@@ -7,9 +7,10 @@ fast (BENCHMARKS.md, "`FrameRunner` measured").
 ``install`` wraps the SeZM model class's ``forward_common_lower`` once, at runtime (deepmd-kit's
 files are not edited): a model that ``mark`` marked (``accelerate`` does, for a model with
 convolutions on mixstack) runs it inside ``opaque_operators`` in evaluation on a GPU.  In training
-(its ``torch.compile`` path), on a CPU (Inductor's C++ wrapper did not build deepmd-kit's own Triton
-operators kept whole; mixstack's convolution runs its reference there anyway) and for every other
-model deepmd-kit's own runs unchanged.
+(its ``torch.compile`` path with a double backward, not measured with the operators whole), on a
+CPU (where mixstack's convolution runs its reference formulas anyway, and the context would change
+how deepmd-kit's own Triton operators compile) and for every other model deepmd-kit's own runs
+unchanged.
 """
 
 from __future__ import annotations
