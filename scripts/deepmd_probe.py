@@ -67,20 +67,12 @@ def main() -> None:
     for key in a.variants.split(","):
         t0 = time.time()
         try:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            base = torch.cuda.memory_reserved()
+            base = db._reserved(dev)
             model, _report = db.build_variant(key, config, state, dev, a.rest_level)
             runner, run = db._first_frame(key, model, inputs, args, [])
             out_now = run()
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            held = torch.cuda.memory_reserved() - base
-            now = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            run()
-            torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated() - now
+            held = db._reserved(dev) - base
+            peak = db._peak_memory(run, dev)
             err = (out_now["force"].double() - ref["force"].double()).abs().max().item()
             print(f"{key}: built + first frame {time.time() - t0:.1f} s, force max abs {err:.2e}, "
                   f"{held / 2**20:.0f} MiB reserved after it, a frame's peak {peak / 2**20:.0f} MiB above that" + (f", graph fallback: {runner.fallback_reason}"

@@ -24,7 +24,7 @@ from deepmd_cases import (
 )
 
 from mixstack.deepmd import FrameRunner, accelerate, restore, systems
-from mixstack.deepmd.frame import search
+from mixstack.deepmd.frame import edge_inputs, search
 
 require_deepmd()
 
@@ -223,7 +223,7 @@ def test_an_accelerated_models_compiled_inference_traces_mixstacks_operators_who
             seen.clear()
             m.train(training)
             monkeypatch.setattr(compiled, "_on_cuda", lambda _model, gpu=gpu: gpu)
-            m.forward_common_lower(*_lower_inputs(m, coord, atype, box), use_compile=False)
+            m.forward_common_lower(*edge_inputs(m, coord, atype, box), use_compile=False)
             assert seen and all(flag is (not opaque) for flag in seen), (training, gpu, opaque, seen)
     finally:
         MixstackSO2Convolution.forward = forward
@@ -231,11 +231,6 @@ def test_an_accelerated_models_compiled_inference_traces_mixstacks_operators_who
     assert functorch_config.decompose_custom_triton_ops is True
     restore(fast)
     assert not compiled.marked(fast)
-
-
-def _lower_inputs(model, coord, atype, box):
-    schema = model.build_neighbor_list(coord.reshape(1, -1, 3), atype.reshape(1, -1), box)
-    return schema.coord, schema.atype, schema.edge_index, schema.edge_vec, schema.edge_scatter_index, schema.edge_mask
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ from deepmd_cases import make_model, one_torch_thread, require_deepmd  # noqa: F
 
 import mixstack
 from mixstack.deepmd import accelerate, systems
+from mixstack.deepmd.frame import edge_inputs
 from mixstack.dispatch import guards
 
 require_deepmd()
@@ -19,9 +20,7 @@ MIXSTACK_OPS = {"mixstack.stack_forward.default", "mixstack.stack_backward.defau
 
 
 def _lower_inputs(model, n=12):
-    coord, atype, box = systems.water(n, seed=0, dtype=torch.float32)
-    s = model.build_neighbor_list(coord, atype, box)
-    return (s.coord, s.atype, s.edge_index, s.edge_vec, s.edge_scatter_index, s.edge_mask, None, None, None)
+    return edge_inputs(model, *systems.water(n, seed=0, dtype=torch.float32)) + (None, None, None)
 
 
 def _mixstack_ops(graph) -> set:

@@ -30,11 +30,9 @@ def marked(model: torch.nn.Module) -> bool:
     return bool(model.__dict__.get(_MARK, False))
 
 
-def mark(model: torch.nn.Module, on: bool) -> int:
+def mark(model: torch.nn.Module, on: bool) -> None:
     """Mark (``on``) or unmark every deepmd-kit SeZM model in ``model`` (the modules with
-    ``forward_common_lower``); their classes' ``forward_common_lower`` wrapped (``install``).
-    Returns how many were marked or unmarked."""
-    count = 0
+    ``forward_common_lower``); their classes' ``forward_common_lower`` wrapped (``install``)."""
     for module in model.modules():
         if not callable(getattr(type(module), "forward_common_lower", None)) or \
                 not callable(getattr(type(module), "trace_and_compile", None)):
@@ -44,8 +42,6 @@ def mark(model: torch.nn.Module, on: bool) -> int:
             module.__dict__[_MARK] = True
         else:
             module.__dict__.pop(_MARK, None)
-        count += 1
-    return count
 
 
 def _on_cuda(model: torch.nn.Module) -> bool:

@@ -118,15 +118,20 @@ def search(pos: torch.Tensor, box: torch.Tensor | None, cutoff: float):
     return i[order], j[order], s[order]
 
 
+def edge_inputs(model, coord, atype, box=None) -> tuple:
+    """``forward_common_lower``'s edge-level inputs from deepmd-kit's own edge list:
+    ``(coord, atype, edge_index, edge_vec, edge_scatter_index, edge_mask)``."""
+    nf = atype.shape[0] if atype.dim() > 1 else 1
+    s = model.build_neighbor_list(coord.reshape(nf, -1, 3), atype.reshape(nf, -1), box)
+    return s.coord, s.atype, s.edge_index, s.edge_vec, s.edge_scatter_index, s.edge_mask
+
+
 def warm_eager(model, coord, atype, box=None) -> None:
     """One eager frame of ``model`` from deepmd-kit's own edge list (``forward_common_lower`` with
     its compiled path off): what runs before a compiled model is traced, so that first-use work
     that cannot run on a trace's fake tensors (mixstack level 3's float64 check) happens here."""
-    nf = atype.shape[0] if atype.dim() > 1 else 1
-    schema = model.build_neighbor_list(coord.reshape(nf, -1, 3), atype.reshape(nf, -1), box)
     with torch.enable_grad():
-        model.forward_common_lower(schema.coord, schema.atype, schema.edge_index, schema.edge_vec,
-                                   schema.edge_scatter_index, schema.edge_mask, use_compile=False)
+        model.forward_common_lower(*edge_inputs(model, coord, atype, box), use_compile=False)
 
 
 class FrameRunner:

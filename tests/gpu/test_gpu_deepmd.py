@@ -26,6 +26,7 @@ from deepmd_cases import (
 import mixstack
 from mixstack.cli import main
 from mixstack.deepmd import FrameRunner, systems
+from mixstack.deepmd.frame import edge_inputs
 
 pytestmark = [
     pytest.mark.gpu,
@@ -47,8 +48,7 @@ def test_levels_match_deepmd_and_float64(name, deterministic):
     model = make_model(name, "float32", rcut=6.0).to(DEV)
     twin = float64_twin(model, name, rcut=6.0).to(DEV)
     ref32, ref64 = model_outputs(model, _on(frame, torch.float32)), model_outputs(twin, _on(frame, torch.float64))
-    coord, atype, box = _on(frame, torch.float32)
-    schema = model.build_neighbor_list(coord.reshape(1, -1, 3), atype.reshape(1, -1), box)
+    edges = edge_inputs(model, *_on(frame, torch.float32))
     outs, fixed = {}, {}
     for level in (1, 2, 3):
         fast, report = accelerated_copy(model, level=level)
@@ -64,17 +64,16 @@ def test_levels_match_deepmd_and_float64(name, deterministic):
             assert (outs[level][key].double() - ref64[key]).abs().max().item() <= tol, (level, key)
         # bitwise on one edge list: deepmd-kit's builder (vesin's CUDA cell list) orders edges
         # differently from call to call, and a different order is a different float32 sum
-        fixed[level] = _on_fixed_edges(fast, schema)
-        assert all(torch.equal(_on_fixed_edges(fast, schema)[k], fixed[level][k]) for k in fixed[level]), level
+        fixed[level] = _on_fixed_edges(fast, edges)
+        assert all(torch.equal(_on_fixed_edges(fast, edges)[k], fixed[level][k]) for k in fixed[level]), level
     assert all(torch.equal(fixed[1][k], fixed[2][k]) for k in fixed[1])
 
 
-def _on_fixed_edges(model, schema) -> dict:
-    """Energy, forces and virial of ``model`` on the edge list ``schema`` (deepmd-kit's
+def _on_fixed_edges(model, edges) -> dict:
+    """Energy, forces and virial of ``model`` on the edge list ``edges`` (``edge_inputs``; deepmd-kit's
     ``forward_common_lower``, eager), detached."""
     with torch.enable_grad():
-        ret = model.forward_common_lower(schema.coord, schema.atype, schema.edge_index, schema.edge_vec,
-                                         schema.edge_scatter_index, schema.edge_mask, use_compile=False)
+        ret = model.forward_common_lower(*edges, use_compile=False)
     return {k: ret[k].detach() for k in ("energy_redu", "energy_derv_r", "energy_derv_c_redu")}
 
 
