@@ -13,6 +13,8 @@
 #   BUDGET (seconds, default 530) bounds the whole run; each step's timeout is what is left of it
 #   (capped per step), so a slow step leaves the later ones their share or is cut, never the run.
 #   ATOMS (default 4000), VARIANTS (default dp2,ms3,ms3g,dp2c,ms3cg), ROUNDS (default 10),
+#   VARIANTS_<config> (e.g. VARIANTS_two_stream) replaces VARIANTS for one config, SECONDS_<config> its
+#   share of the budget (default: what is left, split evenly among the configs still to run),
 #   MD_STEPS (default 20; 0 without ase), TESTS_SECONDS (default 170: the GPU tests' cap), CONFIGS (default
 #   "water two_stream") change the bench; SECONDS_MARGIN (default 15) is how long before its share
 #   each bench stops starting steps (--seconds), the share itself the hard stop (timeout).
@@ -78,6 +80,8 @@ i=0
 for config in "${configs[@]}"; do
   # what is left, shared by the configs still to run
   share=$(( $(left 100000) / (n - i) ))
+  fixed="SECONDS_$config"; share=${!fixed:-$share}
+  variants="VARIANTS_$config"; variants=${!variants:-${VARIANTS:-dp2,ms3,ms3g,dp2c,ms3cg}}
   i=$((i + 1))
   # the bench stops starting steps SECONDS_MARGIN s before its share and writes what it has;
   # timeout is the hard stop (the record on disk then names the step it was in)
@@ -85,7 +89,7 @@ for config in "${configs[@]}"; do
   ((seconds < 1)) && seconds=1
   echo "== bench $config ($share s, --seconds $seconds)"
   timeout "$share" python3 -m mixstack bench deepmd --atoms "${ATOMS:-4000}" --configs "$config" \
-    --systems water --variants "${VARIANTS:-dp2,ms3,ms3g,dp2c,ms3cg}" --rounds "${ROUNDS:-10}" --warmup 2 \
+    --systems water --variants "$variants" --rounds "${ROUNDS:-10}" --warmup 2 \
     --breakdown --breakdown-rounds 3 --md-steps "$md_steps" --md-warmup 3 --seconds "$seconds" \
     --out "$OUT/bench-$config" 2>&1 | tee "$OUT/bench-$config.log" \
     | grep -v -e "DP_INFER_BATCH_SIZE" -e "^Triton autotuning for function" -e "^with key as" \

@@ -79,7 +79,7 @@
 #   own config is swept first where a key has none), the same bench again on the new entries, and
 #   `ncu` on one TMA launch at S1 (NCU_TMA=0 skips it); under $OUT/tma, ~6 min.
 #   "aoti": repro/aoti_loader_crash.py (AOTInductor's loader, every loading path in its own process) and
-#   a cuda-gdb backtrace of aoti_load_package, under $OUT/aoti.
+#   a cuda-gdb backtrace of aoti_load_package (AOTI_GDB=0 skips it), under $OUT/aoti.
 #   "pt2": scripts/pt2_check.py: mixstack's potential frozen at PT2_LEVELS (default 1,2,3) on the GPU, the
 #   mixstack kernels each package holds (read from the archive), then each package loaded in a process of
 #   its own (plainly, then with the compiler's libstdc++ preloaded if that crashed) and compared with the
@@ -353,7 +353,7 @@ part_aoti() {
   mkdir -p "$OUT/aoti"
   timeout "$(left)" python3 repro/aoti_loader_crash.py --out /tmp/aoti 2>&1 | tee "$OUT/aoti/repro.log" | tail -n 12
   r=${PIPESTATUS[0]}; summary+=("aoti repro rc=$r: $(grep -c ': exit 0' "$OUT/aoti/repro.log") of the loading paths ran")
-  if [ -f /tmp/aoti/linear-cuda.pt2 ] && command -v cuda-gdb > /dev/null; then
+  if [ "${AOTI_GDB:-1}" != 0 ] && [ -f /tmp/aoti/linear-cuda.pt2 ] && command -v cuda-gdb > /dev/null; then
     timeout 120 cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args python3 repro/aoti_loader_crash.py \
       --step load --package /tmp/aoti/linear-cuda.pt2 > "$OUT/aoti/cuda-gdb.log" 2>&1
     summary+=("aoti cuda-gdb rc=$?: $(grep -m1 -E 'signal|exited' "$OUT/aoti/cuda-gdb.log")")

@@ -30,6 +30,7 @@ def test_the_bench_writes_json_markdown_and_csv_with_two_variants(tmp_path, caps
     for v in (dp0, ms0):
         assert len(v["time"]["samples_ms"]) == 2 and v["time"]["median_ms"] > 0
         assert v["accuracy"]["force_max_abs"] < 1e-4 and v["accuracy"]["force_rel"] < 1e-4
+        assert v["peak_memory_bytes"] is None and v["device_memory_bytes"] is None    # measured on CUDA only
         stages = v["breakdown"]["stages"]
         assert stages["value_path"]["forward_ms"] > 0 and stages["value_path"]["backward_ms"] > 0
     for v, accelerated in ((dp0, None), (ms0, ["mixstack", "mixstack"])):           # NVE through deepmd's ASE calculator
@@ -40,6 +41,7 @@ def test_the_bench_writes_json_markdown_and_csv_with_two_variants(tmp_path, caps
     assert ms0["breakdown"]["stages"]["wigner"] == {"forward_ms": 0.0, "backward_ms": 0.0}  # mixstack skips them
     assert record["env"]["deepmd_kit"] and record["command"].startswith("mixstack bench deepmd --atoms 6")
     markdown = (tmp_path / "deepmd_bench.md").read_text()
+    assert "| peak MiB | device MiB |" in markdown
     assert "| water | water | 6 | ms0 |" in markdown and "| wigner | value path | rest of convolution |" in markdown
     assert markdown.count("| water | water | 6 | ms0 |") == 2                         # the frame row, the stage row
     assert (tmp_path / "deepmd_bench.csv").read_text().count("\n") == 3

@@ -131,6 +131,7 @@ def _deviation(out, ref) -> dict:
 
 
 def _peak_memory(fn, device) -> int | None:
+    """What ``fn`` allocates at its peak above what is allocated before it."""
     if torch.device(device).type != "cuda":
         return None
     resident = _allocated(device)
@@ -138,6 +139,19 @@ def _peak_memory(fn, device) -> int | None:
     fn()
     torch.cuda.synchronize(device)
     return torch.cuda.max_memory_allocated(device) - resident
+
+
+def _frame_memory(fn, device) -> tuple[int, int]:
+    """``(allocated, reserved)``: what one call of ``fn`` allocates at its peak, and how much more
+    the caching allocator reserves from the device for it, from an emptied cache (its free blocks
+    back on the device first): the device memory the call takes, fragmentation included."""
+    base = _reserved(device)
+    resident = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - resident,
+            torch.cuda.max_memory_reserved(device) - base)
 
 
 def _profiled_frame(key: str, built: Built, inputs):
@@ -221,7 +235,7 @@ class Progress:
 
 
 # A variant's fields a step fills, as the tables and "not run" notes name them.
-STEP_NAMES = {"peak_memory_bytes": "peak memory", "time": "timing", "breakdown": "breakdown", "md": "MD"}
+STEP_NAMES = {"memory": "peak memory", "time": "timing", "breakdown": "breakdown", "md": "MD"}
 
 
 def _mark(entries, field: str, why: str) -> None:
@@ -345,7 +359,12 @@ def _variant(key: str, entry: dict, config: dict, state: dict, inputs, ref, args
         model, acc_report = build_variant(key, config, state, device, args.rest_level)
         entry["accelerated"] = None if acc_report is None else [c.runs_on for c in acc_report]
         base = _reserved(device) if cuda else 0
+        if cuda:
+            resident = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
         runner, run = _first_frame(key, model, inputs, args, notes)
+        # a graph's frame allocates its tensors at its warm-up and capture (its replays reuse them)
+        captured = torch.cuda.max_memory_allocated(device) - resident if cuda and runner is not None else 0
         held = _reserved(device) - base if cuda and runner is not None else 0   # a graph's pool, its buffers
         built = Built(model, runner, run, acc_report)
         if runner is not None and runner.fallback_reason:
@@ -357,11 +376,22 @@ def _variant(key: str, entry: dict, config: dict, state: dict, inputs, ref, args
             entry["replay_vs_eager"] = replay
             notes.append(f"replay vs eager force max abs {replay['force']:.1e}")
     if not cuda:
-        entry["peak_memory_bytes"] = None
+        entry["peak_memory_bytes"] = entry["device_memory_bytes"] = None
     else:
-        _step(progress, f"{key}: peak memory", entry, "peak_memory_bytes", lambda: held + _peak_memory(run, device),
-              say=lambda b: f"{b / 2 ** 20:.0f} MiB above the resident models")
+        _step(progress, f"{key}: peak memory", entry, "memory", lambda: _memory(run, device, captured, held),
+              say=lambda m: f"{m['peak_memory_bytes'] / 2 ** 20:.0f} MiB allocated at the peak, "
+                            f"{m['device_memory_bytes'] / 2 ** 20:.0f} MiB taken from the device")
+        entry.update(entry.pop("memory", None) or {})
     return built
+
+
+def _memory(run, device, captured: int, held: int) -> dict:
+    """A frame's memory above the resident models: ``peak_memory_bytes`` its tensors alive together
+    at its peak (a graph's: at its warm-up and capture), ``device_memory_bytes`` what the caching
+    allocator takes from the device for it (an eager frame's reservation from an emptied cache; a
+    graph's private pool and buffers, and what a replay reserves besides)."""
+    allocated, reserved = _frame_memory(run, device)
+    return {"peak_memory_bytes": max(allocated, captured), "device_memory_bytes": held + reserved}
 
 
 def _allocated(device) -> int:
@@ -508,9 +538,9 @@ def markdown(record: dict) -> str:
     lines = ["# deepmd-kit SeZM: deepmd-kit's levels against mixstack", ""]
     lines += [f"- {line}" for line in report.header_lines(record) + _status_lines(record)] + [""]
     lines += ["| config | system | atoms | variant | median ms | p20-p80 ms | x fastest dp | busy ms | host gap ms | "
-              "peak MiB | force max abs | energy rel | edges, fwd ms | Wigner to aggregation, fwd+bwd ms | "
+              "peak MiB | device MiB | force max abs | energy rel | edges, fwd ms | Wigner to aggregation, fwd+bwd ms | "
               "rest, fwd+bwd ms | MD steps/s | MD ns/day | drift meV/atom/ps |",
-              "|" + "---|" * 18]
+              "|" + "---|" * 19]
     for case in record["cases"]:
         best = fastest_deepmd(case)
         for key, v in case["variants"].items():
@@ -518,7 +548,7 @@ def markdown(record: dict) -> str:
             acc = v.get("accuracy", {})
             stages = v.get("breakdown", {}).get("stages")
             md = v.get("md", {})
-            peak = v.get("peak_memory_bytes")
+            peak, held = v.get("peak_memory_bytes"), v.get("device_memory_bytes")
             cells = [case["config"], case["system"], str(case["atoms"]), key,
                      (v.get("not_run") or v.get("steps_not_run", {}).get("time") or "—") if t is None
                      else f"{t['median_ms']:.2f}",
@@ -526,6 +556,7 @@ def markdown(record: dict) -> str:
                      "—" if t is None or best is None else f"{best[1] / t['median_ms']:.2f}",
                      report.fmt(v.get("breakdown", {}).get("busy_ms"), ".2f"), report.fmt(_gap(v), ".2f"),
                      report.fmt(None if peak is None else peak / 2 ** 20, ".0f"),
+                     report.fmt(None if held is None else held / 2 ** 20, ".0f"),
                      report.fmt(acc.get("force_max_abs")), report.fmt(acc.get("energy_rel")),
                      report.fmt(_stage_sum(stages, ("edges",)), ".2f"),
                      report.fmt(_stage_sum(stages, ("wigner", "value_path")), ".2f"),
@@ -545,6 +576,7 @@ def long_rows(record: dict) -> list[dict]:
         for key, v in case["variants"].items():
             row = {"config": case["config"], "system": case["system"], "atoms": case["atoms"], "variant": key,
                    "median_ms": v.get("time", {}).get("median_ms"), "peak_memory_bytes": v.get("peak_memory_bytes"),
+                   "device_memory_bytes": v.get("device_memory_bytes"),
                    "busy_ms": v.get("breakdown", {}).get("busy_ms"), "host_gap_ms": _gap(v),
                    **{k: val for k, val in v.get("accuracy", {}).items()}, "not_run": not_run_text(v), **cols}
             for stage, t in v.get("breakdown", {}).get("stages", {}).items():

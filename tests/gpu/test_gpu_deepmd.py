@@ -84,7 +84,7 @@ def test_the_bench_runs_on_the_gpu(tmp_path):
     (case,) = json.loads((tmp_path / "deepmd_bench.json").read_text())["cases"]
     for key in ("dp0", "dp2", "ms2"):
         v = case["variants"][key]
-        assert v["time"]["median_ms"] > 0 and v["peak_memory_bytes"] > 0
+        assert v["time"]["median_ms"] > 0 and v["peak_memory_bytes"] > 0 and v["device_memory_bytes"] > 0
         assert v["breakdown"]["stages"]["value_path"]["forward_ms"] > 0
         assert v["md"]["steps_per_s"] > 0
     assert "time" in case["variants"]["ms2g"] or case["variants"]["ms2g"]["not_run"]
