@@ -235,7 +235,7 @@ class Progress:
 
 
 # A variant's fields a step fills, as the tables and "not run" notes name them.
-STEP_NAMES = {"memory": "peak memory", "time": "timing", "breakdown": "breakdown", "md": "MD"}
+STEP_NAMES = {"memory": "peak memory", "presized_pool": "presized pool", "time": "timing", "breakdown": "breakdown", "md": "MD"}
 
 
 def _mark(entries, field: str, why: str) -> None:
@@ -382,7 +382,28 @@ def _variant(key: str, entry: dict, config: dict, state: dict, inputs, ref, args
               say=lambda m: f"{m['peak_memory_bytes'] / 2 ** 20:.0f} MiB allocated at the peak, "
                             f"{m['device_memory_bytes'] / 2 ** 20:.0f} MiB taken from the device")
         entry.update(entry.pop("memory", None) or {})
+        if runner is not None and runner.captures:
+            _step(progress, f"{key}: presized pool", entry, "presized_pool",
+                  lambda: _presized(built, inputs, ref, device),
+                  say=lambda m: f"{m['device_memory_bytes'] / 2 ** 20:.0f} MiB taken from the device, "
+                                f"force max abs {m['force_max_abs']:.1e}")
     return built
+
+
+def _presized(built: Built, inputs, ref, device) -> dict:
+    """The same graph captured again by a runner of its own on the same model into a pool that
+    held the frame's peak in one block before the capture (``FrameRunner(presize=True)``): the
+    device memory it takes, and its forces against float64."""
+    from ..deepmd.frame import FrameRunner
+
+    base = _reserved(device)
+    runner = FrameRunner(built.model, skin=built.runner.skin, presize=True)
+    out = runner(*inputs)
+    held = _reserved(device) - base
+    dev = _deviation(out, ref)
+    del runner, out
+    _free(device)
+    return {"device_memory_bytes": held, "force_max_abs": dev["force_max_abs"]}
 
 
 def _memory(run, device, captured: int, held: int) -> dict:
@@ -566,6 +587,9 @@ def markdown(record: dict) -> str:
             lines.append("| " + " | ".join(cells) + " |")
     notes = [f"- {case['config']} / {case['atoms']} atoms: x fastest dp is against {best[0]} ({best[1]:.2f} ms)"
              for case in record["cases"] if (best := fastest_deepmd(case))]
+    notes += [f"- {case['config']} / {case['atoms']} atoms, {key}: captured into a presized pool, "
+              f"{p['device_memory_bytes'] / 2 ** 20:.0f} MiB from the device (force max abs {p['force_max_abs']:.1e})"
+              for case in record["cases"] for key, v in case["variants"].items() if (p := v.get("presized_pool"))]
     return "\n".join(lines + ([""] + notes if notes else []) + _stage_rows(record) + _not_run_section(record)) + "\n"
 
 

@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..potential.graphs import capture_stream, run_on_capture_stream
+from ..potential.graphs import capture_stream, presized_pool, run_on_capture_stream
 from ..potential.verlet import edge_capacity
 
 log = logging.getLogger(__name__)
@@ -142,19 +142,24 @@ class FrameRunner:
     ``skin`` (Å, default 1): the candidate list's margin; ``0`` searches every call.  ``graph``:
     replay from a CUDA graph (default: on CUDA).  ``compile``: run deepmd-kit's compiled
     ``core_compute`` (its ``DP_COMPILE_INFER`` path; default: what the model was built with).
+    ``presize``: capture into a pool that holds the frame's peak in one block first
+    (``potential.graphs.presized_pool``; one more warm-up frame measures the peak and resets the
+    device's peak-memory statistics); off by default until measured against the plain pool.
     Counters: ``calls``, ``rebuilds``, ``captures``, ``replays``; ``last_reason`` why the last
     rebuild happened; ``edge_capacity`` and ``candidate_capacity`` the buffers' sizes;
     ``fallback_reason`` why frames run eagerly although a graph was asked for (a capture that
     failed: the runner warns once and goes on eagerly), else ``None``.  Inputs may live anywhere:
     they go to the model's device (``device``), and the outputs live there."""
 
-    def __init__(self, model, *, skin: float = 1.0, graph: bool | None = None, compile: bool | None = None):
+    def __init__(self, model, *, skin: float = 1.0, graph: bool | None = None, compile: bool | None = None,
+                 presize: bool = False):
         _check_model(model)
         if not skin >= 0:
             raise ValueError(f"skin must be >= 0 Å, got {skin}")
         if graph and not torch.cuda.is_available():
             raise ValueError("graph=True needs CUDA (CUDA graphs); use graph=None or False on a CPU")
         self.model, self.skin, self.graph, self.compile = model, float(skin), graph, compile
+        self.presize = bool(presize)
         self.rcut = float(model.get_rcut())
         self.dtype = model.global_pt_float_precision
         self.device = next(model.parameters()).device
@@ -275,9 +280,17 @@ class FrameRunner:
         static = (pos.clone(), None if box is None else box.clone(), atype.clone())
         for _ in range(2):                                  # compiles, autotuning, first-use checks
             run_on_capture_stream(self.frame, *static)
+        pool = seed = None
+        if self.presize:                                    # the last warm-up's peak, in one block
+            resident = torch.cuda.memory_allocated(pos.device)
+            torch.cuda.reset_peak_memory_stats(pos.device)
+            run_on_capture_stream(self.frame, *static)
+            peak = torch.cuda.max_memory_allocated(pos.device) - resident
+            pool, seed = presized_pool(pos.device, peak)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=capture_stream(pos.device)):
+        with torch.cuda.graph(graph, pool=pool, stream=capture_stream(pos.device)):
             outputs = self.frame(*static)
+        del seed
         self._graph, self._static = graph, (static, outputs)
         self.captures += 1
 

@@ -125,6 +125,22 @@ def capture_stream(device: torch.device) -> torch.cuda.Stream:
     return _streams[index]
 
 
+def presized_pool(device: torch.device, nbytes: int):
+    """``(pool, seed)``: a CUDA graph memory pool that already holds one free block of ``nbytes``
+    on the capture stream, for ``torch.cuda.graph(..., pool=pool)``.  A capture into it splits
+    its tensors from that block, whose freed pieces merge again, where a capture into a fresh pool
+    adds one segment for every request no free block fits (segments never merge).  ``seed`` is
+    the empty graph that allocated the block: keep it until the capture that uses the pool ends."""
+    pool = torch.cuda.graph_pool_handle()
+    seed = torch.cuda.CUDAGraph()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                    # "the CUDA Graph is empty": it only allocates
+        with torch.cuda.graph(seed, pool=pool, stream=capture_stream(device)):
+            block = torch.empty(int(nbytes), dtype=torch.uint8, device=device)
+            del block
+    return pool, seed
+
+
 def run_on_capture_stream(fn: Callable, *inputs: torch.Tensor):
     """``fn(*inputs)`` eagerly on the capture stream of the inputs' device, ordered after the
     current stream's work and before its next: a capture's warm-up, or a caller's first call
