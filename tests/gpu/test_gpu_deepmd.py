@@ -112,6 +112,17 @@ def test_replay_is_bitwise_the_eager_frame_and_within_float32_of_deepmd(level, d
         assert (out[key].double() - ref64[key]).abs().max().item() <= tol, key
 
 
+def test_a_graph_captured_into_a_presized_pool_replays_the_same_bits(deterministic):
+    frame = systems.water(240, seed=5)
+    model, _ = accelerated_copy(make_model("water", "float32", rcut=6.0).to(DEV), level=3)
+    plain, presized = FrameRunner(model), FrameRunner(model, presize=True)
+    a, b = _run(plain, frame), _run(presized, frame)
+    again = _run(presized, frame)
+    assert presized.captures == 1 and presized.replays >= 2
+    for key in KEYS:
+        assert torch.equal(a[key], b[key]) and torch.equal(b[key], again[key]), key
+
+
 def test_moving_atoms_keep_the_list_or_rebuild_it_in_place(deterministic):
     frame = systems.water(240, seed=4)
     model, _ = accelerated_copy(make_model("water", "float32", rcut=6.0).to(DEV), level=2)
