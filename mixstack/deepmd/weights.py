@@ -24,8 +24,13 @@ def stack_weights(conv, *, detach: bool) -> tuple[torch.Tensor, torch.Tensor, to
     w0, w1, gw = [], [], []
     for linear in conv.so2_linears:
         weight = linear._build_so2_weight().permute(1, 0, 2)          # (F, D_m*Cf in, D_m*Cf out)
-        w0.append(weight[:, :m0, :m0])
-        w1.append(weight[:, m0:, m0:])
+        # the blocks by index, not by slice: a slice's gradient is a zero padding, which beside the
+        # assembly's own concatenations Inductor's CPU vectoriser (torch 2.11) miscompiles in a
+        # training compile; an index's gradient is a scatter of each element onto zero: the same values
+        first = torch.arange(m0, device=weight.device)
+        rest = torch.arange(m0, weight.shape[1], device=weight.device)
+        w0.append(weight.index_select(1, first).index_select(2, first))
+        w1.append(weight.index_select(1, rest).index_select(2, rest))
     for activation in list(conv.non_linearities)[:-1]:
         gw.append(activation.gate_linear.weight.view(cf, n_focus, lmax * cf).permute(1, 0, 2))
     w0, w1 = torch.stack(w0), torch.stack(w1)
