@@ -131,6 +131,54 @@ def test_a_training_step_gives_deepmd_parameter_gradients():
         assert max_rel(got[name], r) < 1e-10, name
 
 
+# deepmd-kit's SeZM test model (its TestSeZMModelCompile's): lmax 1 then 0, 4 channels, one mixing
+# layer; the weight's 16 x 16 blocks split at 8 and 12, inside one of Inductor's CPU vectors
+TINY_SEZM = {
+    "type": "SeZM", "type_map": ["A", "B"],
+    "descriptor": {"type": "SeZM", "sel": [2, 2], "rcut": 3.0, "channels": 4, "n_focus": 1, "n_radial": 3,
+                   "radial_mlp": [6], "use_env_seed": True, "l_schedule": [1, 0], "mmax": 1, "so2_norm": False,
+                   "so2_layers": 1, "n_atten_head": 1, "sandwich_norm": [True, False, True, False],
+                   "ffn_neurons": 8, "ffn_blocks": 1, "s2_activation": [False, True], "mlp_bias": False,
+                   "layer_scale": False, "use_amp": False, "activation_function": "silu", "glu_activation": True,
+                   "precision": "float32", "seed": 7},
+    "fitting_net": {"neuron": [8], "activation_function": "silu", "precision": "float32", "seed": 7},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.__version__.startswith("2.11"),
+                    reason="deepmd-kit 3.2's compiled training runs on torch 2.11 (on 2.13 its compiled "
+                           "frame aborts the process with or without mixstack)")
+def test_deepmd_kits_training_compile_takes_the_accelerated_model():
+    """deepmd-kit's compiled training (``use_compile``: its make_fx trace of the frame, Inductor on
+    the CPU) of an accelerated model: an energy + force loss differentiated twice compiles and
+    gives the uncompiled model's gradients.  A weight block taken by slice failed to compile here
+    (Inductor's C++ vectoriser, torch 2.11: a masked blend of a float)."""
+    from mixstack.deepmd.configs import build_model
+
+    torch.manual_seed(1234)
+    eager = build_model(dict(TINY_SEZM, use_compile=False))
+    with torch.no_grad():
+        for p in eager.parameters():                 # not deepmd-kit's zeros: they hide second-order terms
+            p.copy_(torch.randn_like(p) * 0.1)
+    compiled = build_model(dict(TINY_SEZM, use_compile=True))
+    compiled.load_state_dict(eager.state_dict())
+    coord = torch.tensor([[[0.0, 0.0, 0.0], [1.1, 0.3, 0.0], [0.2, 1.5, 0.4], [1.7, 1.2, 0.2], [2.3, 0.1, 1.0],
+                           [0.8, 2.2, 1.1], [2.6, 1.8, 1.5]]])
+    atype = torch.tensor([[0, 1, 0, 1, 0, 1, 0]])
+    box = 8.0 * torch.eye(3).reshape(1, 9)
+    grads = []
+    for model in (eager, compiled):
+        mixstack.deepmd.accelerate(model, level=0)
+        model.train()
+        out = model(coord.clone(), atype, box=box.clone())
+        (out["energy"].sum() + out["force"].square().sum()).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and any(".so2_linears." in n for n in grads[0])
+    for name, g in grads[0].items():
+        assert torch.allclose(grads[1][name], g, rtol=1e-4, atol=1e-6), name
+
+
 def test_accelerate_names_its_bad_arguments():
     from mixstack.deepmd import accelerate
 
