@@ -2,8 +2,9 @@
 # deepmd-kit's SeZM (DPA4) models on one GPU, in one call of at most ~9 minutes: the GPU tests of
 # mixstack.deepmd and of the convolution operators' features it uses, then the deepmd bench at
 # ~4000 atoms of water for the water example and the 2-stream lmax-3 config: deepmd-kit's level 2
-# eager and compiled (DP_COMPILE_INFER=1, its fastest path) against the accelerated model at level 3
-# eager, through FrameRunner's CUDA graph, and compiled with the graph (frame time, busy time and
+# eager and its compiled inference (DP_COMPILE_INFER=1) at levels 2 and 3 (its level 3 runs its
+# fp16x3 stack where its tables validate the key) against the accelerated model at level 3 through
+# FrameRunner's CUDA graph, eager and compiled (frame time, busy time and
 # host gap, peak memory, forces against float64, stages, NVE).  Everything goes under $OUT.  A
 # compiled variant compiles for ~100 s at its first frame: with both configs, run one per call
 # (CONFIGS=water, then CONFIGS=two_stream).
@@ -12,7 +13,7 @@
 #   OUT=/some/dir bash scripts/deepmd_gpu.sh
 #   BUDGET (seconds, default 530) bounds the whole run; each step's timeout is what is left of it
 #   (capped per step), so a slow step leaves the later ones their share or is cut, never the run.
-#   ATOMS (default 4000), VARIANTS (default dp2,ms3,ms3g,dp2c,ms3cg), ROUNDS (default 10),
+#   ATOMS (default 4000), VARIANTS (default dp2,ms3g,dp2c,dp3c,ms3cg), ROUNDS (default 10),
 #   VARIANTS_<config> (e.g. VARIANTS_two_stream) replaces VARIANTS for one config, SECONDS_<config> its
 #   share of the budget (default: what is left, split evenly among the configs still to run),
 #   MD_STEPS (default 20; 0 without ase), TESTS_SECONDS (default 170: the GPU tests' cap), CONFIGS (default
@@ -81,7 +82,7 @@ for config in "${configs[@]}"; do
   # what is left, shared by the configs still to run
   share=$(( $(left 100000) / (n - i) ))
   fixed="SECONDS_$config"; share=${!fixed:-$share}
-  variants="VARIANTS_$config"; variants=${!variants:-${VARIANTS:-dp2,ms3,ms3g,dp2c,ms3cg}}
+  variants="VARIANTS_$config"; variants=${!variants:-${VARIANTS:-dp2,ms3g,dp2c,dp3c,ms3cg}}
   i=$((i + 1))
   # the bench stops starting steps SECONDS_MARGIN s before its share and writes what it has;
   # timeout is the hard stop (the record on disk then names the step it was in)
