@@ -72,7 +72,7 @@ def main() -> None:
             runner, run = db._first_frame(key, model, inputs, args, [])
             out_now = run()
             held = db._reserved(dev) - base
-            peak = db._peak_memory(run, dev)
+            peak, _ = db._frame_memory(run, dev)
             err = (out_now["force"].double() - ref["force"].double()).abs().max().item()
             print(f"{key}: built + first frame {time.time() - t0:.1f} s, force max abs {err:.2e}, "
                   f"{held / 2**20:.0f} MiB reserved after it, a frame's peak {peak / 2**20:.0f} MiB above that" + (f", graph fallback: {runner.fallback_reason}"

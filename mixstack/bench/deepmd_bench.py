@@ -130,17 +130,6 @@ def _deviation(out, ref) -> dict:
     return dev
 
 
-def _peak_memory(fn, device) -> int | None:
-    """What ``fn`` allocates at its peak above what is allocated before it."""
-    if torch.device(device).type != "cuda":
-        return None
-    resident = _allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    fn()
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - resident
-
-
 def _frame_memory(fn, device) -> tuple[int, int]:
     """``(allocated, reserved)``: what one call of ``fn`` allocates at its peak, and how much more
     the caching allocator reserves from the device for it, from an emptied cache (its free blocks

@@ -24,13 +24,8 @@ def stack_weights(conv, *, detach: bool) -> tuple[torch.Tensor, torch.Tensor, to
     w0, w1, gw = [], [], []
     for linear in conv.so2_linears:
         weight = linear._build_so2_weight().permute(1, 0, 2)          # (F, D_m*Cf in, D_m*Cf out)
-        # the blocks by index, not by slice: a slice's gradient is a zero padding, which beside the
-        # assembly's own concatenations Inductor's CPU vectoriser (torch 2.11) miscompiles in a
-        # training compile; an index's gradient is a scatter of each element onto zero: the same values
-        first = torch.arange(m0, device=weight.device)
-        rest = torch.arange(m0, weight.shape[1], device=weight.device)
-        w0.append(weight.index_select(1, first).index_select(2, first))
-        w1.append(weight.index_select(1, rest).index_select(2, rest))
+        w0.append(_block(weight, 0, m0, by_index=not detach))
+        w1.append(_block(weight, m0, weight.shape[1], by_index=not detach))
     for activation in list(conv.non_linearities)[:-1]:
         gw.append(activation.gate_linear.weight.view(cf, n_focus, lmax * cf).permute(1, 0, 2))
     w0, w1 = torch.stack(w0), torch.stack(w1)
@@ -38,3 +33,14 @@ def stack_weights(conv, *, detach: bool) -> tuple[torch.Tensor, torch.Tensor, to
     if detach:
         return w0.detach(), w1.detach(), gw.detach()
     return w0, w1, gw
+
+
+def _block(weight: torch.Tensor, lo: int, hi: int, *, by_index: bool) -> torch.Tensor:
+    """The diagonal block ``[lo:hi, lo:hi]`` of ``weight (F, D, D)``.  With gradients it is taken
+    by index, not by slice: a slice's gradient is a zero padding, which beside the assembly's own
+    concatenations Inductor's CPU vectoriser (torch 2.11) miscompiles in a training compile; an
+    index's gradient scatters each element onto zero (the same values).  Without, a view."""
+    if not by_index:
+        return weight[:, lo:hi, lo:hi]
+    idx = torch.arange(lo, hi, device=weight.device)
+    return weight.index_select(1, idx).index_select(2, idx)
