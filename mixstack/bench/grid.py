@@ -69,6 +69,7 @@ from ..measure import env, prewarm, report
 from ..measure.compile_log import compile_log
 from ..measure.shapes import BenchShape, make_inputs
 from ..stack import level3, reference
+from ..tuning import products
 from . import stack_bench
 
 log = logging.getLogger(__name__)
@@ -235,7 +236,7 @@ def key_path(out: str | os.PathLike, cf: int, lmax: int, focus: int) -> Path:
     return Path(out) / "keys" / f"{key_name(cf, lmax, focus)}.json"
 
 
-TRITON_VARIANTS = ("1", "2", "2f", "3", "3r")
+TRITON_VARIANTS = ("1", "2", "2f", "3", "3r", "1b", "2b")
 
 
 def key_launches(cfg: GridConfig, cf: int, lmax: int, focus: int, device) -> list:
@@ -703,6 +704,12 @@ def markdown(records: list[dict]) -> str:
                      f"at {len(faster)} keys; level 3 ran them by itself at {ran} of them "
                      f"({100 * ran / len(faster):.0f}%); at the others (measured as L3-rule) it runs them once "
                      "this run's level3.json ships beside the device's table")
+    blas = products.verdicts(records) if any(_medians(r, "both").get("L1-blas") for r in records) else None
+    if blas is not None:
+        groups = ", ".join(f"Cf{b['focus_dim']}-l{b['lmax']}" for b in blas) or "none"
+        lines.append(f"- exact products on the BLAS at least {100 * products.VERDICT_MARGIN:.0f}% faster than "
+                     f"Triton's at both levels and every F: {len(blas)} (Cf, lmax) groups ({groups}); "
+                     "this run's products.json ships beside the device's table")
     compile_s = [r["compile"]["first_call_s"] for r in records if r["compile"]["graphs"]]
     if compile_s:
         lines.append(f"- torch.compile of the reference: {sum(r['compile']['graphs'] for r in records)} graphs "
@@ -792,6 +799,10 @@ def write_outputs(out: str | os.PathLike, *, with_plot: bool = True) -> dict[str
     device = records[-1]["env"]["device"]["name"] if records else None
     paths["level3"].write_text(json.dumps({"device": device, "verdicts": level3_verdicts(records)}, indent=1,
                                           sort_keys=True) + "\n")
+    if any(_medians(r, "both").get("L1-blas") for r in records):
+        paths["products"] = out / "products.json"
+        paths["products"].write_text(json.dumps({"device": device, "blas": products.verdicts(records)}, indent=1,
+                                                sort_keys=True) + "\n")
     if with_plot:
         paths["plot"] = plot(records, out / "grid.png")
     return paths

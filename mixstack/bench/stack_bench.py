@@ -48,17 +48,23 @@ from ..measure.timing import Clock, Task, clock_for, time_interleaved
 from ..stack import reference
 from ..stack.functional import mixing_stack
 from ..tuning.configs import fused_supported
+from ..tuning.products import use_products
 
 log = logging.getLogger(__name__)
 
 SCHEMA = "mixstack-bench/1"
-VARIANTS = {"0": "L0-eager", "0c": "L0-compile", "1": "L1", "2": "L2", "2f": "L2-fused", "3": "L3", "3r": "L3-rule"}
-LEVEL_OF = {"0": 0, "0c": 0, "1": 1, "2": 2, "2f": 2, "3": 3, "3r": 3}
+VARIANTS = {"0": "L0-eager", "0c": "L0-compile", "1": "L1", "2": "L2", "2f": "L2-fused", "3": "L3", "3r": "L3-rule",
+            "1b": "L1-blas", "2b": "L2-blas"}
+LEVEL_OF = {"0": 0, "0c": 0, "1": 1, "2": 2, "2f": 2, "3": 3, "3r": 3, "1b": 1, "2b": 2}
+# "1b", "2b": levels 1 and 2 with every exact product on the BLAS (``tuning.products``, forced for
+# the variant's runs), timed beside the Triton products at the same keys: a grid run of both
+# decides the keys the route takes (its ``products.json``).
+FORCED_BLAS = ("1b", "2b")
 # "3r": level 3's compensated kernels with the policy's rule config (``tuning.policy``) forced
 # for the shape's key while the variant runs, once that config has passed level 3's float64
 # validation there (else the variant fails, saying so): level 3 measured where the policy is
 # not sure (the grid bench runs it there), so that a measured verdict can engage it.
-DEFAULT_VARIANTS = tuple(k for k in VARIANTS if k != "3r")     # "3r" is the grid's, where level 3 runs level 2
+DEFAULT_VARIANTS = tuple(k for k in VARIANTS if k != "3r" and k not in FORCED_BLAS)   # "3r": the grid's
 # "2f": level 2 with the fused backward forced (registered for the shape's key while
 # the variant runs, whatever the tables say), so that relay and fused can be timed
 # side by side.  The config: the best fused candidate of both H200 sweeps of the S1
@@ -240,10 +246,13 @@ def forced_level3_config(shape: BenchShape, device) -> dict:
 def _scope(key: str, shape: BenchShape, device) -> Callable[[], contextlib.AbstractContextManager]:
     """What each run of variant ``key`` (forward and backward) runs inside: for ``"2f"``
     the fused backward's registration (the backward looks its config up when it runs); for
-    ``"3r"`` the validated rule config's ``stack_compensated`` registration."""
+    ``"3r"`` the validated rule config's ``stack_compensated`` registration; for ``"1b"`` and
+    ``"2b"`` the products on the BLAS."""
     if key == "3r":
         cfg = forced_level3_config(shape, device)
         return lambda: tuning.registration("stack_compensated", shape.tuning_key(), dict(cfg))
+    if key in FORCED_BLAS:
+        return lambda: use_products("blas")
     if key != "2f":
         return contextlib.nullcontext
     if not fused_supported(shape.layout):

@@ -5,6 +5,7 @@
 | ``MIXSTACK_LEVEL`` | process default level 0..3 | ``mixstack.set_level`` |
 | ``MIXSTACK_CACHE_DIR`` | where tuning results persist | ``mixstack.core.config.set_cache_dir`` |
 | ``MIXSTACK_CONV_KERNELS`` | ``0``: the convolution's operators run their reference at every level | — |
+| ``MIXSTACK_PRODUCTS`` | ``auto`` (default): the exact products of the keys the device's grid chose run on the BLAS; ``blas`` / ``triton``: every key's | ``mixstack.tuning.products.use_products`` |
 | ``MIXSTACK_DEEPMD`` | ``1``: deepmd-kit's commands run SeZM (DPA4) models through ``mixstack.deepmd`` | ``mixstack.deepmd.accelerate`` |
 | ``MIXSTACK_RESULTS_DIR`` | where the commands write results without ``--out`` | ``mixstack.core.config.set_results_dir`` |
 
@@ -45,6 +46,17 @@ def conv_kernels_enabled() -> bool:
     if raw not in {"0", "1"}:
         raise ValueError(f"MIXSTACK_CONV_KERNELS must be 0 or 1, got {raw!r}")
     return raw == "1"
+
+
+PRODUCT_ROUTES = ("auto", "blas", "triton")
+
+
+def env_products() -> str:
+    """``MIXSTACK_PRODUCTS``: where the exact levels' products run (``tuning.products``)."""
+    raw = os.environ.get("MIXSTACK_PRODUCTS", "").strip() or "auto"
+    if raw not in PRODUCT_ROUTES:
+        raise ValueError(f"MIXSTACK_PRODUCTS must be one of {', '.join(PRODUCT_ROUTES)}, got {raw!r}")
+    return raw
 
 
 def deepmd_enabled() -> bool:

@@ -11,8 +11,10 @@ read off them, never spelled at the call site:
 - ``Epilogue``: what happens to the product (store ``z``, gate, residual, store ``y``, alpha,
   store the result, record its row maxima for the next compensated GEMM).
 
-A level-3 config with ``TMA_FIELD`` set runs ``tma_block_gemm`` (``kernels.gemm_tma``), one
-launch per block, where ``tma_fits``; everything else runs ``kernels.gemm.block_gemm_kernel``.
+Exact weights at a key whose products run on the BLAS (``tuning.products``) run
+``blas.block_products`` whatever the config.  A level-3 config with ``TMA_FIELD`` set runs
+``tma_block_gemm`` (``kernels.gemm_tma``), one launch per block, where ``tma_fits``; everything
+else runs ``kernels.gemm.block_gemm_kernel``.
 Plain Python over tensor metadata, so it runs eagerly and inside a traced ``triton_op``.
 """
 
@@ -28,6 +30,8 @@ from ..core.layout import StackLayout
 from ..kernels.gemm import block_gemm_kernel
 from ..kernels.gemm_tma import fold_tile_amax_kernel, tma_block_gemm_kernel
 from ..tuning.configs import INTERPRETER_PROGRAMS, default_gemm_config, gemm_block_k
+from ..tuning.products import on_blas
+from .blas import block_products
 
 TMA_FIELD = "TMA"                   # a level-3 GEMM config with this set runs the TMA kernel
 PERSISTENT_FIELD = "persistent"     # ... and with this set too, its persistent form
@@ -112,7 +116,10 @@ class Epilogue:
 def block_gemm(a: Operand, weights: BlockWeights, epilogue: Epilogue, config: dict | None = None) -> None:
     """Launch the block GEMM of ``a`` and ``weights`` with ``epilogue``; ``config`` a launch
     config (``None``: the level-1 default), a level-3 one with ``TMA_FIELD`` set runs
-    ``tma_block_gemm`` where it can."""
+    ``tma_block_gemm`` where it can; exact weights at a BLAS key run ``blas.block_products``."""
+    if weights.split is None and on_blas(weights.layout, a.rows):
+        block_products(a, weights, epilogue)
+        return
     cfg = config or default_gemm_config(weights.layout)
     if weights.split is not None and cfg.get(TMA_FIELD) and tma_fits(a):
         for block in weights.blocks:          # one launch per block: its K trip count is then a constant

@@ -29,6 +29,7 @@ from ..core.layout import StackLayout
 from ..kernels.compensated import split_weights_kernel
 from ..kernels.fused import fused_backward_kernel
 from ..kernels.gate import gate_backward_kernel, gate_kernel
+from ..kernels.gate_elementwise import gate_cotangent_kernel, gate_from_logits_kernel
 from ..kernels.reduce import alpha_grad_kernel
 from ..tuning.configs import (
     ALPHA_GRAD_CONFIG,
@@ -39,6 +40,8 @@ from ..tuning.configs import (
     pointwise_config,
     pointwise_recomputes_gate,
 )
+from ..tuning.products import on_blas
+from .blas import add_logit_contraction, gate_logits
 from .gemm import BlockWeights, Epilogue, Operand, block_gemm, persistent_programs
 from .values import Saved, StackSpec, Weights
 
@@ -74,11 +77,28 @@ def _gate_weights(gw, gate_split):
     return gate_split if gate_split is not None else (gw, gw, gw)
 
 
-def gate(z, gw, layer, sg, n_edges, n_focus, layout, u=None, u_next=None, amax=None, gate_split=None):
+def _exact_on_blas(plan: LaunchPlan, layout: StackLayout, t) -> bool:
+    """Whether a call's exact products (every product unless ``plan`` is compensated) run on the
+    BLAS (``tuning.products``): the gate's here; the block GEMMs decide in ``block_gemm``."""
+    return not plan.compensated and on_blas(layout, t)
+
+
+def gate(z, gw, layer, sg, n_edges, n_focus, layout, u=None, u_next=None, amax=None, gate_split=None, blas=False):
     """The gate kernel; ``amax`` (level 3, with ``u_next``): record the m = 0 block's row maxima;
-    ``gate_split`` (level 3): ``split_matrices(gw)``, the logits on split fp16 products."""
+    ``gate_split`` (level 3): ``split_matrices(gw)``, the logits on split fp16 products; ``blas``:
+    the logits a BLAS product into ``sg``, then the elementwise kernel."""
     cfg = gate_config(layout)
     grid = ((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)
+    if blas:
+        if amax is not None or gate_split is not None:
+            raise ValueError("the gate's BLAS products are exact: no split weights or row maxima")
+        gate_logits(z, gw, layer, sg, layout.focus_dim)
+        wrap_triton(gate_from_logits_kernel)[grid](
+            z, gw if u is None else u, gw if u_next is None else u_next, sg, layer, n_edges, n_focus,   # gw: unused
+            LMAX=layout.lmax, CF=layout.focus_dim, GC=gate_chunk(layout), WRITE_U=u is not None,
+            BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        )
+        return
     gw_main, gw_lo, gw_up = _gate_weights(gw, gate_split)
     wrap_triton(gate_kernel)[grid](
         z, gw_main, gw if u is None else u, gw if u_next is None else u_next, sg,      # gw: unused pointers
@@ -151,6 +171,7 @@ def stack_forward(u0, alpha, weights: Weights, spec: StackSpec, plan: LaunchPlan
     # The forward gate stays exact at level 3: split fp16 logits doubled its registers and
     # slowed the level-3 forward (BENCHMARKS.md, "The gate's products on tensor cores").
     record = plan.compensated and plan.writer_amax
+    blas = _exact_on_blas(plan, layout, u0)
     amax = None                          # the row maxima of u, where a kernel recorded them
     if n_gated:
         sg = u0.new_empty((n_focus, n_edges, layout.gate_width))
@@ -162,7 +183,7 @@ def stack_forward(u0, alpha, weights: Weights, spec: StackSpec, plan: LaunchPlan
         amax_next = maxima[k % 2].zero_() if record else None
         a = Operand(u, amax=amax)
         block_gemm(a, BlockWeights(w0, w1, k, layout, (0,), split), Epilogue(z=z), gemm_cfg)
-        gate(z, gw, k, sg, n_edges, n_focus, layout, u=u, u_next=u_next, amax=amax_next)
+        gate(z, gw, k, sg, n_edges, n_focus, layout, u=u, u_next=u_next, amax=amax_next, blas=blas)
         block_gemm(a, BlockWeights(w0, w1, k, layout, (1,), split),
                    Epilogue(z=z, sg=sg, res=u, out=u_next, amax_out=amax_next), gemm_cfg)
         u, amax = u_next, amax_next
@@ -264,12 +285,25 @@ def identity_layer(grad_out, alpha, top: BlockWeights, out, *, amax=None, g_top=
                    Epilogue(res=grad_out, out=out, alpha=alpha, alpha_on_a=alpha is not None), gemm_cfg)
 
 
-def relay_gz(h, z, gw, layer, n_edges, n_focus, layout, sg, gz, amax=None, gate_split=None, fold=False):
+def relay_gz(h, z, gw, layer, layout, sg, gz, amax=None, gate_split=None, fold=False, blas=False):
     """The relay's pointwise part of one gated layer: the gate sigmoids (``fold``: formed
     inside the pointwise kernel; else recomputed into ``sg`` by a gate launch), then
     ``gz`` from ``h`` and ``z`` (``amax``: ``gz``'s row maxima, recorded for the
     compensated GEMM; ``gate_split``: ``split_matrices(gw)``, the gate's products
-    compensated as in the forward)."""
+    compensated as in the forward; ``blas``: the gate's two products on the BLAS, the
+    logit gradients passing through ``sg``)."""
+    n_focus, n_edges = z.shape[1], z.shape[2]
+    if blas:
+        if fold or amax is not None or gate_split is not None:
+            raise ValueError("the gate's BLAS products need the sigmoid surface and exact weights")
+        gate(z, gw, layer, sg, n_edges, n_focus, layout, blas=True)
+        cfg = pointwise_config(layout)
+        wrap_triton(gate_cotangent_kernel)[((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)](
+            h, z, sg, gz, layer, n_edges, n_focus, LMAX=layout.lmax, CF=layout.focus_dim, GC=gate_chunk(layout),
+            BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        )
+        add_logit_contraction(gz, sg, gw, layer, layout.focus_dim)
+        return
     if not fold:
         gate(z, gw, layer, sg, n_edges, n_focus, layout, gate_split=gate_split)
     cfg = pointwise_config(layout)
@@ -292,12 +326,13 @@ def _relay_layers(h, z, wt: Weights, layout: StackLayout, plan: LaunchPlan, spli
         return
     split, gate_split = splits
     n_focus, n_edges = z.shape[1], z.shape[2]
-    fold = pointwise_recomputes_gate(layout, plan.compensated)
+    blas = _exact_on_blas(plan, layout, h)
+    fold = pointwise_recomputes_gate(layout, plan.compensated) and not blas
     sg = None if fold else h.new_empty((n_focus, n_edges, layout.gate_width))
     gz = torch.empty_like(h)
     for k in range(wt.n_gated - 1, -1, -1):
         h_in, h_out = training.h_of(k, h), training.h_of(k - 1, h)
-        relay_gz(h_in, z, wt.gw, k, n_edges, n_focus, layout, sg, gz, amax=amax, gate_split=gate_split, fold=fold)
+        relay_gz(h_in, z, wt.gw, k, layout, sg, gz, amax=amax, gate_split=gate_split, fold=fold, blas=blas)
         if training.grad_z is not None:
             gz.add_(training.grad_z[k])
         if training.on_gz is not None:

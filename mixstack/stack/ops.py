@@ -47,7 +47,7 @@ from .. import tuning
 from ..core.layout import StackLayout
 from ..dispatch.guards import kernels_can_run, unsupported_reason
 from ..dispatch.log import record
-from ..tuning import configs
+from ..tuning import configs, products
 from . import gemm, launchers, level3, reference, training
 from .launchers import LaunchPlan
 from .values import Saved, StackSpec, Weights
@@ -86,6 +86,7 @@ def stack_forward(u0: Tensor, alpha: Tensor, w0: Tensor, w1: Tensor, gw: Tensor,
             record("fwd:compensated")
             return launchers.stack_forward(u0, alpha, weights, stack, LaunchPlan(comp_cfg, compensated=True))
         record("fwd:triton")
+        _record_products(stack, u0)
         gemm_cfg = _tuned("stack_fwd", u0, n_focus, stack, level)
         return launchers.stack_forward(u0, alpha, weights, stack, LaunchPlan(gemm_cfg))
     record("fwd:reference")
@@ -163,8 +164,9 @@ def _force_plan(z: Tensor, stack: StackSpec, level: int, comp_cfg: dict | None) 
         return LaunchPlan(comp_cfg, compensated=True)
     n_focus = z.shape[1]
     gemm_cfg = _tuned("stack_bwd_relay", z, n_focus, stack, level)
+    _record_products(stack, z)
     fused_cfg = None
-    if configs.fused_supported(stack.layout):
+    if configs.fused_supported(stack.layout) and not products.on_blas(stack.layout, z):
         fused_cfg = _tuned("stack_bwd_fused", z, n_focus, stack, level, log=False)
     record("bwd:relay" if fused_cfg is None else "bwd:fused")
     return LaunchPlan(gemm_cfg, fused_cfg)
@@ -176,7 +178,15 @@ def _relay_plan(z: Tensor, stack: StackSpec, level: int, comp_cfg: dict | None) 
     compensated = comp_cfg is not None
     gemm_cfg = comp_cfg if compensated else _tuned("stack_bwd_relay", z, z.shape[1], stack, level)
     record("bwd:compensated" if compensated else "bwd:relay")
+    if not compensated:
+        _record_products(stack, z)
     return LaunchPlan(gemm_cfg, compensated=compensated)
+
+
+def _record_products(stack: StackSpec, t: Tensor) -> None:
+    """Record ``products:blas`` where an exact call's products run on the BLAS (``tuning.products``)."""
+    if products.on_blas(stack.layout, t):
+        record("products:blas")
 
 
 @triton_op("mixstack::stack_double_backward", mutates_args=())
@@ -200,6 +210,8 @@ def stack_double_backward(v: Optional[Tensor], w: Optional[Tensor], grad_out: Te
         compensated = comp_cfg is not None
         gemm_cfg = comp_cfg if compensated else _tuned("stack_fwd", grad_out, n_focus, stack, level)
         record("bwd2:compensated" if compensated else "bwd2:triton")
+        if not compensated:
+            _record_products(stack, grad_out)
         wgrad = _wgrad_plan(grad_out, n_focus, stack, level) if want_weights else None
         return training.double_backward(v, w, grad_out, saved, chain, wts, stack,
                                         LaunchPlan(gemm_cfg, compensated=compensated), wgrad,

@@ -304,7 +304,7 @@ def _gated_tangents(t: _Tangent, u_dot, z_dot, z, chain, d_z):
             # gz lives in d_z[k] until the tangent step overwrites it (every column): the
             # reductions read it first, and the double backward's peak holds one surface less
             gz = d_z[k]
-            launchers.relay_gz(chain[k], z, t.weights.gw, k, n_edges, n_focus, layout, sg, gz, fold=fold)
+            launchers.relay_gz(chain[k], z, t.weights.gw, k, layout, sg, gz, fold=fold)
             red.blocks(u_dot, 0, gz, t.dw.w0, t.dw.w1, k)
             red.gate(chain, k, z, t.weights.gw, t.dw.gw, k, zd=z_dot)
         wrap_triton(tangent_kernel)[grid](

@@ -179,7 +179,7 @@ def test_the_writers_record_exactly_the_row_maxima_of_what_they_wrote(case):
     gz = torch.full_like(h, float("nan"))
     amax.fill_(-1.0)
     w0t, w1t = (w.transpose(-1, -2).contiguous() for w in (w0, w1))
-    launchers.relay_gz(h, z, gw, 0, case.E, case.F, lay, sg, gz, amax=amax)
+    launchers.relay_gz(h, z, gw, 0, lay, sg, gz, amax=amax)
     assert torch.equal(amax[..., 0], gz[..., :m0].abs().amax(-1))
     assert torch.equal(amax[..., 1], gz[..., m0:].abs().amax(-1))
 
@@ -291,7 +291,7 @@ def test_the_gates_products_at_level3_keep_the_contract_at_extreme_scales(s_scal
     assert helpers.rel_err(sg, sg64) <= CONTRACT
 
     gz = torch.full_like(h, float("nan"))
-    launchers.relay_gz(h, z, gw, 0, n_edges, n_focus, lay, sg, gz, gate_split=launchers.split_matrices(gw))
+    launchers.relay_gz(h, z, gw, 0, lay, sg, gz, gate_split=launchers.split_matrices(gw))
     h64, z64, sgk = h.double(), z[0].double(), sg.double()    # the kernel's sigmoids: the contraction alone
     gsg = (h64[..., cf:m0] * z64[..., cf:m0] + h64[..., m0:m0 + g] * z64[..., m0:m0 + g]
            + h64[..., m0 + g:] * z64[..., m0 + g:])

@@ -29,7 +29,7 @@ def test_the_pointwise_kernels_own_sigmoids_give_the_relays_bits(case, compensat
         sg = None if fold else torch.full((case.F, case.E, lay.gate_width), float("nan"))
         gz = torch.full_like(h, float("nan"))
         amax = torch.full((case.F, case.E, 2), -1.0) if compensated else None
-        launchers.relay_gz(h, z, gw, 0, case.E, case.F, lay, sg, gz, amax=amax, gate_split=gate_split,
+        launchers.relay_gz(h, z, gw, 0, lay, sg, gz, amax=amax, gate_split=gate_split,
                            fold=fold)
         results.append((gz, amax))
     (gz_surface, amax_surface), (gz_fold, amax_fold) = results

@@ -1,0 +1,110 @@
+"""The exact levels' products on the vendor BLAS (``tuning.products``): the block GEMM with its
+epilogue, and the gate's two small products.
+
+``block_products`` does what ``gemm.block_gemm`` does for an exact launch, with each block's
+product one batched BLAS call over the focus streams written straight into its surface's
+columns (``z``, or the residual's target through ``beta = 1``) and the epilogue's gate and
+alpha as elementwise passes.  The gate's logits ``s @ gw`` (``gate_logits``) and the logit
+contraction ``gl @ gw^T`` (``add_logit_contraction``) are BLAS products around the gate kernels,
+which then run only their elementwise work (``LOGITS_IN``, ``GL_OUT``).  The summation order is
+the BLAS's, fixed by the shape on one device: the same bits at levels 1 and 2, which take this
+route at the same keys.  Plain Python over tensor metadata, like the Triton launchers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..tuning.products import exact_products
+
+
+def _focus_major(t: torch.Tensor, edge_major: bool) -> torch.Tensor:
+    """``t`` as an ``(F, E, ROW)`` view (an edge-major ``(E, F, ROW)`` surface transposed)."""
+    return t.transpose(0, 1) if edge_major else t
+
+
+def _gated(t: torch.Tensor, gate_width: int) -> torch.Tensor:
+    """The |m| = 1 block's columns ``(F, E, 2G)`` as ``(F, E, 2, G)``: both halves gated by ``sg``."""
+    return t.unflatten(-1, (2, gate_width))
+
+
+def block_products(a, weights, epilogue) -> None:
+    """``gemm.block_gemm``'s effect (its ``Operand``, ``BlockWeights`` and ``Epilogue``) for exact
+    weights (no split) with the products on the BLAS:
+    per block, ``z`` takes the product; ``y`` (else ``out``) takes ``res + P`` (``P * [sg | sg]``
+    with a gate); ``out`` takes that times alpha where alpha applies (``alpha_on_a`` scales the
+    result rather than the operand: the same value, the BLAS's rounding)."""
+    if weights.split is not None or a.amax is not None or epilogue.amax_out is not None:
+        raise ValueError("the BLAS block products are exact: no split weights or row maxima")
+    if epilogue.alpha_on_a and (epilogue.z is not None or epilogue.y is not None or epilogue.sg is not None):
+        raise ValueError("alpha on the operand goes with a residual and a result only")
+    lay = weights.layout
+    rows = _focus_major(a.rows, a.edge_major)
+    res = None if epilogue.res is None else _focus_major(epilogue.res, a.edge_major)
+    out = None if epilogue.out is None else _focus_major(epilogue.out, epilogue.out_edge_major)
+    y = None if epilogue.y is None else _focus_major(epilogue.y, epilogue.out_edge_major)
+    in_place = epilogue.res is not None and epilogue.res is epilogue.out and not epilogue.out_edge_major \
+        and not a.edge_major and y is None
+    scaled = epilogue.alpha is not None and (epilogue.alpha_on_a or epilogue.alpha_on_out)
+    scale = epilogue.alpha.transpose(0, 1).unsqueeze(-1) if scaled else None      # (F, E, 1)
+    if epilogue.sg is not None and 0 in weights.blocks:
+        raise ValueError("the block GEMM's gate applies to the |m| = 1 block alone")
+    with exact_products():
+        for block in weights.blocks:
+            cols = slice(0, lay.m0) if block == 0 else slice(lay.m0, lay.row)
+            w = (weights.w0 if block == 0 else weights.w1)[weights.layer]
+            gate = epilogue.sg if block == 1 else None
+            target = y if y is not None else out
+            target = None if target is None else target[..., cols]
+            _block(rows[..., cols], w, None if epilogue.z is None else epilogue.z[weights.layer][..., cols],
+                   None if res is None else res[..., cols], gate, target, in_place, lay.gate_width)
+            if out is not None and y is not None:
+                if scale is None:
+                    out[..., cols].copy_(y[..., cols])
+                else:
+                    torch.mul(y[..., cols], scale, out=out[..., cols])
+            elif out is not None and scale is not None:
+                out[..., cols].mul_(scale)
+
+
+def _block(a, w, z, res, sg, target, in_place: bool, gate_width: int) -> None:
+    """One block: ``z = a @ w`` where ``z`` is given; ``target = res + (a @ w) [* sg]``."""
+    if z is not None:
+        torch.bmm(a, w, out=z)
+        if target is None:
+            return
+        if sg is not None:
+            g = sg.unsqueeze(2)
+            if res is None:
+                torch.mul(_gated(z, gate_width), g, out=_gated(target, gate_width))
+            else:
+                torch.addcmul(_gated(res, gate_width), _gated(z, gate_width), g, out=_gated(target, gate_width))
+        elif res is None:
+            target.copy_(z)
+        else:
+            torch.add(res, z, out=target)
+        return
+    if target is None:
+        raise ValueError("a block product needs a surface to write: z, y or out")
+    if sg is not None:
+        raise ValueError("a gated block product stores z")
+    if res is None:
+        torch.bmm(a, w, out=target)
+    elif in_place:
+        target.baddbmm_(a, w)
+    else:
+        torch.baddbmm(res, a, w, out=target)
+
+
+def gate_logits(z: torch.Tensor, gw: torch.Tensor, layer: int, logits: torch.Tensor, focus_dim: int) -> None:
+    """``logits (F, E, G) = s @ gw[layer]``, ``s = z[layer][..., :Cf]``: the gate's products of
+    one gated layer, for the gate kernel's ``LOGITS_IN``."""
+    with exact_products():
+        torch.bmm(z[layer][..., :focus_dim], gw[layer], out=logits)
+
+
+def add_logit_contraction(gz: torch.Tensor, gl: torch.Tensor, gw: torch.Tensor, layer: int, focus_dim: int) -> None:
+    """``gz[..., :Cf] += gl @ gw[layer]^T``: the gate-logit contraction the pointwise kernel's
+    ``GL_OUT`` leaves out, from the logit gradients ``gl (F, E, G)`` it wrote."""
+    with exact_products():
+        gz[..., :focus_dim].baddbmm_(gl, gw[layer].transpose(-1, -2))

@@ -1,0 +1,97 @@
+"""Which keys' exact products run on the BLAS (``tuning.products``): the override and its
+errors, the verdict file a grid run writes and the route reads, and TF32 kept off."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+import torch
+
+from mixstack.bench import grid
+from mixstack.core.layout import StackLayout
+from mixstack.tuning import products
+
+WIDE = StackLayout(4, 112)
+NARROW = StackLayout(2, 32)
+ON_GPU = types.SimpleNamespace(device=torch.device("cuda"))      # a stand-in: only its device is read
+
+
+@pytest.fixture
+def h200_verdicts(tmp_path, monkeypatch):
+    """A verdict file for a stand-in GPU, read in place of the shipped one."""
+    path = tmp_path / "products.json"
+    monkeypatch.setattr(products, "verdicts_path", lambda device: str(path))
+    monkeypatch.setattr(products, "device_name", lambda device: "NVIDIA H200")
+    monkeypatch.delenv(products.VARIABLE, raising=False)
+    products.forget_keys()
+    yield path
+    products.forget_keys()
+
+
+def test_auto_takes_the_measured_keys_on_a_gpu_and_triton_elsewhere(h200_verdicts):
+    h200_verdicts.write_text(json.dumps({"device": "NVIDIA H200", "blas": [{"focus_dim": 112, "lmax": 4,
+                                                                              "speedup": 1.06}]}))
+    assert products.on_blas(WIDE, ON_GPU) and not products.on_blas(NARROW, ON_GPU)
+    assert not products.on_blas(WIDE, torch.zeros(1))                 # CPU tensors: Triton (or the reference)
+    with products.use_products("triton"):
+        assert not products.on_blas(WIDE, ON_GPU)
+    with products.use_products("blas"):
+        assert products.on_blas(NARROW, torch.zeros(1))
+        with products.use_products("auto"):                            # nested, then restored
+            assert not products.on_blas(NARROW, ON_GPU)
+        assert products.on_blas(NARROW, ON_GPU)
+    assert products.route() == "auto"
+
+
+def test_no_file_means_triton_everywhere_and_a_corrupt_one_is_reported_not_fatal(h200_verdicts):
+    assert products.blas_keys("NVIDIA H200") == frozenset() and not products.on_blas(WIDE, ON_GPU)
+    products.forget_keys()
+    h200_verdicts.write_text("{not json")
+    with pytest.warns(Warning, match="products.json: cannot be read"):
+        assert products.blas_keys("NVIDIA H200") == frozenset()
+
+
+def test_the_environment_variable_picks_the_route_and_a_bad_value_names_it(monkeypatch):
+    monkeypatch.setenv(products.VARIABLE, "blas")
+    assert products.route() == "blas" and products.on_blas(NARROW, torch.zeros(1))
+    monkeypatch.setenv(products.VARIABLE, "cublas")
+    with pytest.raises(ValueError, match="MIXSTACK_PRODUCTS must be one of auto, blas, triton, got 'cublas'"):
+        products.route()
+    with pytest.raises(ValueError, match=r"use_products\(which\) must be one of"):
+        with products.use_products("fast"):
+            pass
+
+
+def test_exact_products_turn_tf32_off_inside_and_restore_the_callers_setting():
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32
+    try:
+        matmul.allow_tf32 = True
+        with products.exact_products():
+            assert matmul.allow_tf32 is False
+        assert matmul.allow_tf32 is True
+    finally:
+        matmul.allow_tf32 = before
+
+
+def _record(cf, lmax, f, l1, l2, l1b, l2b):
+    timings = [{"variant": v, "pass": "both", "median_ms": t}
+               for v, t in (("L1", l1), ("L2", l2), ("L1-blas", l1b), ("L2-blas", l2b), ("L0-compile", 10.0))
+               if t is not None]
+    from mixstack.measure import env
+    return {"key": {"focus_dim": cf, "lmax": lmax, "focus": f, "edges": 1}, "shape": {"variants": []},
+            "timings": timings, "env": env.collect(torch.device("cpu")), "compile": {"graphs": 0, "first_call_s": None}}
+
+
+def test_a_group_takes_the_blas_only_where_it_won_at_both_levels_and_every_f():
+    recs = [_record(112, 4, 1, 10.0, 10.0, 9.0, 9.2), _record(112, 4, 2, 10.0, 10.0, 9.5, 9.4),   # wins: 1.053
+            _record(128, 5, 1, 10.0, 10.0, 9.0, 9.0), _record(128, 5, 2, 10.0, 10.0, 9.9, 9.0),   # F 2, L1: 1.01
+            _record(80, 4, 1, 10.0, 10.0, 9.0, 10.0),                                             # L2 no faster
+            _record(96, 4, 1, 10.0, 10.0, 9.0, None)]                                             # not measured
+    verdicts = products.verdicts(recs)
+    assert [(v["focus_dim"], v["lmax"]) for v in verdicts] == [(112, 4)]
+    assert verdicts[0]["speedup"] == round(10.0 / 9.5, 4)
+    text = grid.markdown(recs)
+    assert "Triton's at both levels and every F: 1 (Cf, lmax) groups (Cf112-l4)" in text
