@@ -6,7 +6,7 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,probe,deepmdprobe,train,lammps,scaling,tma,aoti,pt2,deepmd,deepmdlammps (default:
+#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,probe,stackprobe,deepmdprobe,train,lammps,scaling,tma,aoti,pt2,deepmd,deepmdlammps (default:
 #   tests,stack,model) picks what runs, in that order;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it);
@@ -43,6 +43,8 @@
 #   the candidate standalone reproducers repro/inductor_gpu_*.py, ~3 min.
 #   "probe": scripts/frame_probe.py (PROBE_ARGS): one frame's kernels by device time and the
 #   allocations alive at its peak memory, per level, under $OUT/probe.
+#   "stackprobe": scripts/stack_probe.py (STACK_PROBE_ARGS, default Cf112-l4-F1, Cf128-l5-F1 and Cf80-l4-F1 at
+#   variants 0c,1,1b): one forward + backward of the stack kernel by kernel, under $OUT/stackprobe.
 #   "deepmdprobe": scripts/deepmd_probe.py (DEEPMD_PROBE_ARGS, default --variants ms3cg; the wheels of .whl/):
 #   a deepmd-kit frame's kernels, a graphed variant's memory by pool and its eager peak, under $OUT/deepmdprobe.
 #   "convprobe": scripts/conv_probe.py (CONVPROBE_ARGS): rotate-in forward and backward at the
@@ -224,6 +226,13 @@ part_probe() {
   timeout "$(left)" python3 scripts/frame_probe.py ${PROBE_ARGS:-} --out "$OUT/probe" 2>&1 | tee "$OUT/probe.log" | tail -n 40
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("frame probe rc=$r")
 }
+part_stackprobe() {
+  # scripts/stack_probe.py (STACK_PROBE_ARGS): one forward + backward of the stack, kernel by kernel,
+  # per variant, at the wide keys (default: the compiled reference, level 1 and level 1 on cuBLAS)
+  timeout "$(left)" python3 scripts/stack_probe.py ${STACK_PROBE_ARGS:---key 112,4,1 --key 128,5,1 --key 80,4,1 --variants 0c,1,1b} \
+    --out "$OUT/stackprobe" 2>&1 | tee "$OUT/stackprobe.log" | tail -n 60
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("stack probe rc=$r")
+}
 part_deepmdprobe() {
   # scripts/deepmd_probe.py (DEEPMD_PROBE_ARGS, default --variants ms3cg): one deepmd-kit frame's kernels
   # by device time, a graphed variant's memory by pool and its eager peak by where it was allocated
@@ -391,10 +400,10 @@ part_deepmdlammps() {
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|deepmdprobe|convprobe|train|lammps|scaling|tma|aoti|pt2|deepmd|deepmdlammps)
+    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|stackprobe|deepmdprobe|convprobe|train|lammps|scaling|tma|aoti|pt2|deepmd|deepmdlammps)
       "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, deepmdprobe, convprobe, train, lammps, scaling, tma, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, stackprobe, deepmdprobe, convprobe, train, lammps, scaling, tma, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

@@ -1,7 +1,7 @@
 """Where one forward + backward of the stack spends its device time, kernel by kernel, per
 variant (the compiled reference ``0c`` and mixstack's levels), at grid keys.
 
-    PYTHONPATH=. python3 scripts/stack_probe.py --key 112,4,1 --key 128,5,1 --variants 0c,1,3 --out DIR
+    PYTHONPATH=. python3 scripts/stack_probe.py --key 112,4,1 --key 128,5,1 --variants 0c,1,1b,3 --out DIR
 
 Per key and variant it writes ``kernels-<key>-<variant>.txt`` (the profiler's kernels by
 device time over ``--repeats`` fwd+bwd calls after a warm-up) and prints the top kernels and
@@ -38,15 +38,19 @@ def profile(call, repeats: int) -> list[tuple[str, float, int]]:
     return sorted(((n, t / repeats, count[n] // repeats) for n, t in total.items()), key=lambda r: -r[1])
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--key", action="append", required=True, help="Cf,lmax,F (repeatable)")
-    p.add_argument("--variants", default="0c,1")
+    p.add_argument("--variants", default="0c,1", help=f"comma-separated, of {', '.join(stack_bench.VARIANTS)}")
     p.add_argument("--edge-scale", type=float, default=0.5)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--top", type=int, default=14)
     p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     cfg = grid.GridConfig(edge_scale=args.edge_scale)
     device = torch.device("cuda")
     for text in args.key:
@@ -56,9 +60,11 @@ def main(argv=None) -> int:
         u0, alpha, wrt = stack_bench.differentiable(shape, inp)
         for v in args.variants.split(","):
             fwd = stack_bench.forward_fn(v, shape, inp)
+            scope = stack_bench._scope(v, shape, device)
 
-            def call(fwd=fwd):
-                return torch.autograd.grad(fwd(u0, alpha), wrt, inp.grad_out)
+            def call(fwd=fwd, scope=scope):
+                with scope():
+                    return torch.autograd.grad(fwd(u0, alpha), wrt, inp.grad_out)
             rows = profile(call, args.repeats)
             tot = sum(r[1] for r in rows)
             print(f"== {shape.name} E={shape.edges} {v}: {tot:.2f} ms device, {sum(r[2] for r in rows)} launches")

@@ -85,6 +85,24 @@ def test_the_frame_parts_pass_options_the_model_bench_takes(tmp_path):
         str(tmp_path / "out" / "breakdown-before"), str(tmp_path / "out" / "breakdown-after")}
 
 
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_the_stackprobe_part_probes_the_wide_keys_on_both_product_routes(tmp_path):
+    """``stackprobe``: ``scripts/stack_probe.py`` with arguments it parses, at grid keys, with the
+    compiled reference and level 1 on Triton's and on the BLAS's products (variants the bench knows)."""
+    import importlib.util
+
+    from mixstack.bench import stack_bench
+
+    spec = importlib.util.spec_from_file_location("stack_probe", os.path.join(ROOT, "scripts", "stack_probe.py"))
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    (call,) = [argv for _, argv in _recorded_commands(tmp_path, "stackprobe") if argv[:1] == ["scripts/stack_probe.py"]]
+    args = probe.parser().parse_args(call[1:])
+    assert args.variants.split(",") == ["0c", "1", "1b"] and set(args.variants.split(",")) <= set(stack_bench.VARIANTS)
+    assert [tuple(int(x) for x in k.split(",")) for k in args.key] == [(112, 4, 1), (128, 5, 1), (80, 4, 1)]
+    assert args.out == str(tmp_path / "out" / "stackprobe")
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
 def test_the_baseline_part_selects_the_strict_compiled_baseline_test(tmp_path):
