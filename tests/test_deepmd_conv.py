@@ -132,3 +132,32 @@ def test_deepcopy_and_state_dict_keep_the_switch_and_the_keys():
     assert list(fast.state_dict()) == list(conv.state_dict())
     inputs = conv_inputs(conv)
     assert torch.equal(twin(*inputs), fast(*inputs))
+
+
+@pytest.mark.parametrize("case", ["water", "two_stream", "two_stream_no_focus_norm"])
+def test_the_stack_runs_without_alpha_and_rotate_out_carries_it(case, monkeypatch):
+    """SeZM's competition and attention weights reach rotate-out's edge weight, never the stack's
+    alpha: the stack keeps no unscaled result for an alpha gradient (one surface a block fewer)."""
+    from mixstack.deepmd import value_path
+
+    seen = {}
+    stack, rotate_out = value_path.mixing_stack, value_path.rotate_out_sum
+
+    def spy_stack(*args, **kwargs):
+        seen["apply_alpha"] = kwargs["apply_alpha"]
+        return stack(*args, **kwargs)
+
+    def spy_rotate_out(*args, **kwargs):
+        seen["edge_weight"] = tuple(kwargs["edge_weight"].shape)
+        return rotate_out(*args, **kwargs)
+
+    monkeypatch.setattr(value_path, "mixing_stack", spy_stack)
+    monkeypatch.setattr(value_path, "rotate_out_sum", spy_rotate_out)
+    conv = make_conv(**CASES[case]).eval()
+    inputs = conv_inputs(conv, requires_grad=True)
+    out, _ = _run(accelerated_conv(conv, level=0), inputs)
+    assert max_rel(out, _run(conv, inputs)[0]) < FLOAT64_RTOL
+    n_edges, heads = inputs[1].src.shape[0], conv.n_atten_head
+    assert seen["apply_alpha"] is False
+    assert seen["edge_weight"] == {"water": (n_edges, 1, 1), "two_stream": (n_edges, 2, 2),
+                                   "two_stream_no_focus_norm": (n_edges, 2)}[case], heads

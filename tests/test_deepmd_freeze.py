@@ -77,7 +77,7 @@ def test_the_freeze_hooks_open_the_target_for_cuda_and_tune_the_models_keys(monk
         freeze_pt2._tune_triton_configs(model, torch.device("cpu"))
     keys, device, level = seen["tuned"]
     assert seen["tables"] == device == torch.device("cpu") and level == 3
-    assert [(k.focus_dim, k.lmax, k.n_focus, k.apply_alpha) for k in keys] == [(32, 3, 2, True)]
+    assert [(k.focus_dim, k.lmax, k.n_focus, k.apply_alpha) for k in keys] == [(32, 3, 2, False)]
     freeze.uninstall()
     assert freeze_pt2.freeze_sezm_to_pt2 is fake_freeze and freeze_pt2._tune_triton_configs is fake_tables
 
@@ -120,5 +120,5 @@ def test_the_expt_freeze_hook_tunes_the_rebuilt_models_keys_and_opens_the_target
     finally:
         plugin.uninstall()
     assert seen["targeted"] == [False, True] and not guards._targeted()
-    assert seen["tuned"] == ([(32, 3, 2, True)], torch.device("cuda"))
+    assert seen["tuned"] == ([(32, 3, 2, False)], torch.device("cuda"))
     assert serialization._trace_and_export is fake_trace

@@ -195,6 +195,21 @@ def test_tuned_config_is_none_for_missing_and_for_none_entries():
     assert tuning.tuned_config(FUSED, **kw) == CFG_B
 
 
+def test_a_key_without_alpha_borrows_its_alpha_twins_launch_config_but_never_a_compensated_one():
+    no_alpha = dict(focus_dim=32, lmax=3, n_focus=2, apply_alpha=False)
+    tuning.register("stack_bwd_relay", KEY, CFG_A)
+    tuning.register("stack_wgrad_compensated", KEY, CFG_B)
+    assert tuning.tuned_config("stack_bwd_relay", **no_alpha) == CFG_A
+    assert tuning.tuned_config("stack_wgrad_compensated", **no_alpha) is None      # validated on its key only
+    own = tuning.shape_key(**no_alpha)
+    tuning.register("stack_bwd_relay", own, None)                                   # its own entry wins, None too
+    assert tuning.tuned_config("stack_bwd_relay", **no_alpha) is None
+    tuning.register("stack_bwd_relay", own, CFG_C)
+    assert tuning.tuned_config("stack_bwd_relay", **no_alpha) == CFG_C
+    tuning.register("stack_fwd", own, CFG_C)                                        # never the other way round
+    assert tuning.tuned_config("stack_fwd", **{**no_alpha, "apply_alpha": True}) is None
+
+
 def test_every_shipped_entry_was_measured_on_the_current_kernel_sources():
     """A kernel edit makes the shipped entries stale (they would be ignored at run time):
     re-measure them, or withdraw them, in the same change."""

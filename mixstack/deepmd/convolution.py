@@ -42,10 +42,8 @@ class MixstackConvolution:
 
     def stack_shape_key(self):
         """The tuning key of this convolution's mixing stack (``mixstack.export.stack_keys`` finds
-        it): alpha applies where SeZM's focus competition or a single attention head weights the
-        edges (``value_path``)."""
-        alpha = (self.focus_compete and self.n_focus > 1) or self.n_atten_head == 1
-        return shape_key(focus_dim=self.so2_focus_dim, lmax=self.lmax, n_focus=self.n_focus, apply_alpha=alpha)
+        it): never alpha, which rotate-out's edge weight carries (``value_path``)."""
+        return shape_key(focus_dim=self.so2_focus_dim, lmax=self.lmax, n_focus=self.n_focus, apply_alpha=False)
 
     def _attention_weights(self, x, rad, edges: glue.Edges, edge_cache, n_node: int) -> torch.Tensor:
         """SeZM's envelope-gated softmax weights ``(E, F, H)`` over each destination's edges."""

@@ -7,10 +7,17 @@ The math (docs/deepmd.md, "The value path"), one operator call each:
 
     W      = edge_wigner(vec, convention="sezm")                      (once a frame, glue.frame_edges)
     u      = rotate_in(x, W, radial, src, streams=F, degree_mix=...)  (per-degree radial, or SeZM's mixer)
-    alpha  = SeZM's focus competition on u's l = 0 channels, times the attention weight (one head)
-    y      = mixing_stack(u, alpha, w0, w1, gw)
-    agg    = rotate_out_sum(y, W, dst, N, streams="blocks", edge_weight=attention (2+ heads) or
-                            envelope * gate (none), order=edge_order(dst), degree_scale=rescale)
+    y      = mixing_stack(u, w0, w1, gw)                              (no alpha: it moves to rotate-out)
+    a      = SeZM's focus competition on u's l = 0 channels (F > 1), times the attention weights
+             or, without heads, the envelope (times the source gate)
+    agg    = rotate_out_sum(y, W, dst, N, streams="blocks", edge_weight=a, order=edge_order(dst),
+                            degree_scale=rescale)
+
+SeZM scales each stream's stack result by its competition weight before the rotation back; the
+rotation is linear per edge, so the weight moves to rotate-out's edge weight (one per edge, stream
+and head) with the same value.  The stack then keeps no unscaled result for an alpha gradient
+(rotate-out's backward forms the weight's gradient from the input it keeps anyway): one
+``(E, F, ROW)`` surface fewer a block.
 
 It runs with autocast off and in the convolution's compute dtype (float32 or float64): under
 bf16 autocast deepmd-kit's own path would run these products in bf16.
@@ -26,19 +33,16 @@ from . import glue
 from .weights import stack_weights
 
 
-def _alpha_and_weight(conv, u0, attention, edges: glue.Edges, dtype):
-    """``(alpha (E, F) or None, edge_weight)``: SeZM's focus competition, times one attention
-    head's weights; two or more heads' weights ``(E, F, H)``, or without heads the envelope
-    (times the source gate) per edge, for rotate-out."""
-    alpha = None
-    if conv.focus_compete and conv.n_focus > 1:
-        alpha = conv._focus_alpha(u0[:, :, :conv.so2_focus_dim].transpose(0, 1)).to(dtype)     # (E, F)
-    if attention is None:
-        return alpha, (edges.env if edges.gate is None else edges.env * edges.gate).to(dtype)
-    if attention.shape[2] == 1:
-        weight = attention[:, :, 0].to(dtype)
-        return (weight if alpha is None else alpha * weight), None
-    return alpha, attention.to(dtype)
+def message_weight(conv, u0, attention, edges: glue.Edges, dtype):
+    """Rotate-out's edge weight: the attention weights ``(E, F, H)`` or, without heads, the
+    envelope (times the source gate) ``(E,)``, times SeZM's focus competition ``(E, F)`` where it
+    applies (then ``(E, F)`` or ``(E, F, H)``)."""
+    weight = (edges.env if edges.gate is None else edges.env * edges.gate) if attention is None else attention
+    weight = weight.to(dtype)
+    if not (conv.focus_compete and conv.n_focus > 1):
+        return weight
+    alpha = conv._focus_alpha(u0[:, :, :conv.so2_focus_dim].transpose(0, 1)).to(dtype)          # (E, F)
+    return alpha * weight[:, None] if weight.dim() == 1 else alpha.unsqueeze(2) * weight
 
 
 def aggregate(conv, x: torch.Tensor, rad: torch.Tensor, edges: glue.Edges, n_node: int,
@@ -61,11 +65,9 @@ def aggregate(conv, x: torch.Tensor, rad: torch.Tensor, edges: glue.Edges, n_nod
         else:                              # a strided view: stream f's channels of degree l
             radial, mix = rad.view(n_edges, lmax + 1, n_focus, cf).transpose(1, 2), None
         u0 = rotate_in(x, edges.wigner, radial, edges.src, streams=n_focus, degree_mix=mix)   # (F, E, ROW)
-        alpha, edge_weight = _alpha_and_weight(conv, u0, attention, edges, dtype)
+        edge_weight = message_weight(conv, u0, attention, edges, dtype)
         w0, w1, gw = stack_weights(conv, detach=not conv.training)
-        apply_alpha = alpha is not None
-        if alpha is None:
-            alpha = u0.new_ones(()).expand(n_edges, n_focus)
-        y = mixing_stack(u0, alpha, w0, w1, gw, lmax=lmax, focus_dim=cf, apply_alpha=apply_alpha)
+        unused = u0.new_ones(()).expand(n_edges, n_focus)                 # alpha: rotate-out applies it
+        y = mixing_stack(u0, unused, w0, w1, gw, lmax=lmax, focus_dim=cf, apply_alpha=False)
         return rotate_out_sum(y, edges.wigner, edges.dst, n_node, edge_weight=edge_weight, streams="blocks",
                               order=edges.order, degree_scale=conv.rotate_inv_rescale_full.to(dtype))

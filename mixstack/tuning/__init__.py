@@ -48,10 +48,16 @@ def tuned_config(family: str, *, focus_dim: int, lmax: int, n_focus: int, apply_
     """The launch config to use for one launch, or ``None`` (the baseline: the level-1
     config, or the relay for ``stack_bwd_fused``) where the entry is ``None`` or missing.
 
-    ``device``: the tensors' device (names the table); call this at level >= 2 only.
+    ``device``: the tensors' device (names the table); call this at level >= 2 only.  A key
+    without alpha that has no entry of an exact family takes its alpha twin's: a launch config
+    changes the schedule only, and the two run the same products (docs/contract.md §5).
     """
     key = shape_key(focus_dim=focus_dim, lmax=lmax, n_focus=n_focus, apply_alpha=apply_alpha)
-    cfg = lookup(family, key, device_name=device_name(device))
+    name = device_name(device)
+    cfg = lookup(family, key, device_name=name)
+    if cfg is MISSING and not apply_alpha and FAMILIES[family].candidate_level <= 2:
+        twin = shape_key(focus_dim=focus_dim, lmax=lmax, n_focus=n_focus, apply_alpha=True)
+        cfg = lookup(family, twin, device_name=name)
     return cfg if isinstance(cfg, dict) else None
 
 
