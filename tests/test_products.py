@@ -64,16 +64,32 @@ def test_the_environment_variable_picks_the_route_and_a_bad_value_names_it(monke
             pass
 
 
-def test_exact_products_turn_tf32_off_inside_and_restore_the_callers_setting():
+@pytest.mark.parametrize("how", ["legacy flag", "float32 matmul precision", "new setting"])
+def test_exact_products_turn_tf32_off_inside_and_restore_the_callers_setting(how):
+    """Whichever of torch's three ways the caller turned TF32 on (reading the legacy flag after the
+    new setting raises in torch >= 2.9, so the context must not)."""
     matmul = torch.backends.cuda.matmul
-    before = matmul.allow_tf32
+    new_api = hasattr(matmul, "fp32_precision")
+    before = matmul.fp32_precision if new_api else matmul.allow_tf32
     try:
-        matmul.allow_tf32 = True
+        if how == "legacy flag":
+            matmul.allow_tf32 = True
+        elif how == "float32 matmul precision":
+            torch.set_float32_matmul_precision("high")
+        elif new_api:
+            matmul.fp32_precision = "tf32"
+        else:
+            pytest.skip("this torch has no fp32_precision setting")
+        on = matmul.fp32_precision if new_api else matmul.allow_tf32
         with products.exact_products():
-            assert matmul.allow_tf32 is False
-        assert matmul.allow_tf32 is True
+            assert (matmul.fp32_precision == "ieee") if new_api else (matmul.allow_tf32 is False)
+        assert (matmul.fp32_precision if new_api else matmul.allow_tf32) == on
     finally:
-        matmul.allow_tf32 = before
+        if new_api:
+            matmul.fp32_precision = before
+        else:
+            matmul.allow_tf32 = before
+        torch.set_float32_matmul_precision("highest")
 
 
 def _record(cf, lmax, f, l1, l2, l1b, l2b):

@@ -100,12 +100,14 @@ def exact_products():
     """cuBLAS's fp32 products in IEEE fp32 (TF32 off) inside, whatever the caller set; restored
     after.  Eager calls only: a compiled program's products follow torch's setting when it runs."""
     matmul = torch.backends.cuda.matmul
-    previous = matmul.allow_tf32
-    matmul.allow_tf32 = False
+    # torch's new setting where it has one: reading the legacy flag raises once a caller used the new
+    name, off = ("fp32_precision", "ieee") if hasattr(matmul, "fp32_precision") else ("allow_tf32", False)
+    previous = getattr(matmul, name)
+    setattr(matmul, name, off)
     try:
         yield
     finally:
-        matmul.allow_tf32 = previous
+        setattr(matmul, name, previous)
 
 
 def verdicts(records: list[dict], margin: float = VERDICT_MARGIN) -> list[dict]:

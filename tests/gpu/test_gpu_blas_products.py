@@ -49,13 +49,11 @@ def test_gpu_blas_products_match_float64_and_level2_gives_level1s_bits_run_to_ru
 
 def test_gpu_blas_products_stay_ieee_when_the_caller_turned_tf32_on():
     want = _run(1)
-    matmul = torch.backends.cuda.matmul
-    before = matmul.allow_tf32
     try:
-        matmul.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")            # TF32 for every fp32 matmul of the caller's
         got = _run(1)
     finally:
-        matmul.allow_tf32 = before
+        torch.set_float32_matmul_precision("highest")
     assert _same(got, want) == []
 
 
