@@ -71,8 +71,8 @@ from .stack_bench import _peak_above
 log = logging.getLogger(__name__)
 
 SCHEMA = "mixstack-bench-model/1"
-VARIANTS = {**stack_bench.VARIANTS, "1c": "L1-compile", "2c": "L2-compile", "3c": "L3-compile",
-            "1g": "L1-graph", "2g": "L2-graph", "3g": "L3-graph"}
+VARIANTS = {**{k: v for k, v in stack_bench.VARIANTS.items() if k not in stack_bench.FORCED_BLAS},
+            "1c": "L1-compile", "2c": "L2-compile", "3c": "L3-compile", "1g": "L1-graph", "2g": "L2-graph", "3g": "L3-graph"}
 LEVEL_OF = {**stack_bench.LEVEL_OF, "1c": 1, "2c": 2, "3c": 3, "1g": 1, "2g": 2, "3g": 3}
 SIZES = (500, 2000, 4400)
 JSON_NAME, MARKDOWN_NAME, PLOT_NAME = "bench_model.json", "bench_model.md", "bench_model.png"

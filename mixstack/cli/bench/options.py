@@ -10,10 +10,12 @@ from ..common import COUNT, COUNT0, MODEL_OPTIONS, POSITIVE, count_list
 
 # Every form ``--levels`` accepts, per bench: the key, or the variant's name (any case).  The bench
 # modules hold the variants (``VARIANTS``); tests hold these lists to them.
-STACK_LEVELS = ("0 or L0-eager (eager), 0c or L0-compile (torch.compile of level 0), 1 or L1, 2 or L2, "
-                "2f or L2-fused (level 2 with the fused backward forced), 3 or L3, 3r or L3-rule (level 3's "
-                "compensated kernels on the level-3 policy's config, also where level 3 would run level 2)")
-MODEL_LEVELS = (STACK_LEVELS + "; and 1c or L1-compile, 2c or L2-compile, 3c or L3-compile (that level under "
+LEVELS = ("0 or L0-eager (eager), 0c or L0-compile (torch.compile of level 0), 1 or L1, 2 or L2, "
+          "2f or L2-fused (level 2 with the fused backward forced), 3 or L3, 3r or L3-rule (level 3's "
+          "compensated kernels on the level-3 policy's config, also where level 3 would run level 2)")
+STACK_LEVELS = (LEVELS + ", 1b or L1-blas, 2b or L2-blas (levels 1 and 2 with every exact product on "
+                "cuBLAS, TF32 off)")
+MODEL_LEVELS = (LEVELS + "; and 1c or L1-compile, 2c or L2-compile, 3c or L3-compile (that level under "
                 "torch.compile), 1g or L1-graph, 2g or L2-graph, 3g or L3-graph (that level's frame replayed "
                 "from a CUDA graph)")
 TRAIN_LEVELS = "0 or L0-eager, 0c or L0-compile, 1 or L1, 2 or L2, 3 or L3"
