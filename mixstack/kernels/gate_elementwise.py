@@ -4,9 +4,10 @@
 sigmoid surface ``(F, E, G)`` (a BLAS product wrote them): it turns them into the sigmoids in
 place and, with ``WRITE_U`` (the forward), writes the m = 0 columns of the next layer input,
 ``u + [silu(s) | z0[:, Cf:] * sg]``.  ``gate_cotangent_kernel`` is ``gate.gate_backward_kernel``
-without the logit contraction: it writes ``gz`` (its scalar columns ``silu'(s) * h_s`` only) and
-the logit gradients ``gl`` over the sigmoids it read; a BLAS product then adds ``gl @ gw^T`` to
-the scalar columns.  The pointwise math is the helpers every gate kernel calls
+without the logit contraction: from the logits in the surface (the relay's recompute: one BLAS
+product, the sigmoids formed here as the forward formed them) it writes ``gz`` (its scalar columns
+``silu'(s) * h_s`` only) and the logit gradients ``gl`` over the logits it read; a BLAS product
+then adds ``gl @ gw^T`` to the scalar columns.  The pointwise math is the helpers every gate kernel calls
 (``activations``), walked ``GC`` gate columns at a time in degree order as there.
 """
 
@@ -68,7 +69,7 @@ def gate_cotangent_kernel(
     for t in tl.range(0, LMAX * R):              # gate columns, GC at a time, in degree order
         gcol = t * GC + cg
         col_m0, col_neg, col_pos = degree_cols(gcol, LMAX, CF)
-        sg = tl.load(sg_ptr + sg_rows + gcol[None, :], mask=mask, other=0.0)
+        sg = sigmoid(tl.load(sg_ptr + sg_rows + gcol[None, :], mask=mask, other=0.0))
         h_m0, h_neg, h_pos = load_degree_cols(h_ptr, rows, col_m0, col_neg, col_pos, mask)
         z_m0, z_neg, z_pos = load_degree_cols(z_ptr, z_rows, col_m0, col_neg, col_pos, mask)
         tl.store(gz_ptr + rows + col_m0, h_m0 * sg, mask=mask)

@@ -14,7 +14,11 @@ route at the same keys.  Plain Python over tensor metadata, like the Triton laun
 from __future__ import annotations
 
 import torch
+import triton
+from torch.library import wrap_triton
 
+from ..kernels.residual import residual_epilogue_kernel
+from ..tuning.configs import RESIDUAL_CONFIG
 from ..tuning.products import exact_products
 
 
@@ -49,6 +53,14 @@ def block_products(a, weights, epilogue) -> None:
     scale = epilogue.alpha.transpose(0, 1).unsqueeze(-1) if scaled else None      # (F, E, 1)
     if epilogue.sg is not None and 0 in weights.blocks:
         raise ValueError("the block GEMM's gate applies to the |m| = 1 block alone")
+    if res is not None and out is not None and epilogue.z is None and not in_place and weights.blocks == (0, 1):
+        target = y if y is not None else out              # whole rows: the products, then one residual pass
+        with exact_products():
+            for block, cols in ((0, slice(0, lay.m0)), (1, slice(lay.m0, lay.row))):
+                torch.bmm(rows[..., cols], (weights.w0 if block == 0 else weights.w1)[weights.layer],
+                          out=target[..., cols])
+        _residual(target, res, y, out, epilogue.alpha if scaled else None)
+        return
     with exact_products():
         for block in weights.blocks:
             cols = slice(0, lay.m0) if block == 0 else slice(lay.m0, lay.row)
@@ -65,6 +77,23 @@ def block_products(a, weights, epilogue) -> None:
                     torch.mul(y[..., cols], scale, out=out[..., cols])
             elif out is not None and scale is not None:
                 out[..., cols].mul_(scale)
+
+
+def _residual(p, res, y, out, alpha) -> None:
+    """``y = p + res`` (where ``y`` is given), ``out = (p + res) [* alpha]``: one pass over whole
+    rows (``kernels.residual``), every surface an ``(F, E, ROW)`` view read through its strides."""
+    cfg = RESIDUAL_CONFIG
+    n_focus, n_edges, row = p.shape
+    n_rows = n_edges * n_focus
+
+    def strides(t):
+        return t.stride(1), t.stride(0)                   # along E, along F
+    wrap_triton(residual_epilogue_kernel)[(triton.cdiv(n_rows, cfg["BLOCK_R"]),)](
+        p, res, p if y is None else y, out, p if alpha is None else alpha, n_rows, n_focus,
+        *strides(p), *strides(res), *strides(p if y is None else y), *strides(out),
+        ROW=row, STORE_Y=y is not None, SCALE=alpha is not None,
+        BLOCK_R=cfg["BLOCK_R"], BLOCK_C=cfg["BLOCK_C"], num_warps=cfg["num_warps"],
+    )
 
 
 def _block(a, w, z, res, sg, target, in_place: bool, gate_width: int) -> None:

@@ -290,13 +290,13 @@ def relay_gz(h, z, gw, layer, layout, sg, gz, amax=None, gate_split=None, fold=F
     inside the pointwise kernel; else recomputed into ``sg`` by a gate launch), then
     ``gz`` from ``h`` and ``z`` (``amax``: ``gz``'s row maxima, recorded for the
     compensated GEMM; ``gate_split``: ``split_matrices(gw)``, the gate's products
-    compensated as in the forward; ``blas``: the gate's two products on the BLAS, the
-    logit gradients passing through ``sg``)."""
+    compensated as in the forward; ``blas``: the gate's two products on the BLAS, the logits
+    and then the logit gradients passing through ``sg``)."""
     n_focus, n_edges = z.shape[1], z.shape[2]
     if blas:
         if fold or amax is not None or gate_split is not None:
             raise ValueError("the gate's BLAS products need the sigmoid surface and exact weights")
-        gate(z, gw, layer, sg, n_edges, n_focus, layout, blas=True)
+        gate_logits(z, gw, layer, sg, layout.focus_dim)        # the kernel forms the sigmoids from them
         cfg = pointwise_config(layout)
         wrap_triton(gate_cotangent_kernel)[((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)](
             h, z, sg, gz, layer, n_edges, n_focus, LMAX=layout.lmax, CF=layout.focus_dim, GC=gate_chunk(layout),

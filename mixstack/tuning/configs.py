@@ -17,6 +17,7 @@ from ..core.layout import StackLayout, next_power_of_2
 # (BENCHMARKS.md, "Level 1, step by step"; "One block GEMM: modes, launch configs, pipelining").
 GEMM_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 ALPHA_GRAD_CONFIG = {"BLOCK_R": 32, "BLOCK_C": 64, "num_warps": 4}
+RESIDUAL_CONFIG = {"BLOCK_R": 16, "BLOCK_C": 128, "num_warps": 4}     # the BLAS products' residual pass (not tuned)
 # The weight gradients' recompute of the layer inputs (``kernels.wgrad.layer_input_kernel``): 64
 # rows x 4 warps, spill-free where the forward gate's config spills (BENCHMARKS.md, "The training
 # kernels' launch configs").
