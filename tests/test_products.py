@@ -111,3 +111,25 @@ def test_a_group_takes_the_blas_only_where_it_won_at_both_levels_and_every_f():
     assert verdicts[0]["speedup"] == round(10.0 / 9.5, 4)
     text = grid.markdown(recs)
     assert "Triton's at both levels and every F: 1 (Cf, lmax) groups (Cf112-l4)" in text
+
+
+def test_a_sweep_measures_tritons_products_whatever_route_the_process_asked_for(monkeypatch):
+    """``tuner.sweep.tune_key`` forces the Triton route around its runs: a table entry always
+    describes Triton's kernels, also where the device's verdicts send a key to the BLAS."""
+    from mixstack.tuner import sweep
+    from mixstack.tuning import shape_key
+
+    seen = []
+
+    class Probe:                                   # stops the sweep at its first run, having looked
+        device_name = "cpu"
+
+        def run(self, cfg):
+            seen.append(products.route())
+            raise RuntimeError("probe stops here")
+
+    monkeypatch.setenv(products.VARIABLE, "blas")
+    key = shape_key(focus_dim=16, lmax=1, n_focus=1, apply_alpha=True)
+    with pytest.raises(Exception, match="probe stops here"):
+        sweep.tune_key("stack_fwd", key, probe=Probe(), force=True, rounds=1)
+    assert seen == ["triton"] and products.route() == "blas"

@@ -26,6 +26,9 @@
    its reason; any other exception raises ``TuneError`` and records nothing.
 6. ``progress`` receives a ``TuneProgress`` after every step.
 
+A sweep runs Triton's products at every key (``tuning.products``: a key whose exact products run
+on the BLAS takes no launch config there), so an entry always describes Triton's kernels.
+
 The probe (``probes.StackProbe`` on a GPU, a fake in the tests) builds the
 inputs and runs the operator: ``probe.run(cfg) -> (outputs, dispatch Counter)``
 and ``probe.task(cfg) -> timing.Task``; ``cfg`` is a candidate or ``None`` for
@@ -52,6 +55,7 @@ from ..measure import prewarm, timing
 from ..tuning import families, registry, validity
 from ..tuning.families import contract_difference
 from ..tuning.keys import ShapeKey, as_key
+from ..tuning.products import use_products
 
 log = logging.getLogger(__name__)
 
@@ -402,7 +406,8 @@ def tune_key(family: str, key, *, probe, settings: SweepSettings | None = None, 
         log.info("tuning %s %s: no candidates for this key; nothing to measure", fam.name, key)
         return TuneResult(fam.name, key, "no-candidates")
     sweep = _KeySweep(fam, key, probe, settings, len(cands))
-    with registry.saved_registrations():       # no registration of the probe's may outlive the sweep
+    # no registration of the probe's may outlive the sweep; the configs are Triton's, so its products are
+    with registry.saved_registrations(), use_products("triton"):
         checked = sweep.check(cands)
         timed = sweep.time(checked.accepted)
     return sweep.record(device, checked, timed)
@@ -422,7 +427,7 @@ def sweep_launches(family: str, key, *, probe, quick: bool = False, earlier=()) 
     runs = [(cfg, ()) for cfg in [None, *families.candidates(family, key, quick=quick)]]
     runs += [(None, ((other, c),)) for other, cands in earlier for c in cands]
     out: list = []
-    with registry.saved_registrations():
+    with registry.saved_registrations(), use_products("triton"):
         for cfg, extra in runs:
             try:
                 with contextlib.ExitStack() as stack:
