@@ -598,3 +598,17 @@ def test_the_function_size_check_finds_planted_long_and_wide_functions():
                "        def inner(a, b):\n            pass\n")
     assert oversized_functions(planted) == {"too_long": "81 lines", "wide": "13 parameters",
                                             "C.wider": "14 parameters"}
+
+
+def test_every_module_that_launches_a_kernel_is_one_the_launch_recorder_patches():
+    """``compiler_report.record_launches`` (the compiler report, the grid's and tuner's warm-up
+    workers) patches ``wrap_triton`` in ``LAUNCHING_MODULES``: a module of the stack's (or the
+    convolution's launchers) left out would have its kernels run, not recorded, and never
+    compiled ahead."""
+    from mixstack.measure.compiler_report import LAUNCHING_MODULES
+
+    patched = {m.__name__ for m in LAUNCHING_MODULES}
+    launching = {path[:-3].replace("/", ".") for path, text in _package_sources().items()
+                 if path.startswith(("mixstack/stack/", "mixstack/conv/launchers")) and "wrap_triton(" in text}
+    assert "mixstack.stack.blas" in launching and "mixstack.stack.gemm" in launching
+    assert sorted(launching - patched) == []

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..conv import launchers as conv_launchers
-from ..stack import gemm, launchers, training
+from ..stack import blas, gemm, launchers, training
 from ..stack.values import Saved, StackSpec, Weights
 
 # SASS opcodes summed by the report (the first dotted part of each instruction).
@@ -80,7 +80,7 @@ class Report:
 
 # Every module that launches a kernel (through ``torch.library.wrap_triton``): what recording
 # launches, here and in the tests, patches.
-LAUNCHING_MODULES = (launchers, gemm, training, conv_launchers)
+LAUNCHING_MODULES = (launchers, gemm, blas, training, conv_launchers)
 
 
 def record_launches(run, *args, **kwargs) -> list[Launch]:
