@@ -329,3 +329,32 @@ def test_the_calculator_maps_types_once_and_again_when_the_elements_change():
     atoms[2].symbol = "Cu"
     with pytest.raises(ValueError, match="elements Cu are not in the model's type map"):
         atoms.get_forces()
+
+
+def test_positions_from_the_host_rebuild_a_stale_list_before_the_frame_runs(model, monkeypatch):
+    """An MD code hands positions over on the host: a move past half the skin (or a new box) is
+    seen there and the list rebuilt before the frame, which runs once; positions on the device
+    still go through the frame's own flag (the frame runs, is thrown away, and runs again)."""
+    coord, atype, box = _frame(seed=1)
+    runner = FrameRunner(model, skin=0.6)
+    frames = []
+    run = runner.frame
+    monkeypatch.setattr(runner, "frame", lambda *a, **k: frames.append(1) or run(*a, **k))
+    runner(coord, atype, box)
+    far = coord.clone()
+    far[0, 3, 1] += 0.35                                      # past half the skin
+    frames.clear()
+    _close(runner(far, atype, box), model_outputs(model, (far, atype, box)))
+    assert len(frames) == 1 and runner.rebuilds == 2 and runner.last_reason == "an atom moved more than half the skin"
+    bigger = box * 1.01
+    frames.clear()
+    _close(runner(far, atype, bigger), model_outputs(model, (far, atype, bigger)))
+    assert len(frames) == 1 and runner.rebuilds == 3 and runner.last_reason == "the box changed"
+    again = far.clone()
+    again[0, 5, 2] -= 0.35
+    frames.clear()
+    with_flag = runner._stale_on_host
+    monkeypatch.setattr(runner, "_stale_on_host", lambda host: None)     # as if the positions were on the device
+    _close(runner(again, atype, bigger), model_outputs(model, (again, atype, bigger)))
+    assert len(frames) == 2 and runner.rebuilds == 4                       # the flag's path: one frame thrown away
+    assert with_flag(runner._host_inputs(again, bigger)) is None            # the host copy follows the rebuild

@@ -20,7 +20,10 @@ after the neighbour search from one CUDA graph:
   than the capacity holds, an atom moved more than half the skin, or the box changed.  The
   runner reads it with the results (the one synchronisation a caller pays anyway to read
   forces); when it is set, the frame's results are discarded, the list is rebuilt and the
-  capacity grown where needed, and the frame runs again: edges are never dropped.
+  capacity grown where needed, and the frame runs again: edges are never dropped.  Positions
+  handed over on the host (an MD code's) are checked there first, against the host copy of the
+  list's positions and box: a list gone stale by moves or a new box is rebuilt before the frame
+  runs, not after a frame thrown away.
 * **Capacity buckets.**  Capacities round up to steps of 1/32-1/64 of the count
   (``potential.verlet.edge_capacity``) and shrink only two steps below, so a molecular-dynamics
   run recaptures only when its edge count really moves.
@@ -175,6 +178,8 @@ class FrameRunner:
         self._graph_key = None
         self._warmed = False
         self.fallback_reason: str | None = None      # why frames run eagerly where a graph was asked for
+        self._host0 = None          # (positions, box) the list was built at, on the host, where inputs come from there
+        self._host0_rebuilds = 0    # the rebuild count _host0 belongs to
 
     # -- the frame itself: tensors in, tensors out, no host synchronisation -----------------------
 
@@ -272,6 +277,27 @@ class FrameRunner:
         log.debug("neighbour list rebuilt (%s): %d candidates, %d edges, capacities %d / %d",
                   reason, m, inside, cap, edges)
 
+    def _host_inputs(self, coord, box):
+        """``(positions (N, 3), box (9,) or None)`` in the model's precision on the host, where the
+        caller handed them over there (else ``None``): what ``_stale_on_host`` compares."""
+        if coord.device.type != "cpu" or (box is not None and box.device.type != "cpu"):
+            return None
+        return (coord.reshape(-1, 3).to(self.dtype, copy=True),          # copies: the caller may reuse its tensors
+                None if box is None else box.reshape(9).to(self.dtype, copy=True))
+
+    def _stale_on_host(self, host) -> str | None:
+        """Why the kept list cannot serve positions ``host`` (``_host_inputs``), judged on the host
+        as the frame's flag judges it on the device: an atom moved more than half the skin, or the
+        box changed; ``None`` where it can (or where the list has no host copy)."""
+        if host is None or self._host0 is None or host[0].shape != self._host0[0].shape:
+            return None
+        (pos, box), (pos0, box0) = host, self._host0
+        if ((pos - pos0) ** 2).sum(-1).amax() > (0.5 * self.skin) ** 2:
+            return WHY[MOVED]
+        if box is not None and box0 is not None and bool((box != box0).any()):
+            return WHY[BOX]
+        return None
+
     def _use_graph(self, pos) -> bool:
         return self.fallback_reason is None and (pos.is_cuda if self.graph is None else bool(self.graph))
 
@@ -321,13 +347,17 @@ class FrameRunner:
     def __call__(self, coord: torch.Tensor, atype: torch.Tensor, box: torch.Tensor | None = None) -> dict:
         """``model(coord, atype, box)``'s energy, forces, virial and atomic energies for one frame."""
         in_dtype = coord.dtype
-        pos, box, atype = self._inputs(coord, atype, box)
+        host = box
+        pos, box, atype = self._inputs(coord, atype, box)               # checked: then the host copies
+        host = self._host_inputs(coord, host)
         self.calls += 1
         with torch.no_grad():
             if self._cand is None or self._cand.pos0.shape[0] != pos.shape[0] or self._periodic != (box is not None):
                 self._rebuild(pos, box, atype, "no list yet" if self._cand is None else "the atoms changed")
             elif self.skin == 0:
                 self._rebuild(pos, box, atype, "skin 0: a search every frame")
+            elif (why := self._stale_on_host(host)) is not None:
+                self._rebuild(pos, box, atype, why)
         if not self._warmed and (self.compile or self.compile is None and self.model.should_use_compile()):
             with torch.enable_grad():                      # level 3's first-use checks before the trace
                 self.frame(pos, box, atype, use_compile=False)
@@ -335,6 +365,8 @@ class FrameRunner:
         for _ in range(3):
             with torch.enable_grad():                      # the forces are a backward inside the frame
                 *outputs, flag = self._run(pos, box, atype)
+            if self._host0_rebuilds != self.rebuilds:      # a list built at these positions
+                self._host0, self._host0_rebuilds = host, self.rebuilds
             bits = int(flag)
             if not bits:
                 return {name: t.detach().clone() if name in REDUCED else t.detach().to(in_dtype, copy=True)
