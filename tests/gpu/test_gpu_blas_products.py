@@ -74,7 +74,7 @@ def test_gpu_blas_products_replayed_from_a_cuda_graph_give_the_eager_bits():
             step()                                              # warm-up on the capture's stream
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=stream):          # captured where it warmed up (cuBLAS's workspace)
             captured = step()
     graph.replay()
     torch.cuda.synchronize()
