@@ -27,6 +27,7 @@ CASES = {
     "heads0": {"n_atten_head": 0},
     "heads2": {"n_atten_head": 2},
     "two_stream": {"lmax": 3, "n_focus": 2, "n_atten_head": 2},
+    "two_stream_one_head": {"lmax": 3, "n_focus": 2},                  # the bench's 2-stream config
     "two_stream_no_compete": {"lmax": 3, "n_focus": 2, "focus_compete": False},
     "two_stream_no_focus_norm": {"lmax": 3, "n_focus": 2, "focus_norm": False, "n_atten_head": 0},
     "radial_none": {"radial_so2_mode": "none"},
@@ -134,7 +135,7 @@ def test_deepcopy_and_state_dict_keep_the_switch_and_the_keys():
     assert torch.equal(twin(*inputs), fast(*inputs))
 
 
-@pytest.mark.parametrize("case", ["water", "two_stream", "two_stream_no_focus_norm"])
+@pytest.mark.parametrize("case", ["water", "two_stream", "two_stream_one_head", "two_stream_no_focus_norm"])
 def test_the_stack_runs_without_alpha_and_rotate_out_carries_it(case, monkeypatch):
     """SeZM's competition and attention weights reach rotate-out's edge weight, never the stack's
     alpha: the stack keeps no unscaled result for an alpha gradient (one surface a block fewer)."""
@@ -160,4 +161,5 @@ def test_the_stack_runs_without_alpha_and_rotate_out_carries_it(case, monkeypatc
     n_edges, heads = inputs[1].src.shape[0], conv.n_atten_head
     assert seen["apply_alpha"] is False
     assert seen["edge_weight"] == {"water": (n_edges, 1, 1), "two_stream": (n_edges, 2, 2),
+                                   "two_stream_one_head": (n_edges, 2, 1),
                                    "two_stream_no_focus_norm": (n_edges, 2)}[case], heads
