@@ -16,9 +16,10 @@
 #   ATOMS (default 4000), VARIANTS (default dp2,ms3g,dp2c,dp3c,ms3cg), ROUNDS (default 10),
 #   VARIANTS_<config> (e.g. VARIANTS_two_stream) replaces VARIANTS for one config, SECONDS_<config> its
 #   share of the budget (default: what is left, split evenly among the configs still to run),
-#   MD_STEPS (default 20; 0 without ase), TESTS_SECONDS (default 170: the GPU tests' cap), CONFIGS (default
-#   "water two_stream") change the bench; SECONDS_MARGIN (default 15) is how long before its share
-#   each bench stops starting steps (--seconds), the share itself the hard stop (timeout).
+#   MD_STEPS (default 100: a few neighbour-list rebuilds at 300 K; 0 without ase), TESTS_SECONDS
+#   (default 170: the GPU tests' cap), CONFIGS (default "water two_stream") change the bench;
+#   SECONDS_MARGIN (default 15) is how long before its share each bench stops starting steps
+#   (--seconds), the share itself the hard stop (timeout).
 set -u
 OUT=${OUT:?set OUT to a results folder}
 mkdir -p "$OUT"
@@ -66,7 +67,7 @@ if [ "${TESTS_SECONDS:-170}" -gt 0 ]; then
   echo "tests exit ${PIPESTATUS[0]}" | tee -a "$OUT/tests.log"
 fi
 
-md_steps=${MD_STEPS:-20}
+md_steps=${MD_STEPS:-100}
 if ((md_steps > 0)) && ! python3 -c "import ase" 2>/dev/null; then
   echo "ase is missing (its wheel in .whl/?): the bench runs without MD"
   md_steps=0
