@@ -3,12 +3,13 @@ epilogue, and the gate's two small products.
 
 ``block_products`` does what ``gemm.block_gemm`` does for an exact launch, with each block's
 product one batched BLAS call over the focus streams written straight into its surface's
-columns (``z``, or the residual's target through ``beta = 1``) and the epilogue's gate and
-alpha as elementwise passes.  The gate's logits ``s @ gw`` (``gate_logits``) and the logit
-contraction ``gl @ gw^T`` (``add_logit_contraction``) are BLAS products around the gate kernels,
-which then run only their elementwise work (``LOGITS_IN``, ``GL_OUT``).  The summation order is
-the BLAS's, fixed by the shape on one device: the same bits at levels 1 and 2, which take this
-route at the same keys.  Plain Python over tensor metadata, like the Triton launchers.
+columns (``z``, the target of a whole-row launch, or the relay's running gradient through
+``beta = 1``), then the epilogue's gate (an elementwise pass) or residual and alpha (one pass of
+``kernels.residual``).  The gate's logits ``s @ gw`` (``gate_logits``) and the logit contraction
+``gl @ gw^T`` (``add_logit_contraction``) are BLAS products around the elementwise gate kernels
+of ``kernels.gate_elementwise``.  The summation order is the BLAS's, fixed by the shape on one
+device: the same bits at levels 1 and 2, which take this route at the same keys.  Plain Python
+over tensor metadata, like the Triton launchers.
 """
 
 from __future__ import annotations
@@ -127,13 +128,14 @@ def _block(a, w, z, res, sg, target, in_place: bool, gate_width: int) -> None:
 
 def gate_logits(z: torch.Tensor, gw: torch.Tensor, layer: int, logits: torch.Tensor, focus_dim: int) -> None:
     """``logits (F, E, G) = s @ gw[layer]``, ``s = z[layer][..., :Cf]``: the gate's products of
-    one gated layer, for the gate kernel's ``LOGITS_IN``."""
+    one gated layer, which ``kernels.gate_elementwise`` turns into sigmoids."""
     with exact_products():
         torch.bmm(z[layer][..., :focus_dim], gw[layer], out=logits)
 
 
 def add_logit_contraction(gz: torch.Tensor, gl: torch.Tensor, gw: torch.Tensor, layer: int, focus_dim: int) -> None:
-    """``gz[..., :Cf] += gl @ gw[layer]^T``: the gate-logit contraction the pointwise kernel's
-    ``GL_OUT`` leaves out, from the logit gradients ``gl (F, E, G)`` it wrote."""
+    """``gz[..., :Cf] += gl @ gw[layer]^T``: the gate-logit contraction that
+    ``gate_elementwise.gate_cotangent_kernel`` leaves out, from the logit gradients ``gl (F, E, G)``
+    it wrote."""
     with exact_products():
         gz[..., :focus_dim].baddbmm_(gl, gw[layer].transpose(-1, -2))
