@@ -60,7 +60,7 @@ def block_products(a, weights, epilogue) -> None:
             for block, cols in ((0, slice(0, lay.m0)), (1, slice(lay.m0, lay.row))):
                 torch.bmm(rows[..., cols], (weights.w0 if block == 0 else weights.w1)[weights.layer],
                           out=target[..., cols])
-        _residual(target, res, y, out, epilogue.alpha if scaled else None)
+        _residual(res, y, out, epilogue.alpha if scaled else None, unused=weights.w0)
         return
     with exact_products():
         for block in weights.blocks:
@@ -80,18 +80,20 @@ def block_products(a, weights, epilogue) -> None:
                 out[..., cols].mul_(scale)
 
 
-def _residual(p, res, y, out, alpha) -> None:
-    """``y = p + res`` (where ``y`` is given), ``out = (p + res) [* alpha]``: one pass over whole
-    rows (``kernels.residual``), every surface an ``(F, E, ROW)`` view read through its strides."""
+def _residual(res, y, out, alpha, *, unused) -> None:
+    """With the products in ``y`` (where given) or else in ``out``: ``y += res``, ``out = (p + res)
+    [* alpha]``, one pass over whole rows (``kernels.residual``), every surface an ``(F, E, ROW)``
+    view read through its strides.  ``unused`` (a weight, never an activation surface) fills the
+    pointers a launch does not use, so that no surface reaches a compiler as two arguments."""
     cfg = RESIDUAL_CONFIG
-    n_focus, n_edges, row = p.shape
+    n_focus, n_edges, row = out.shape
     n_rows = n_edges * n_focus
 
     def strides(t):
-        return t.stride(1), t.stride(0)                   # along E, along F
+        return (t.stride(1), t.stride(0)) if t is not None else (0, 0)     # along E, along F
     wrap_triton(residual_epilogue_kernel)[(triton.cdiv(n_rows, cfg["BLOCK_R"]),)](
-        p, res, p if y is None else y, out, p if alpha is None else alpha, n_rows, n_focus,
-        *strides(p), *strides(res), *strides(p if y is None else y), *strides(out),
+        res, unused if y is None else y, out, unused if alpha is None else alpha, n_rows, n_focus,
+        *strides(res), *strides(y), *strides(out),
         ROW=row, STORE_Y=y is not None, SCALE=alpha is not None,
         BLOCK_R=cfg["BLOCK_R"], BLOCK_C=cfg["BLOCK_C"], num_warps=cfg["num_warps"],
     )
