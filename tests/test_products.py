@@ -133,3 +133,15 @@ def test_a_sweep_measures_tritons_products_whatever_route_the_process_asked_for(
     with pytest.raises(Exception, match="probe stops here"):
         sweep.tune_key("stack_fwd", key, probe=Probe(), force=True, rounds=1)
     assert seen == ["triton"] and products.route() == "blas"
+
+
+def test_a_trace_of_the_operators_takes_tritons_products_whatever_was_asked():
+    """A compiler tracing the stack's bodies sees fake tensors: the BLAS route stays out of compiled
+    programs (docs/contract.md §3)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode, products.use_products("blas"):
+        fake = mode.from_tensor(torch.zeros(2, 3))
+        assert not products.on_blas(NARROW, fake)
+    with products.use_products("blas"):
+        assert products.on_blas(NARROW, torch.zeros(2, 3))

@@ -24,6 +24,7 @@ import torch
 
 from ..core.config import PRODUCT_ROUTES, env_products
 from ..core.layout import StackLayout
+from ..dispatch.guards import tracing
 from . import store
 from .validity import device_name
 
@@ -86,7 +87,11 @@ def forget_keys() -> None:
 
 
 def on_blas(layout: StackLayout, t: torch.Tensor) -> bool:
-    """Whether the exact products of ``layout``'s stack on ``t``'s device run on the BLAS."""
+    """Whether the exact products of ``layout``'s stack on ``t``'s device run on the BLAS.  Never
+    while a compiler traces the operators' bodies: a compiled program runs Triton's products (the
+    route's traced form gave wrong results on a GPU once, and its fix is not yet measured there)."""
+    if tracing(t):
+        return False
     which = route()
     if which != "auto":
         return which == "blas"

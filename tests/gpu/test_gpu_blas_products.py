@@ -1,6 +1,7 @@
 """The exact levels' products on cuBLAS (``tuning.products``, forced) at a wide key: float64
 accuracy, level 2 bit for bit level 1, run to run, TF32 kept off whatever the caller set, a
-CUDA graph's replay and a compiled program against the eager call.  Skipped without CUDA."""
+CUDA graph's replay against the eager call, and a compiled program (Triton's products) against it
+to float32 rounding.  Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -81,7 +82,9 @@ def test_gpu_blas_products_replayed_from_a_cuda_graph_give_the_eager_bits():
     assert all(torch.equal(a, b) for a, b in zip(captured, want))
 
 
-def test_gpu_compiled_blas_products_match_the_eager_call():
+def test_gpu_a_compiled_program_at_a_blas_key_matches_the_eager_call():
+    """A compiler's trace takes Triton's products (``tuning.products.on_blas``): the compiled
+    program agrees with the eager BLAS call to float32 rounding."""
     torch._dynamo.reset()
     u0, alpha, w0, w1, gw = helpers.make_inputs(WIDE, 0, device=DEV)
     g = helpers.make_grad_out(WIDE, 100, device=DEV)
