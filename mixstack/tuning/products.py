@@ -88,8 +88,8 @@ def forget_keys() -> None:
 
 def on_blas(layout: StackLayout, t: torch.Tensor) -> bool:
     """Whether the exact products of ``layout``'s stack on ``t``'s device run on the BLAS.  Never
-    while a compiler traces the operators' bodies: a compiled program runs Triton's products (the
-    route's traced form gave wrong results on a GPU once, and its fix is not yet measured there)."""
+    while a compiler traces the operators' bodies: a compiled program runs Triton's products
+    (docs/contract.md §3, "Exact products on the BLAS", says why)."""
     if tracing(t):
         return False
     which = route()
