@@ -681,6 +681,13 @@ def overlaid_verdicts(folders: list[str | os.PathLike]) -> dict:
     return {"device": device, "sources": [Path(f).as_posix() for f in folders], "verdicts": verdicts}
 
 
+def _products_verdicts(records: list[dict]) -> list[dict] | None:
+    """``tuning.products.verdicts`` of a run that measured the BLAS variants, else ``None``."""
+    if not any(_medians(r, "both").get("L1-blas") for r in records):
+        return None
+    return products.verdicts(records)
+
+
 def markdown(records: list[dict]) -> str:
     rows = [summary(r) for r in records]
     lines = ["# mixstack bench grid\n"]
@@ -704,7 +711,7 @@ def markdown(records: list[dict]) -> str:
                      f"at {len(faster)} keys; level 3 ran them by itself at {ran} of them "
                      f"({100 * ran / len(faster):.0f}%); at the others (measured as L3-rule) it runs them once "
                      "this run's level3.json ships beside the device's table")
-    blas = products.verdicts(records) if any(_medians(r, "both").get("L1-blas") for r in records) else None
+    blas = _products_verdicts(records)
     if blas is not None:
         groups = ", ".join(f"Cf{b['focus_dim']}-l{b['lmax']}" for b in blas) or "none"
         lines.append(f"- exact products on the BLAS at least {100 * products.VERDICT_MARGIN:.0f}% faster than "
@@ -799,10 +806,10 @@ def write_outputs(out: str | os.PathLike, *, with_plot: bool = True) -> dict[str
     device = records[-1]["env"]["device"]["name"] if records else None
     paths["level3"].write_text(json.dumps({"device": device, "verdicts": level3_verdicts(records)}, indent=1,
                                           sort_keys=True) + "\n")
-    if any(_medians(r, "both").get("L1-blas") for r in records):
+    blas = _products_verdicts(records)
+    if blas is not None:
         paths["products"] = out / "products.json"
-        paths["products"].write_text(json.dumps({"device": device, "blas": products.verdicts(records)}, indent=1,
-                                                sort_keys=True) + "\n")
+        paths["products"].write_text(json.dumps({"device": device, "blas": blas}, indent=1, sort_keys=True) + "\n")
     if with_plot:
         paths["plot"] = plot(records, out / "grid.png")
     return paths

@@ -51,12 +51,17 @@ def conv_kernels_enabled() -> bool:
 PRODUCT_ROUTES = ("auto", "blas", "triton")
 
 
+def product_route(value: str, name: str) -> str:
+    """``value`` if it names a route of the exact products (``tuning.products``), else a
+    ``ValueError`` naming ``name``."""
+    if value not in PRODUCT_ROUTES:
+        raise ValueError(f"{name} must be one of {', '.join(PRODUCT_ROUTES)}, got {value!r}")
+    return value
+
+
 def env_products() -> str:
     """``MIXSTACK_PRODUCTS``: where the exact levels' products run (``tuning.products``)."""
-    raw = os.environ.get("MIXSTACK_PRODUCTS", "").strip() or "auto"
-    if raw not in PRODUCT_ROUTES:
-        raise ValueError(f"MIXSTACK_PRODUCTS must be one of {', '.join(PRODUCT_ROUTES)}, got {raw!r}")
-    return raw
+    return product_route(os.environ.get("MIXSTACK_PRODUCTS", "").strip() or "auto", "MIXSTACK_PRODUCTS")
 
 
 def deepmd_enabled() -> bool:

@@ -347,9 +347,9 @@ class FrameRunner:
     def __call__(self, coord: torch.Tensor, atype: torch.Tensor, box: torch.Tensor | None = None) -> dict:
         """``model(coord, atype, box)``'s energy, forces, virial and atomic energies for one frame."""
         in_dtype = coord.dtype
-        host = box
+        host_box = box
         pos, box, atype = self._inputs(coord, atype, box)               # checked: then the host copies
-        host = self._host_inputs(coord, host)
+        host = self._host_inputs(coord, host_box)
         self.calls += 1
         with torch.no_grad():
             if self._cand is None or self._cand.pos0.shape[0] != pos.shape[0] or self._periodic != (box is not None):

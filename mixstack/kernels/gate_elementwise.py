@@ -2,8 +2,7 @@
 
 ``gate_from_logits_kernel`` is ``gate.gate_kernel`` with the logits ``s @ gw`` already in the
 sigmoid surface ``(F, E, G)`` (a BLAS product wrote them): it turns them into the sigmoids in
-place and, with ``WRITE_U`` (the forward), writes the m = 0 columns of the next layer input,
-``u + [silu(s) | z0[:, Cf:] * sg]``.  ``gate_cotangent_kernel`` is ``gate.gate_backward_kernel``
+place and writes the m = 0 columns of the next layer input, ``u + [silu(s) | z0[:, Cf:] * sg]``.  ``gate_cotangent_kernel`` is ``gate.gate_backward_kernel``
 without the logit contraction: from the logits in the surface (the relay's recompute: one BLAS
 product, the sigmoids formed here as the forward formed them) it writes ``gz`` (its scalar columns
 ``silu'(s) * h_s`` only) and the logit gradients ``gl`` over the logits it read; a BLAS product
@@ -34,27 +33,25 @@ def gate_rows(layer, E, F, LMAX: tl.constexpr, CF: tl.constexpr, BLOCK_M: tl.con
 @triton.jit(do_not_specialize=["layer"])
 def gate_from_logits_kernel(
     z_ptr, u_ptr, u_next_ptr, sg_ptr, layer, E, F,
-    LMAX: tl.constexpr, CF: tl.constexpr, GC: tl.constexpr, WRITE_U: tl.constexpr, BLOCK_M: tl.constexpr,
+    LMAX: tl.constexpr, CF: tl.constexpr, GC: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     R: tl.constexpr = CF // GC
     f, e, e_in, rows, z_rows, sg_rows = gate_rows(layer, E, F, LMAX, CF, BLOCK_M)
     cg = tl.arange(0, GC)
     mask = e_in[:, None]
-    if WRITE_U:
-        for k in tl.range(0, R):                 # the scalar columns: u + silu(s)
-            cols = (k * GC + cg)[None, :]
-            s_k = tl.load(z_ptr + z_rows + cols, mask=mask, other=0.0)
-            v = tl.load(u_ptr + rows + cols, mask=mask, other=0.0) + silu(s_k)
-            tl.store(u_next_ptr + rows + cols, v, mask=mask)
+    for k in tl.range(0, R):                     # the scalar columns: u + silu(s)
+        cols = (k * GC + cg)[None, :]
+        s_k = tl.load(z_ptr + z_rows + cols, mask=mask, other=0.0)
+        v = tl.load(u_ptr + rows + cols, mask=mask, other=0.0) + silu(s_k)
+        tl.store(u_next_ptr + rows + cols, v, mask=mask)
     for t in tl.range(0, LMAX * R):              # gate columns, GC at a time, in degree order
         gcol = (t * GC + cg)[None, :]
         sg = sigmoid(tl.load(sg_ptr + sg_rows + gcol, mask=mask, other=0.0))
         tl.store(sg_ptr + sg_rows + gcol, sg, mask=mask)
-        if WRITE_U:
-            cols = CF + gcol                     # the m = 0 columns of the same degree
-            z_j = tl.load(z_ptr + z_rows + cols, mask=mask, other=0.0)
-            v = tl.load(u_ptr + rows + cols, mask=mask, other=0.0) + z_j * sg
-            tl.store(u_next_ptr + rows + cols, v, mask=mask)
+        cols = CF + gcol                         # the m = 0 columns of the same degree
+        z_j = tl.load(z_ptr + z_rows + cols, mask=mask, other=0.0)
+        v = tl.load(u_ptr + rows + cols, mask=mask, other=0.0) + z_j * sg
+        tl.store(u_next_ptr + rows + cols, v, mask=mask)
 
 
 @triton.jit(do_not_specialize=["layer"])

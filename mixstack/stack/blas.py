@@ -33,12 +33,18 @@ def _gated(t: torch.Tensor, gate_width: int) -> torch.Tensor:
     return t.unflatten(-1, (2, gate_width))
 
 
+def _columns(layout, block: int) -> slice:
+    """The columns of block ``block`` in a row: the m = 0 block, then the |m| = 1 block."""
+    return slice(0, layout.m0) if block == 0 else slice(layout.m0, layout.row)
+
+
 def block_products(a, weights, epilogue) -> None:
     """``gemm.block_gemm``'s effect (its ``Operand``, ``BlockWeights`` and ``Epilogue``) for exact
-    weights (no split) with the products on the BLAS:
-    per block, ``z`` takes the product; ``y`` (else ``out``) takes ``res + P`` (``P * [sg | sg]``
-    with a gate); ``out`` takes that times alpha where alpha applies (``alpha_on_a`` scales the
-    result rather than the operand: the same value, the BLAS's rounding)."""
+    weights (no split) with the products on the BLAS.  A launch over whole rows that adds a
+    residual (the identity layer both ways, the tangents' last layer) writes its products into
+    ``y`` (else ``out``), then one pass adds the residual, stores ``y`` and scales ``out`` by alpha
+    where it applies (``alpha_on_a`` scales the result rather than the operand: the same value, the
+    BLAS's rounding); any other launch runs per block (``_block``)."""
     if weights.split is not None or a.amax is not None or epilogue.amax_out is not None:
         raise ValueError("the BLAS block products are exact: no split weights or row maxima")
     if epilogue.alpha_on_a and (epilogue.z is not None or epilogue.y is not None or epilogue.sg is not None):
@@ -51,33 +57,26 @@ def block_products(a, weights, epilogue) -> None:
     in_place = epilogue.res is not None and epilogue.res is epilogue.out and not epilogue.out_edge_major \
         and not a.edge_major and y is None
     scaled = epilogue.alpha is not None and (epilogue.alpha_on_a or epilogue.alpha_on_out)
-    scale = epilogue.alpha.transpose(0, 1).unsqueeze(-1) if scaled else None      # (F, E, 1)
     if epilogue.sg is not None and 0 in weights.blocks:
         raise ValueError("the block GEMM's gate applies to the |m| = 1 block alone")
     if res is not None and out is not None and epilogue.z is None and not in_place and weights.blocks == (0, 1):
         target = y if y is not None else out              # whole rows: the products, then one residual pass
         with exact_products():
-            for block, cols in ((0, slice(0, lay.m0)), (1, slice(lay.m0, lay.row))):
+            for block in (0, 1):
+                cols = _columns(lay, block)
                 torch.bmm(rows[..., cols], (weights.w0 if block == 0 else weights.w1)[weights.layer],
                           out=target[..., cols])
         _residual(res, y, out, epilogue.alpha if scaled else None, unused=weights.w0)
         return
+    if y is not None or scaled:
+        raise ValueError("y and alpha go with a whole-row launch that adds a residual")
     with exact_products():
         for block in weights.blocks:
-            cols = slice(0, lay.m0) if block == 0 else slice(lay.m0, lay.row)
+            cols = _columns(lay, block)
             w = (weights.w0 if block == 0 else weights.w1)[weights.layer]
-            gate = epilogue.sg if block == 1 else None
-            target = y if y is not None else out
-            target = None if target is None else target[..., cols]
             _block(rows[..., cols], w, None if epilogue.z is None else epilogue.z[weights.layer][..., cols],
-                   None if res is None else res[..., cols], gate, target, in_place, lay.gate_width)
-            if out is not None and y is not None:
-                if scale is None:
-                    out[..., cols].copy_(y[..., cols])
-                else:
-                    torch.mul(y[..., cols], scale, out=out[..., cols])
-            elif out is not None and scale is not None:
-                out[..., cols].mul_(scale)
+                   None if res is None else res[..., cols], epilogue.sg if block == 1 else None,
+                   None if out is None else out[..., cols], in_place, lay.gate_width)
 
 
 def _residual(res, y, out, alpha, *, unused) -> None:
@@ -100,32 +99,24 @@ def _residual(res, y, out, alpha, *, unused) -> None:
 
 
 def _block(a, w, z, res, sg, target, in_place: bool, gate_width: int) -> None:
-    """One block: ``z = a @ w`` where ``z`` is given; ``target = res + (a @ w) [* sg]``."""
+    """One block of a launch that does not cover whole rows with a residual: ``z = a @ w`` (where
+    ``z`` is given) and then ``target = res + (a @ w) * [sg | sg]`` (the forward's |m| = 1 block),
+    or ``target += a @ w`` (the relay, in place), or ``target = a @ w``."""
     if z is not None:
         torch.bmm(a, w, out=z)
         if target is None:
             return
-        if sg is not None:
-            g = sg.unsqueeze(2)
-            if res is None:
-                torch.mul(_gated(z, gate_width), g, out=_gated(target, gate_width))
-            else:
-                torch.addcmul(_gated(res, gate_width), _gated(z, gate_width), g, out=_gated(target, gate_width))
-        elif res is None:
-            target.copy_(z)
-        else:
-            torch.add(res, z, out=target)
-        return
-    if target is None:
-        raise ValueError("a block product needs a surface to write: z, y or out")
-    if sg is not None:
-        raise ValueError("a gated block product stores z")
-    if res is None:
-        torch.bmm(a, w, out=target)
+        if sg is None or res is None:
+            raise ValueError("a block product that stores z writes a gated residual or nothing more")
+        torch.addcmul(_gated(res, gate_width), _gated(z, gate_width), sg.unsqueeze(2), out=_gated(target, gate_width))
+    elif sg is not None or target is None:
+        raise ValueError("a block product without z needs a surface to write and no gate")
     elif in_place:
         target.baddbmm_(a, w)
+    elif res is None:
+        torch.bmm(a, w, out=target)
     else:
-        torch.baddbmm(res, a, w, out=target)
+        raise ValueError("a residual beside another surface needs a whole-row launch")
 
 
 def gate_logits(z: torch.Tensor, gw: torch.Tensor, layer: int, logits: torch.Tensor, focus_dim: int) -> None:

@@ -85,17 +85,16 @@ def _exact_on_blas(plan: LaunchPlan, layout: StackLayout, t) -> bool:
 
 def gate(z, gw, layer, sg, n_edges, n_focus, layout, u=None, u_next=None, amax=None, gate_split=None, blas=False):
     """The gate kernel; ``amax`` (level 3, with ``u_next``): record the m = 0 block's row maxima;
-    ``gate_split`` (level 3): ``split_matrices(gw)``, the logits on split fp16 products; ``blas``:
-    the logits a BLAS product into ``sg``, then the elementwise kernel."""
+    ``gate_split`` (level 3): ``split_matrices(gw)``, the logits on split fp16 products; ``blas``
+    (the exact forward): the logits a BLAS product into ``sg``, then the elementwise kernel."""
     cfg = gate_config(layout)
     grid = ((n_edges + cfg["BLOCK_M"] - 1) // cfg["BLOCK_M"], n_focus)
     if blas:
-        if amax is not None or gate_split is not None:
-            raise ValueError("the gate's BLAS products are exact: no split weights or row maxima")
+        if amax is not None or gate_split is not None or u is None or u_next is None:
+            raise ValueError("the gate's BLAS products are the exact forward's: u and u_next, no split or maxima")
         gate_logits(z, gw, layer, sg, layout.focus_dim)
         wrap_triton(gate_from_logits_kernel)[grid](
-            z, gw if u is None else u, gw if u_next is None else u_next, sg, layer, n_edges, n_focus,   # gw: unused
-            LMAX=layout.lmax, CF=layout.focus_dim, GC=gate_chunk(layout), WRITE_U=u is not None,
+            z, u, u_next, sg, layer, n_edges, n_focus, LMAX=layout.lmax, CF=layout.focus_dim, GC=gate_chunk(layout),
             BLOCK_M=cfg["BLOCK_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
         return

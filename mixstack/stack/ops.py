@@ -164,9 +164,9 @@ def _force_plan(z: Tensor, stack: StackSpec, level: int, comp_cfg: dict | None) 
         return LaunchPlan(comp_cfg, compensated=True)
     n_focus = z.shape[1]
     gemm_cfg = _tuned("stack_bwd_relay", z, n_focus, stack, level)
-    _record_products(stack, z)
+    blas = _record_products(stack, z)
     fused_cfg = None
-    if configs.fused_supported(stack.layout) and not products.on_blas(stack.layout, z):
+    if configs.fused_supported(stack.layout) and not blas:                  # the fused kernel's products are Triton's
         fused_cfg = _tuned("stack_bwd_fused", z, n_focus, stack, level, log=False)
     record("bwd:relay" if fused_cfg is None else "bwd:fused")
     return LaunchPlan(gemm_cfg, fused_cfg)
@@ -183,10 +183,13 @@ def _relay_plan(z: Tensor, stack: StackSpec, level: int, comp_cfg: dict | None) 
     return LaunchPlan(gemm_cfg, compensated=compensated)
 
 
-def _record_products(stack: StackSpec, t: Tensor) -> None:
-    """Record ``products:blas`` where an exact call's products run on the BLAS (``tuning.products``)."""
-    if products.on_blas(stack.layout, t):
+def _record_products(stack: StackSpec, t: Tensor) -> bool:
+    """Whether an exact call's products run on the BLAS (``tuning.products``), recorded
+    (``products:blas``) where they do."""
+    blas = products.on_blas(stack.layout, t)
+    if blas:
         record("products:blas")
+    return blas
 
 
 @triton_op("mixstack::stack_double_backward", mutates_args=())

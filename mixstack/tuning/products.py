@@ -22,7 +22,7 @@ import json
 
 import torch
 
-from ..core.config import PRODUCT_ROUTES, env_products
+from ..core.config import PRODUCT_ROUTES, env_products, product_route
 from ..core.layout import StackLayout
 from ..dispatch.guards import tracing
 from . import store
@@ -36,12 +36,6 @@ _override: str | None = None
 _keys: dict[str, frozenset] = {}
 
 
-def _check(route: str, name: str) -> str:
-    if route not in ROUTES:
-        raise ValueError(f"{name} must be one of {', '.join(ROUTES)}, got {route!r}")
-    return route
-
-
 def route() -> str:
     """The route asked for: ``use_products``'s, else ``MIXSTACK_PRODUCTS``, else ``"auto"``."""
     return _override if _override is not None else env_products()
@@ -53,7 +47,7 @@ def use_products(which: str):
     ``"auto"``: the device's measured keys).  Read when a call launches its kernels: a graph
     captured or a program compiled inside keeps the route it was made with."""
     global _override
-    previous, _override = _override, _check(which, "use_products(which)")
+    previous, _override = _override, product_route(which, "use_products(which)")
     try:
         yield
     finally:
