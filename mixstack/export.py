@@ -43,7 +43,8 @@ from pathlib import Path
 
 import torch
 
-from . import tuner, tuning
+from . import cxx_runtime, tuner, tuning
+from .core import config
 from .core.version import __version__
 from .dispatch import levels
 from .stack import level3
@@ -175,7 +176,8 @@ def _stage_reporter(progress):
 
 
 def freeze(module: torch.nn.Module, example, path, *, tune: bool = True,
-           inductor_configs: dict | None = None, progress="auto") -> Path:
+           inductor_configs: dict | None = None, progress="auto",
+           private_cxx_runtime: bool | None = None) -> Path:
     """Tune (where it matters), export and AOT-compile ``module`` into the ``.pt2`` file ``path``.
 
     ``module``: a potential with ``forward(positions, cell, numbers, edge_index,
@@ -187,9 +189,14 @@ def freeze(module: torch.nn.Module, example, path, *, tune: bool = True,
     ``progress``: a callable that receives one line per stage (tuning, tracing,
     compiling: the last takes a minute or more); ``"auto"`` (default) prints the
     lines to stderr when it is a terminal; ``None``: logging only.
+    ``private_cxx_runtime``: link the package with its own hidden copy of libstdc++
+    (``mixstack.cxx_runtime``; default ``MIXSTACK_PRIVATE_CXX_RUNTIME``), for a machine whose
+    process and compiler disagree on libstdc++.
     """
     report = _stage_reporter(progress)
     device, level = _module_device(module), levels.get_level()
+    if private_cxx_runtime is None:
+        private_cxx_runtime = config.private_cxx_runtime()
     keys = stack_keys(module)
     if tune:
         report(f"1/3 tuning the missing stack keys ({len(keys)} in the model)")
@@ -211,9 +218,10 @@ def freeze(module: torch.nn.Module, example, path, *, tune: bool = True,
         "dtype": str(p.dtype).removeprefix("torch."), "level": str(level),
         "config": json.dumps(getattr(module, "config", {})),
         "stack_keys": ";".join(f"[{k}]" for k in keys), "tuning": tuned, "level3": checked,
+        "private_cxx_runtime": "1" if private_cxx_runtime else "0",
         "inputs": ",".join(INPUT_NAMES), "outputs": ",".join(OUTPUT_NAMES),
     }
-    configs = dict(inductor_configs or {})
+    configs = {**cxx_runtime.inductor_configs(private_cxx_runtime), **(inductor_configs or {})}
     configs["aot_inductor.metadata"] = {**configs.get("aot_inductor.metadata", {}), **meta}
     path = Path(os.fspath(path))
     path.parent.mkdir(parents=True, exist_ok=True)

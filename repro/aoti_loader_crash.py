@@ -14,11 +14,17 @@ stderr) and the others still run:
 * ``cpu``: the same model packaged and loaded for the CPU;
 * ``load`` again with ``LD_PRELOAD`` set to the C++ compiler's own ``libstdc++.so.6`` (the one
   the package was built against), in case the process loads another first;
+* ``load`` of the package linked with a private copy of libstdc++ whose symbols stay inside it
+  (``-static-libstdc++ -Wl,--exclude-libs,ALL`` through a wrapper of the compiler as Inductor's
+  ``cpp.cxx``): the package then runs the C++ runtime it was compiled against;
+* ``load`` of the CUDA package built by each other C++ compiler on PATH (``clang++``, another
+  ``g++``), through Inductor's ``cpp.cxx``;
 * ``regex``: no AOTInductor at all: a ten-line shared library built by the same compiler that
   compiles the ``std::regex`` the model's constructor compiles (``parse_device_str``), opened
   after ``import torch`` and called; ``regex-static`` the same library linked with
-  ``-static-libstdc++`` (its own private copy of libstdc++).  If ``regex`` crashes too, the
-  fault is the process's C++ runtime against the compiler's, not the package.
+  ``-static-libstdc++`` (its own copy of libstdc++, symbols visible), ``regex-private`` with them
+  hidden as well (``-Wl,--exclude-libs,ALL``).  If ``regex`` crashes too, the fault is the
+  process's C++ runtime against the compiler's, not the package.
 
 Before loading it prints what the package was built with and what the process runs with: the
 C++ compiler Inductor called, the ``libstdc++`` that compiler links, the ``libstdc++`` a Python
@@ -45,7 +51,7 @@ import sys
 import tempfile
 import zipfile
 
-STEPS = ("load", "loader", "dlopen", "runner", "regex", "regex-static")
+STEPS = ("load", "loader", "dlopen", "runner", "regex", "regex-static", "regex-private")
 
 REGEX_SOURCE = r"""
 #include <regex>
@@ -60,15 +66,56 @@ extern "C" int device_index(const char* s) {
 """
 
 
-def package(out: str, device: str) -> str:
+def package(out: str, device: str, cxx: str | None = None) -> str:
+    """The ``nn.Linear`` packaged for ``device`` (``cxx``: built by that C++ compiler instead of
+    Inductor's default)."""
     import torch
 
     model = torch.nn.Linear(16, 16).to(device)
     example = (torch.randn(4, 16, device=device),)
     program = torch.export.export(model, example)
-    path = os.path.join(out, f"linear-{device}.pt2")
-    torch._inductor.aoti_compile_and_package(program, package_path=path)
+    tag = "" if cxx is None else "-" + os.path.basename(cxx).replace("+", "x")
+    path = os.path.join(out, f"linear-{device}{tag}.pt2")
+    if cxx is None:
+        torch._inductor.aoti_compile_and_package(program, package_path=path)
+    else:
+        with torch._inductor.config.patch({"cpp.cxx": (cxx,)}):
+            torch._inductor.aoti_compile_and_package(program, package_path=path)
     return path
+
+
+PRIVATE_LIBSTDCXX = """#!/bin/sh
+# {cxx}, but a shared library it links gets a private copy of libstdc++ whose symbols stay inside it
+case " $* " in
+  *" -shared "*) exec {cxx} "$@" -static-libstdc++ -static-libgcc -Wl,--exclude-libs,ALL ;;
+  *) exec {cxx} "$@" ;;
+esac
+"""
+
+
+def private_libstdcxx_compiler(folder: str, cxx: str) -> str:
+    """A wrapper of ``cxx`` (for Inductor's ``cpp.cxx``) that links each shared library with its
+    own copy of libstdc++, its symbols hidden (``--exclude-libs``): the package's C++ runtime is
+    then the one it was compiled against, whatever ``libstdc++`` the process loaded first.  (A
+    private copy whose symbols stay visible is what ``regex-static`` shows crashing.)"""
+    path = os.path.join(folder, "g++-private-libstdc++")
+    with open(path, "w") as f:
+        f.write(PRIVATE_LIBSTDCXX.format(cxx=cxx))
+    os.chmod(path, 0o755)
+    return path
+
+
+def other_compilers(default: str) -> list[str]:
+    """The C++ compilers on PATH other than Inductor's default (by the file they resolve to)."""
+    import shutil
+
+    seen, found = {os.path.realpath(shutil.which(default) or default)}, []
+    for name in ("clang++", "g++-14", "g++-13", "g++-12", "g++-11", "g++", "c++"):
+        where = shutil.which(name)
+        if where and os.path.realpath(where) not in seen:
+            seen.add(os.path.realpath(where))
+            found.append(where)
+    return found
 
 
 def _extract(path: str) -> tuple[str, str]:
@@ -97,8 +144,8 @@ def step(name: str, path: str) -> None:
         ctypes.CDLL(so, mode=ctypes.RTLD_GLOBAL)
         print(f"OK dlopen {so}", flush=True)
         return
-    elif name in ("regex", "regex-static"):
-        lib = ctypes.CDLL(_regex_library(os.path.dirname(path), static=name == "regex-static"))
+    elif name.startswith("regex"):
+        lib = ctypes.CDLL(_regex_library(os.path.dirname(path), static=name.partition("-")[2]))
         print(f"OK {name}: device_index('cuda:3') = {lib.device_index(b'cuda:3')}", flush=True)
         return
     elif name == "runner":
@@ -114,16 +161,17 @@ def step(name: str, path: str) -> None:
     print(f"OK {name}: output {tuple(out.shape)} finite={bool(torch.isfinite(out).all())}", flush=True)
 
 
-def _regex_library(folder: str, static: bool) -> str:
+def _regex_library(folder: str, static: str = "") -> str:
     """``REGEX_SOURCE`` built by Inductor's C++ compiler into ``folder`` (``static``: with its
-    own copy of libstdc++)."""
+    own copy of libstdc++, its symbols visible ("static") or hidden ("private"))."""
     from torch._inductor.cpp_builder import get_cpp_compiler
 
     src = os.path.join(folder, "regex_probe.cpp")
-    lib = os.path.join(folder, f"regex_probe{'_static' if static else ''}.so")
+    lib = os.path.join(folder, f"regex_probe{'_' + static if static else ''}.so")
     with open(src, "w") as f:
         f.write(REGEX_SOURCE)
-    flags = "-static-libstdc++ -static-libgcc" if static else ""
+    flags = {"": "", "static": "-static-libstdc++ -static-libgcc",
+             "private": "-static-libstdc++ -static-libgcc -Wl,--exclude-libs,ALL"}[static]
     built = subprocess.run(f"{get_cpp_compiler()} -std=c++17 -O2 -shared -fPIC {flags} {src} -o {lib}",
                            shell=True, capture_output=True, text=True)
     if built.returncode:
@@ -219,6 +267,22 @@ def main(argv=None) -> int:
         own = os.path.realpath(_sh(f"{get_cpp_compiler()} -print-file-name=libstdc++.so.6"))
         results.append(_run_step("load", path, preload=own))
         print(results[-1], flush=True)
+        try:                                          # the package with a private, hidden libstdc++
+            private = package(out, device, private_libstdcxx_compiler(out, get_cpp_compiler()))
+        except Exception as exc:
+            results.append(f"package with a private libstdc++: failed ({type(exc).__name__}: {str(exc)[:300]})")
+        else:
+            results.append(_run_step("load", private))
+        print(results[-1], flush=True)
+        if device == "cuda":                          # the same package from each other compiler
+            for cxx in other_compilers(get_cpp_compiler()):
+                try:
+                    other = package(out, device, cxx)
+                except Exception as exc:             # a compiler Inductor cannot drive: say so, go on
+                    results.append(f"package with {cxx}: failed ({type(exc).__name__}: {str(exc)[:200]})")
+                else:
+                    results.append(_run_step("load", other))
+                print(results[-1], flush=True)
     print("\nsummary:\n" + "\n".join(r.splitlines()[0] for r in results))
     return 0
 

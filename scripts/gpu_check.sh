@@ -80,8 +80,10 @@
 #   pointer kernel, the quick sweep of stack_compensated_tma at TMA_TUNE (default S1-S4; level 3's
 #   own config is swept first where a key has none), the same bench again on the new entries, and
 #   `ncu` on one TMA launch at S1 (NCU_TMA=0 skips it); under $OUT/tma, ~6 min.
-#   "aoti": repro/aoti_loader_crash.py (AOTInductor's loader, every loading path in its own process) and
-#   a cuda-gdb backtrace of aoti_load_package (AOTI_GDB=0 skips it), under $OUT/aoti.
+#   "aoti": repro/aoti_loader_crash.py (AOTInductor's loader, every loading path in its own process; the
+#   compiler's libstdc++ preloaded; the package from each other compiler; the package with its own hidden
+#   libstdc++, mixstack.cxx_runtime's way) and a cuda-gdb backtrace of aoti_load_package (AOTI_GDB=0
+#   skips it), under $OUT/aoti.  MIXSTACK_PRIVATE_CXX_RUNTIME=1 PARTS=pt2 freezes with that runtime.
 #   "pt2": scripts/pt2_check.py: mixstack's potential frozen at PT2_LEVELS (default 1,2,3) on the GPU, the
 #   mixstack kernels each package holds (read from the archive), then each package loaded in a process of
 #   its own (plainly, then with the compiler's libstdc++ preloaded if that crashed) and compared with the

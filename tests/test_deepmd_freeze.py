@@ -122,3 +122,38 @@ def test_the_expt_freeze_hook_tunes_the_rebuilt_models_keys_and_opens_the_target
     assert seen["targeted"] == [False, True] and not guards._targeted()
     assert seen["tuned"] == ([(32, 3, 2, False)], torch.device("cuda"))
     assert serialization._trace_and_export is fake_trace
+
+
+def test_both_freeze_routes_compile_with_a_private_cxx_runtime_when_asked(monkeypatch):
+    """``MIXSTACK_PRIVATE_CXX_RUNTIME=1``: Inductor's compiler is the private-runtime wrapper
+    inside ``dp --pt freeze``'s freeze and PT-expt's ``.pt2`` writer, and only there."""
+    import torch._inductor.config as inductor
+    from deepmd.pt.entrypoints import freeze_pt2
+    from deepmd.pt_expt.utils import serialization
+
+    from mixstack import cxx_runtime
+    from mixstack.deepmd import freeze
+
+    seen = []
+
+    def record(*args, **kwargs):
+        seen.append(inductor.cpp.cxx)
+        return "done"
+
+    monkeypatch.setattr(freeze_pt2, "freeze_sezm_to_pt2", record)
+    monkeypatch.setattr(serialization, "_deserialize_to_file_pt2", record)
+    freeze.install()
+    freeze.install_expt()
+    try:
+        before = inductor.cpp.cxx
+        monkeypatch.setenv("MIXSTACK_PRIVATE_CXX_RUNTIME", "1")
+        assert freeze_pt2.freeze_sezm_to_pt2("in.pt", "out.pt2", device=torch.device("cpu")) == "done"
+        assert serialization._deserialize_to_file_pt2("out.pt2", {}) == "done"
+        monkeypatch.setenv("MIXSTACK_PRIVATE_CXX_RUNTIME", "0")
+        serialization._deserialize_to_file_pt2("out.pt2", {})
+        wrapper = (cxx_runtime.private_runtime_compiler(),)
+        assert seen == [wrapper, wrapper, before] and inductor.cpp.cxx == before
+    finally:
+        freeze.uninstall()
+        freeze.uninstall_expt()
+    assert freeze_pt2.freeze_sezm_to_pt2 is record and serialization._deserialize_to_file_pt2 is record

@@ -165,8 +165,8 @@ def test_cli_freeze_builds_the_model_and_example_it_is_asked_for(monkeypatch, tm
     from mixstack.cli import main
     seen = {}
 
-    def fake_freeze(module, example, path, *, tune=True, progress=None):
-        seen.update(module=module, example=example, path=path, tune=tune)
+    def fake_freeze(module, example, path, *, tune=True, progress=None, private_cxx_runtime=None):
+        seen.update(module=module, example=example, path=path, tune=tune, private=private_cxx_runtime)
         with zipfile.ZipFile(path, "w") as z:            # what the command reads back: the kernels
             z.writestr("m/data/aotinductor/model/k.cubin", b"\x00block_gemm_kernel\x00")
         return path
@@ -176,14 +176,14 @@ def test_cli_freeze_builds_the_model_and_example_it_is_asked_for(monkeypatch, tm
     assert main(["freeze", str(out), "--lmax", "3", "--focus-dim", "32", "--blocks", "1",
                  "--structure", "cu-bcc", "--no-tune"]) == 0
     m = seen["module"]
-    assert (m.lmax, m.focus_dim, len(m.blocks), seen["tune"]) == (3, 32, 1, False)
+    assert (m.lmax, m.focus_dim, len(m.blocks), seen["tune"], seen["private"]) == (3, 32, 1, False, None)
     assert set(seen["example"].get_chemical_symbols()) == {"Cu"} and str(seen["path"]) == str(out)
     printed = capsys.readouterr().out
     assert f"wrote {out}" in printed and "mixstack kernels compiled in: 1 (block_gemm_kernel)" in printed
     ckpt = tmp_path / "c.pt"
     SO2Potential(lmax=2, focus_dim=16, n_blocks=1).save(ckpt)
-    assert main(["freeze", str(out), "--checkpoint", str(ckpt)]) == 0
-    assert seen["module"].lmax == 2 and seen["tune"] is True
+    assert main(["freeze", str(out), "--checkpoint", str(ckpt), "--private-cxx-runtime"]) == 0
+    assert seen["module"].lmax == 2 and seen["tune"] is True and seen["private"] is True
 
 
 def test_freeze_reports_each_stage_as_it_goes(monkeypatch, tmp_path):

@@ -26,6 +26,9 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=COUNT0, default=0, help="new model: initialisation seed (default 0)")
     p.add_argument("--device", help="where to trace and compile: cpu, cuda or cuda:N (default: cpu, or the checkpoint's)")
     p.add_argument("--no-tune", action="store_true", help="do not tune missing keys first")
+    p.add_argument("--private-cxx-runtime", action="store_true", default=None,
+                   help="link the package with its own hidden copy of libstdc++, for a machine whose "
+                        "Python process and C++ compiler disagree on it (default: MIXSTACK_PRIVATE_CXX_RUNTIME)")
 
 
 def _example(args):
@@ -65,7 +68,8 @@ def run(args, argv=None) -> int:
     print(f"mixstack freeze: {model.__class__.__name__}({model.extra_repr()}) on "
           f"{next(model.parameters()).device}, example {example.get_chemical_formula()} "
           f"({len(example)} atoms)")
-    path = freeze(model, example, args.out, tune=not args.no_tune, progress=lambda msg: print(f"  {msg}", flush=True))
+    path = freeze(model, example, args.out, tune=not args.no_tune, private_cxx_runtime=args.private_cxx_runtime,
+                  progress=lambda msg: print(f"  {msg}", flush=True))
     print(f"wrote {path}")
     from ..packages import package_kernels
     print("\n".join(package_kernels(path).lines()[1:]))

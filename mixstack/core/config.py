@@ -7,6 +7,7 @@
 | ``MIXSTACK_CONV_KERNELS`` | ``0``: the convolution's operators run their reference at every level | — |
 | ``MIXSTACK_PRODUCTS`` | ``auto`` (default): the exact products of the keys the device's grid chose run on the BLAS; ``blas`` / ``triton``: every key's | ``mixstack.tuning.products.use_products`` |
 | ``MIXSTACK_DEEPMD`` | ``1``: deepmd-kit's commands run SeZM (DPA4) models through ``mixstack.deepmd`` | ``mixstack.deepmd.accelerate`` |
+| ``MIXSTACK_PRIVATE_CXX_RUNTIME`` | ``1``: a frozen package is linked with its own hidden copy of libstdc++ (``mixstack.cxx_runtime``) | ``freeze(..., private_cxx_runtime=True)`` |
 | ``MIXSTACK_RESULTS_DIR`` | where the commands write results without ``--out`` | ``mixstack.core.config.set_results_dir`` |
 
 ``TRITON_INTERPRET`` (Triton's own switch) is read here too: with it set, the
@@ -70,6 +71,15 @@ def deepmd_enabled() -> bool:
     raw = os.environ.get("MIXSTACK_DEEPMD", "0").strip()
     if raw not in {"", "0", "1"}:
         raise ValueError(f"MIXSTACK_DEEPMD must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
+def private_cxx_runtime() -> bool:
+    """True when ``MIXSTACK_PRIVATE_CXX_RUNTIME=1``: AOTInductor links a frozen package with a
+    private, hidden copy of libstdc++ (``mixstack.cxx_runtime``)."""
+    raw = os.environ.get("MIXSTACK_PRIVATE_CXX_RUNTIME", "0").strip()
+    if raw not in {"", "0", "1"}:
+        raise ValueError(f"MIXSTACK_PRIVATE_CXX_RUNTIME must be 0 or 1, got {raw!r}")
     return raw == "1"
 
 

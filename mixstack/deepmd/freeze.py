@@ -22,6 +22,9 @@ graph to its target device (``deepmd.pt_expt.utils.env.DEVICE``).  ``install_exp
 ``_trace_and_export``, which both its ``.pt2`` and ``.pte`` writers call: for a CUDA target, the
 same model's keys first go to ``tune``, then the trace runs inside the kernel target.
 
+With ``MIXSTACK_PRIVATE_CXX_RUNTIME=1`` both routes compile their ``.pt2`` with a private, hidden
+copy of libstdc++ (``mixstack.cxx_runtime``).
+
 The convolution's rotations trace as their reference formulas (a trace never runs their
 kernels: ``guards.tracing``).  A CPU target freezes as before.
 """
@@ -34,6 +37,7 @@ import logging
 
 import torch
 
+from .. import cxx_runtime
 from ..dispatch import guards, levels
 from ..export import check_level3, stack_keys, tune_for_freeze
 
@@ -77,7 +81,7 @@ def install() -> None:
     def freeze_sezm_to_pt2(ckpt_path, out_path, *, device=None, **kwargs):
         from deepmd.pt.utils.env import DEVICE
 
-        with target(device if device is not None else DEVICE):
+        with target(device if device is not None else DEVICE), cxx_runtime.private_runtime():
             return freeze(ckpt_path, out_path, device=device, **kwargs)
 
     @functools.wraps(tune_tables)
@@ -108,10 +112,10 @@ def _expt_model(data: dict):
 
 
 def install_expt() -> None:
-    """Wrap PT-expt's ``_trace_and_export`` (idempotent)."""
+    """Wrap PT-expt's ``_trace_and_export`` and its ``.pt2`` writer (idempotent)."""
     from deepmd.pt_expt.utils import serialization
 
-    trace = serialization._trace_and_export
+    trace, write_pt2 = serialization._trace_and_export, serialization._deserialize_to_file_pt2
     if getattr(trace, _MARK, False):
         return
 
@@ -127,17 +131,24 @@ def install_expt() -> None:
         with target(device):
             return trace(data, *args, **kwargs)
 
-    setattr(_trace_and_export, _MARK, True)
-    serialization._trace_and_export = _trace_and_export
+    @functools.wraps(write_pt2)
+    def _deserialize_to_file_pt2(*args, **kwargs):
+        with cxx_runtime.private_runtime():        # MIXSTACK_PRIVATE_CXX_RUNTIME=1: its own libstdc++
+            return write_pt2(*args, **kwargs)
+
+    for fn in (_trace_and_export, _deserialize_to_file_pt2):
+        setattr(fn, _MARK, True)
+    serialization._trace_and_export, serialization._deserialize_to_file_pt2 = _trace_and_export, _deserialize_to_file_pt2
 
 
 def uninstall_expt() -> None:
     """Undo ``install_expt``."""
     from deepmd.pt_expt.utils import serialization
 
-    trace = serialization._trace_and_export
-    if getattr(trace, _MARK, False):
-        serialization._trace_and_export = trace.__wrapped__
+    for name in ("_trace_and_export", "_deserialize_to_file_pt2"):
+        fn = getattr(serialization, name)
+        if getattr(fn, _MARK, False):
+            setattr(serialization, name, fn.__wrapped__)
 
 
 def uninstall() -> None:
