@@ -19,7 +19,9 @@
 #   MD_STEPS (default 100: a few neighbour-list rebuilds at 300 K; 0 without ase), TESTS_SECONDS
 #   (default 170: the GPU tests' cap), CONFIGS (default "water two_stream") change the bench;
 #   SECONDS_MARGIN (default 15) is how long before its share each bench stops starting steps
-#   (--seconds), the share itself the hard stop (timeout).
+#   (--seconds), the share itself the hard stop (timeout).  COMPILE_CACHE=DIR keeps Inductor's and
+#   Triton's caches there (a git-ignored folder of the checkout, e.g. results/tmp-compile-cache, stays
+#   between calls on a warm machine): a later call's compiled variants then mostly hit them.
 set -u
 OUT=${OUT:?set OUT to a results folder}
 mkdir -p "$OUT"
@@ -76,6 +78,11 @@ fi
 # in the bench's log, and the sum is printed after it
 export TRITON_PRINT_AUTOTUNING=${TRITON_PRINT_AUTOTUNING:-1}
 
+if [ -n "${COMPILE_CACHE:-}" ]; then
+  mkdir -p "$COMPILE_CACHE/inductor" "$COMPILE_CACHE/triton"
+  export TORCHINDUCTOR_CACHE_DIR=$(realpath "$COMPILE_CACHE/inductor") TRITON_CACHE_DIR=$(realpath "$COMPILE_CACHE/triton")
+  echo "compile caches under $COMPILE_CACHE: $(du -sh "$COMPILE_CACHE" | cut -f1) already there"
+fi
 configs=(${CONFIGS:-water two_stream})
 n=${#configs[@]}
 i=0

@@ -166,3 +166,14 @@ def test_a_variant_that_fails_to_build_is_marked_and_the_others_run(tmp_path, mo
     (case,) = record["cases"]
     assert case["variants"]["ms0"]["not_run"] == "failed in ms0: built + first frame: RuntimeError: no such kernel"
     assert case["variants"]["dp0"]["time"]["median_ms"] > 0 and "failed" not in record
+
+
+def test_the_anchor_is_the_fastest_deepmd_variant_at_float32_accuracy():
+    def v(ms, err):
+        return {"time": {"median_ms": ms}, "accuracy": {"force_max_abs": err}}
+
+    case = {"variants": {"dp2c": v(35.0, 7.8e-7), "dp3c": v(30.0, 3.2e-5), "ms3cg": v(25.0, 7.7e-7)}}
+    assert bench.fastest_deepmd(case) == ("dp2c", 35.0)              # dp3c: 40x the error, not the anchor
+    case["variants"]["dp3c"]["accuracy"]["force_max_abs"] = 1.5e-6
+    assert bench.fastest_deepmd(case) == ("dp3c", 30.0)              # within the band: it is
+    assert bench.fastest_deepmd({"variants": {"ms3cg": v(25.0, 7.7e-7)}}) is None

@@ -164,6 +164,19 @@ def test_edge_capacity_rounds_up_in_steps_of_a_few_per_cent(n, cap):
     assert edge_capacity(n) == cap and (cap - n) / n < 1 / 32 + 256 / n
 
 
+@pytest.mark.parametrize("n, cap", [(1, 256), (20_000, 20_224), (316_554, 317_440)])
+def test_a_finer_edge_capacity_pads_by_at_most_one_step(n, cap):
+    from mixstack.potential.verlet import edge_capacity
+    assert edge_capacity(n, steps=256) == cap and (cap - n) / n < 1 / 256 + 256 / n
+
+
+@pytest.mark.parametrize("steps", [0, 3, 48])
+def test_the_capacity_steps_must_be_a_power_of_two(steps):
+    from mixstack.potential.verlet import edge_capacity
+    with pytest.raises(ValueError, match="steps"):
+        edge_capacity(1000, steps=steps)
+
+
 def test_the_edge_capacity_holds_while_the_count_wanders_and_moves_when_it_must():
     from mixstack.potential.verlet import edge_capacity
     cap = edge_capacity(20_000)

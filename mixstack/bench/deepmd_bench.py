@@ -224,7 +224,7 @@ class Progress:
 
 
 # A variant's fields a step fills, as the tables and "not run" notes name them.
-STEP_NAMES = {"memory": "peak memory", "presized_pool": "presized pool", "time": "timing", "breakdown": "breakdown", "md": "MD"}
+STEP_NAMES = {"memory": "peak memory", "other_pool": "the other pool", "time": "timing", "breakdown": "breakdown", "md": "MD"}
 
 
 def _mark(entries, field: str, why: str) -> None:
@@ -347,14 +347,7 @@ def _variant(key: str, entry: dict, config: dict, state: dict, inputs, ref, args
     with progress.step(f"{key}: built + first frame") as notes:
         model, acc_report = build_variant(key, config, state, device, args.rest_level)
         entry["accelerated"] = None if acc_report is None else [c.runs_on for c in acc_report]
-        base = _reserved(device) if cuda else 0
-        if cuda:
-            resident = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
         runner, run = _first_frame(key, model, inputs, args, notes)
-        # a graph's frame allocates its tensors at its warm-up and capture (its replays reuse them)
-        captured = torch.cuda.max_memory_allocated(device) - resident if cuda and runner is not None else 0
-        held = _reserved(device) - base if cuda and runner is not None else 0   # a graph's pool, its buffers
         built = Built(model, runner, run, acc_report)
         if runner is not None and runner.fallback_reason:
             entry["graph_fallback"] = runner.fallback_reason
@@ -367,41 +360,51 @@ def _variant(key: str, entry: dict, config: dict, state: dict, inputs, ref, args
     if not cuda:
         entry["peak_memory_bytes"] = entry["device_memory_bytes"] = None
     else:
-        _step(progress, f"{key}: peak memory", entry, "memory", lambda: _memory(run, device, captured, held),
+        graphed = runner is not None and runner.captures > 0
+        # a graph's memory from a runner of its own: the first one's also held the compiler's
+        measure = (lambda: _graph_memory(built, inputs, ref, device, runner.presize)) if graphed else \
+            (lambda: _memory(run, device))
+        _step(progress, f"{key}: peak memory", entry, "memory", measure,
               say=lambda m: f"{m['peak_memory_bytes'] / 2 ** 20:.0f} MiB allocated at the peak, "
                             f"{m['device_memory_bytes'] / 2 ** 20:.0f} MiB taken from the device")
-        entry.update(entry.pop("memory", None) or {})
-        if runner is not None and runner.captures:
-            _step(progress, f"{key}: presized pool", entry, "presized_pool",
-                  lambda: _presized(built, inputs, ref, device),
+        entry.update({k: v for k, v in (entry.pop("memory", None) or {}).items() if k.endswith("_bytes")})
+        if graphed:
+            _step(progress, f"{key}: {'plain' if runner.presize else 'presized'} pool", entry, "other_pool",
+                  lambda: _graph_memory(built, inputs, ref, device, not runner.presize),
                   say=lambda m: f"{m['device_memory_bytes'] / 2 ** 20:.0f} MiB taken from the device, "
                                 f"force max abs {m['force_max_abs']:.1e}")
     return built
 
 
-def _presized(built: Built, inputs, ref, device) -> dict:
-    """The same graph captured again by a runner of its own on the same model into a pool that
-    held the frame's peak in one block before the capture (``FrameRunner(presize=True)``): the
-    device memory it takes, and its forces against float64."""
+def _graph_memory(built: Built, inputs, ref, device, presize: bool) -> dict:
+    """A ``g`` variant's graph captured again by a runner of its own on the same (compiled, warm)
+    model, into a fresh pool or one that held the frame's peak in one block first
+    (``FrameRunner(presize=...)``): the tensors alive together at its warm-up and capture
+    (``peak_memory_bytes``), the device memory it takes (its buffers and its pool), and its
+    forces against float64."""
     from ..deepmd.frame import FrameRunner
 
     base = _reserved(device)
-    runner = FrameRunner(built.model, skin=built.runner.skin, presize=True)
+    resident = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)             # a presized capture resets it once more
+    runner = FrameRunner(built.model, skin=built.runner.skin, presize=presize)
     out = runner(*inputs)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - resident
     held = _reserved(device) - base
     dev = _deviation(out, ref)
     del runner, out
     _free(device)
-    return {"device_memory_bytes": held, "force_max_abs": dev["force_max_abs"]}
+    return {"presize": presize, "peak_memory_bytes": peak, "device_memory_bytes": held,
+            "force_max_abs": dev["force_max_abs"]}
 
 
-def _memory(run, device, captured: int, held: int) -> dict:
-    """A frame's memory above the resident models: ``peak_memory_bytes`` its tensors alive together
-    at its peak (a graph's: at its warm-up and capture), ``device_memory_bytes`` what the caching
-    allocator takes from the device for it (an eager frame's reservation from an emptied cache; a
-    graph's private pool and buffers, and what a replay reserves besides)."""
+def _memory(run, device) -> dict:
+    """An eager frame's memory above the resident models: ``peak_memory_bytes`` its tensors alive
+    together at its peak, ``device_memory_bytes`` what the caching allocator reserves from the
+    device for it, from an emptied cache."""
     allocated, reserved = _frame_memory(run, device)
-    return {"peak_memory_bytes": max(allocated, captured), "device_memory_bytes": held + reserved}
+    return {"peak_memory_bytes": allocated, "device_memory_bytes": reserved}
 
 
 def _allocated(device) -> int:
@@ -532,10 +535,22 @@ def _not_run_section(record: dict) -> list[str]:
     return ["", "## Not run", "", *lines] if lines else []
 
 
+FLOAT32_BAND = 8        # a variant at float32 accuracy: forces within this factor of the case's most accurate
+
+
 def fastest_deepmd(case: dict) -> tuple[str, float] | None:
-    """The case's fastest timed deepmd-kit variant (``dp...``) and its median, or ``None``."""
+    """The case's fastest timed deepmd-kit variant (``dp...``) at float32 accuracy and its median,
+    or ``None``: its forces within ``FLOAT32_BAND`` times the most accurate variant's error
+    against float64 (deepmd-kit's fp16x3 stack at lmax 3 and two streams is ~40x that: a faster
+    frame at another accuracy is not the anchor), every timed ``dp`` variant where none has one."""
+    def err(v):
+        return v.get("accuracy", {}).get("force_max_abs")
+
+    errors = [e for v in case["variants"].values() if (e := err(v)) is not None]
+    best = min(errors) if errors else None
     timed = [(v["time"]["median_ms"], key) for key, v in case["variants"].items()
-             if key.startswith("dp") and v.get("time")]
+             if key.startswith("dp") and v.get("time")
+             and (best is None or err(v) is None or err(v) <= FLOAT32_BAND * max(best, 1e-30))]
     return (min(timed)[1], min(timed)[0]) if timed else None
 
 
@@ -574,11 +589,13 @@ def markdown(record: dict) -> str:
                      report.fmt(md.get("steps_per_s"), ".2f"), report.fmt(md.get("ns_per_day"), ".3f"),
                      report.fmt(md.get("drift_mev_atom_ps"), ".3g")]
             lines.append("| " + " | ".join(cells) + " |")
-    notes = [f"- {case['config']} / {case['atoms']} atoms: x fastest dp is against {best[0]} ({best[1]:.2f} ms)"
+    notes = [f"- {case['config']} / {case['atoms']} atoms: x fastest dp is against {best[0]} ({best[1]:.2f} ms), "
+             f"the fastest deepmd-kit variant whose forces are within {FLOAT32_BAND}x the case's most accurate"
              for case in record["cases"] if (best := fastest_deepmd(case))]
-    notes += [f"- {case['config']} / {case['atoms']} atoms, {key}: captured into a presized pool, "
+    notes += [f"- {case['config']} / {case['atoms']} atoms, {key}: captured into a "
+              f"{'presized' if p['presize'] else 'plain'} pool instead, "
               f"{p['device_memory_bytes'] / 2 ** 20:.0f} MiB from the device (force max abs {p['force_max_abs']:.1e})"
-              for case in record["cases"] for key, v in case["variants"].items() if (p := v.get("presized_pool"))]
+              for case in record["cases"] for key, v in case["variants"].items() if (p := v.get("other_pool"))]
     return "\n".join(lines + ([""] + notes if notes else []) + _stage_rows(record) + _not_run_section(record)) + "\n"
 
 

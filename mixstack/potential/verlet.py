@@ -34,15 +34,18 @@ from .neighbors import MIN_EDGE_LENGTH, SystemInputs, centre_slots, check_edge_l
 SLOT_QUANTUM = 8
 
 
-def _capacity_step(n: int) -> int:
-    return max(256, 1 << max(0, int(n).bit_length() - 6))
+def _capacity_step(n: int, steps: int = 32) -> int:
+    return max(256, 1 << max(0, int(n).bit_length() - int(steps).bit_length()))
 
 
-def edge_capacity(n: int, previous: int | None = None) -> int:
-    """The padded edge count for ``n`` edges: ``n`` rounded up to a step of 1/32-1/64 of it (at
-    least 256), or ``previous`` while ``n`` fits it and is not two steps below it (so that a
-    count wandering across a step does not change the shapes back and forth)."""
-    step = _capacity_step(n)
+def edge_capacity(n: int, previous: int | None = None, *, steps: int = 32) -> int:
+    """The padded edge count for ``n`` edges: ``n`` rounded up to a step of 1/steps-1/(2 steps)
+    of it (``steps`` a power of two; the step at least 256), or ``previous`` while ``n`` fits it
+    and is not two steps below it (so that a count wandering across a step does not change the
+    shapes back and forth)."""
+    if steps < 1 or steps & (steps - 1):
+        raise ValueError(f"steps must be a power of two >= 1, got {steps}")
+    step = _capacity_step(n, steps)
     if previous is not None and previous - 2 * step < n <= previous:
         return previous
     return -(-int(n) // step) * step

@@ -77,10 +77,10 @@ def _gate_weights(gw, gate_split):
     return gate_split if gate_split is not None else (gw, gw, gw)
 
 
-def _exact_on_blas(plan: LaunchPlan, layout: StackLayout, t) -> bool:
-    """Whether a call's exact products (every product unless ``plan`` is compensated) run on the
+def exact_on_blas(compensated: bool, layout: StackLayout, t) -> bool:
+    """Whether a call's exact products (every product unless it is ``compensated``) run on the
     BLAS (``tuning.products``): the gate's here; the block GEMMs decide in ``block_gemm``."""
-    return not plan.compensated and on_blas(layout, t)
+    return not compensated and on_blas(layout, t)
 
 
 def gate(z, gw, layer, sg, n_edges, n_focus, layout, u=None, u_next=None, amax=None, gate_split=None, blas=False):
@@ -170,7 +170,7 @@ def stack_forward(u0, alpha, weights: Weights, spec: StackSpec, plan: LaunchPlan
     # The forward gate stays exact at level 3: split fp16 logits doubled its registers and
     # slowed the level-3 forward (BENCHMARKS.md, "The gate's products on tensor cores").
     record = plan.compensated and plan.writer_amax
-    blas = _exact_on_blas(plan, layout, u0)
+    blas = exact_on_blas(plan.compensated, layout, u0)
     amax = None                          # the row maxima of u, where a kernel recorded them
     if n_gated:
         sg = u0.new_empty((n_focus, n_edges, layout.gate_width))
@@ -325,7 +325,7 @@ def _relay_layers(h, z, wt: Weights, layout: StackLayout, plan: LaunchPlan, spli
         return
     split, gate_split = splits
     n_focus, n_edges = z.shape[1], z.shape[2]
-    blas = _exact_on_blas(plan, layout, h)
+    blas = exact_on_blas(plan.compensated, layout, h)
     fold = pointwise_recomputes_gate(layout, plan.compensated) and not blas
     sg = None if fold else h.new_empty((n_focus, n_edges, layout.gate_width))
     gz = torch.empty_like(h)

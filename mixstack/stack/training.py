@@ -293,7 +293,9 @@ def _gated_tangents(t: _Tangent, u_dot, z_dot, z, chain, d_z):
     layout, n_focus, n_edges = t.layout, u_dot.shape[0], u_dot.shape[1]
     red = t.reductions
     if red is not None:
-        fold = pointwise_recomputes_gate(layout)
+        # the gate's products on the BLAS where the first backward's ran there (exact weights only)
+        blas = launchers.exact_on_blas(t.split is not None, layout, u_dot)
+        fold = pointwise_recomputes_gate(layout) and not blas
         sg = None if fold else u_dot.new_empty((n_focus, n_edges, layout.gate_width))
     cfg = training_pointwise_config(layout)
     grid = (triton.cdiv(n_edges, cfg["BLOCK_M"]), n_focus)
@@ -304,7 +306,7 @@ def _gated_tangents(t: _Tangent, u_dot, z_dot, z, chain, d_z):
             # gz lives in d_z[k] until the tangent step overwrites it (every column): the
             # reductions read it first, and the double backward's peak holds one surface less
             gz = d_z[k]
-            launchers.relay_gz(chain[k], z, t.weights.gw, k, layout, sg, gz, fold=fold)
+            launchers.relay_gz(chain[k], z, t.weights.gw, k, layout, sg, gz, fold=fold, blas=blas)
             red.blocks(u_dot, 0, gz, t.dw.w0, t.dw.w1, k)
             red.gate(chain, k, z, t.weights.gw, t.dw.gw, k, zd=z_dot)
         wrap_triton(tangent_kernel)[grid](

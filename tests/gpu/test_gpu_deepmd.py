@@ -87,7 +87,11 @@ def test_the_bench_runs_on_the_gpu(tmp_path):
         assert v["time"]["median_ms"] > 0 and v["peak_memory_bytes"] > 0 and v["device_memory_bytes"] > 0
         assert v["breakdown"]["stages"]["value_path"]["forward_ms"] > 0
         assert v["md"]["steps_per_s"] > 0
-    assert "time" in case["variants"]["ms2g"] or case["variants"]["ms2g"]["not_run"]
+    g = case["variants"]["ms2g"]
+    assert g["peak_memory_bytes"] > 0 and g["device_memory_bytes"] > 0          # from a runner of its own
+    assert g["other_pool"]["presize"] is False and g["other_pool"]["device_memory_bytes"] > 0
+    assert g["other_pool"]["force_max_abs"] <= 2 * g["accuracy"]["force_max_abs"] + 1e-6   # the same frame
+    assert "time" in g or g["not_run"]
 
 
 def _run(runner, frame):
@@ -115,7 +119,8 @@ def test_replay_is_bitwise_the_eager_frame_and_within_float32_of_deepmd(level, d
 def test_a_graph_captured_into_a_presized_pool_replays_the_same_bits(deterministic):
     frame = systems.water(240, seed=5)
     model, _ = accelerated_copy(make_model("water", "float32", rcut=6.0).to(DEV), level=3)
-    plain, presized = FrameRunner(model), FrameRunner(model, presize=True)
+    plain, presized = FrameRunner(model, presize=False), FrameRunner(model)
+    assert presized.presize                                       # the default
     a, b = _run(plain, frame), _run(presized, frame)
     again = _run(presized, frame)
     assert presized.captures == 1 and presized.replays >= 2

@@ -125,3 +125,33 @@ def test_the_route_runs_every_product_on_the_blas_and_no_triton_gemm(monkeypatch
         got = helpers.run_stack(case, 1, helpers.make_inputs(case), helpers.make_grad_out(case))
     assert calls == {"block": 8, "logits": 4, "contraction": 2}
     assert _same_bits(_runs(case, 1)[0], got) == []
+
+
+def test_the_double_backward_recomputes_the_gate_on_the_blas_where_the_backward_did(monkeypatch):
+    """A training step on the BLAS: the double backward's relay step forms the gate's logits and
+    their contraction on the BLAS too (as the first backward's relay did), and the step still
+    matches float64."""
+    from mixstack.stack import training
+
+    calls = {"logits": 0, "contraction": 0}
+    monkeypatch.setattr(launchers, "gate_logits", _counting(calls, "logits", launchers.gate_logits))
+    monkeypatch.setattr(launchers, "add_logit_contraction",
+                        _counting(calls, "contraction", launchers.add_logit_contraction))
+    assert training.launchers is launchers
+    case = CASES[0]
+    inputs, grad_out, cot = helpers.make_inputs(case), helpers.make_grad_out(case), helpers.training_cotangents(case)
+    with use_products("blas"):
+        got = helpers.run_training_step(case, 1, inputs, grad_out, cot)
+    # two gated layers: the forward's logits, then each relay's logits and contraction; the double
+    # backward's relay adds 2 + 2 (with Triton's gate products there it was 6 and 4)
+    assert calls == {"logits": 8, "contraction": 6}
+    _, want = _want(case)
+    for name, g in want.items():
+        assert_close_rel(got[name], g, name, tol=helpers.REL_TOL)
+
+
+def _counting(calls, name, fn):
+    def run(*args, **kwargs):
+        calls[name] += 1
+        return fn(*args, **kwargs)
+    return run
