@@ -6,7 +6,7 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,probe,stackprobe,deepmdprobe,train,lammps,scaling,tma,aoti,pt2,deepmd,deepmdlammps (default:
+#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,probe,stackprobe,deepmdprobe,train,lammps,scaling,tma,gluonprobe,aoti,pt2,deepmd,deepmdlammps (default:
 #   tests,stack,model) picks what runs, in that order;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it);
@@ -80,6 +80,11 @@
 #   pointer kernel, the quick sweep of stack_compensated_tma at TMA_TUNE (default S1-S4; level 3's
 #   own config is swept first where a key has none), the same bench again on the new entries, and
 #   `ncu` on one TMA launch at S1 (NCU_TMA=0 skips it); under $OUT/tma, ~6 min.
+#   "gluonprobe": scripts/gluon_gemm_probe.py, level 3's compensated block product with explicit warp
+#   partitions (Gluon) against its Triton twin: the machine's Triton compiles every config for sm_90
+#   (registers, spills), `compute-sanitizer --tool racecheck` runs one small launch of each config,
+#   then bits against the twin and float64 and interleaved rates at GLUON_ROWS (default 600006);
+#   under $OUT/gluonprobe, ~2 min.
 #   "aoti": repro/aoti_loader_crash.py (AOTInductor's loader, every loading path in its own process; the
 #   compiler's libstdc++ preloaded; the package from each other compiler; the package with its own hidden
 #   libstdc++, mixstack.cxx_runtime's way) and a cuda-gdb backtrace of aoti_load_package (AOTI_GDB=0
@@ -358,6 +363,20 @@ part_tma() {
     summary+=("tma ncu rc=$?")
   fi
 }
+part_gluonprobe() {
+  mkdir -p "$OUT/gluonprobe"
+  timeout "$(left)" python3 scripts/gluon_gemm_probe.py --offline --out "$OUT/gluonprobe/offline" 2>&1 \
+    | tee "$OUT/gluonprobe/offline.log" | tail -n 4
+  if command -v compute-sanitizer > /dev/null; then
+    timeout "$(left)" compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 20 \
+      python3 scripts/gluon_gemm_probe.py --racecheck > "$OUT/gluonprobe/racecheck.txt" 2>&1
+    summary+=("gluon racecheck rc=$?: $(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/gluonprobe/racecheck.txt")")
+  fi
+  timeout "$(left)" python3 scripts/gluon_gemm_probe.py --rows "${GLUON_ROWS:-600006}" --out "$OUT/gluonprobe" 2>&1 \
+    | tee "$OUT/gluonprobe/probe.log" | tail -n 6
+  r=${PIPESTATUS[0]}; rc=$(( rc || r ))
+  summary+=("gluon probe rc=$r: $(grep -c '"bits_equal": true' "$OUT/gluonprobe/probe.log") configs bitwise the twin's")
+}
 part_aoti() {
   # AOTInductor's loader: a packaged nn.Linear loaded every way (each in its own process, faulthandler
   # on), then a backtrace below Python of the first path under cuda-gdb (the machine has no gdb)
@@ -402,10 +421,10 @@ part_deepmdlammps() {
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|stackprobe|deepmdprobe|convprobe|train|lammps|scaling|tma|aoti|pt2|deepmd|deepmdlammps)
+    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|stackprobe|deepmdprobe|convprobe|train|lammps|scaling|tma|gluonprobe|aoti|pt2|deepmd|deepmdlammps)
       "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, stackprobe, deepmdprobe, convprobe, train, lammps, scaling, tma, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, stackprobe, deepmdprobe, convprobe, train, lammps, scaling, tma, gluonprobe, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

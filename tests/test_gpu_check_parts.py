@@ -220,3 +220,25 @@ def test_the_gridcheck_part_holds_a_new_grid_to_the_committed_one(tmp_path):
     args = parse_args(calls[0])
     newest = sorted(p for p in os.listdir(os.path.join(ROOT, "results")) if p.endswith("-h200-grid"))[-1]
     assert args.check == f"results/{newest}" and list(args.lmax) == [1, 2] and args.seconds > 0
+
+
+def _load_script(name: str):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_the_gluonprobe_part_compiles_offline_then_probes_at_s1s_rows(tmp_path):
+    """``gluonprobe``: the probe offline first (the machine's Triton), then on the GPU at S1's rows,
+    each command parsed by the probe's own parser; with no ``compute-sanitizer`` no racecheck runs."""
+    probe = _load_script("gluon_gemm_probe")
+    calls = [probe.parser().parse_args(argv[1:]) for _, argv in _recorded_commands(tmp_path, "gluonprobe")
+             if argv[:1] == ["scripts/gluon_gemm_probe.py"]]
+    if shutil.which("compute-sanitizer") is None:
+        assert [(a.offline, a.racecheck) for a in calls] == [(True, False), (False, False)]
+    offline, gpu = calls[0], calls[-1]
+    assert offline.out == str(tmp_path / "out" / "gluonprobe" / "offline")
+    assert gpu.rows == 600006 and gpu.out == str(tmp_path / "out" / "gluonprobe")

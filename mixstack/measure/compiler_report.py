@@ -258,6 +258,27 @@ _RES = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 _OP = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", re.MULTILINE)
 
 
+def cubin_resources(compiled, sass: bool = False) -> dict:
+    """A kernel compiled by ``triton.compile`` (Triton or Gluon), read from its cubin with the
+    bundled ``cuobjdump`` (and ``nvdisasm`` with ``sass``): ``registers`` per thread,
+    ``spill_bytes`` (stack and local), ``shared_bytes`` (the larger of the binary's static
+    figure and Triton's dynamic one), ``warps`` (partitions included) and ``sass`` ("" without)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        with open(cubin, "wb") as fh:
+            fh.write(compiled.asm["cubin"])
+        res = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin], capture_output=True, text=True,
+                             check=True).stdout
+        text = subprocess.run([_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True,
+                              check=True).stdout if sass else ""
+    m = _RES.search(res)
+    if m is None:
+        raise RuntimeError(f"no resource line in cuobjdump's output:\n{res}")
+    regs, stack, shared, local = map(int, m.groups())
+    return {"registers": regs, "spill_bytes": stack + local, "shared_bytes": max(shared, compiled.metadata.shared),
+            "warps": getattr(compiled.metadata, "num_warps", None), "sass": text}
+
+
 def compile_report(launch: Launch, arch: int = 90, sass: bool = True, opcodes=COUNTED) -> Report:
     """Compile ``launch`` for ``sm_<arch>`` and read its resources and instruction mix
     (``sass=False``: resources only, without disassembling; ``opcodes``: the SASS opcodes counted)."""
@@ -268,23 +289,13 @@ def compile_report(launch: Launch, arch: int = 90, sass: bool = True, opcodes=CO
     src = ASTSource(launch.kernel, signature, constexprs=constexprs, attrs=attrs)
     options = {k: launch.kwargs[k] for k in _OPTIONS if k in launch.kwargs}
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = os.path.join(tmp, "k.cubin")
-        with open(cubin, "wb") as fh:
-            fh.write(compiled.asm["cubin"])
-        res = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin], capture_output=True, text=True,
-                             check=True).stdout
-        sass = subprocess.run([_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True,
-                              check=True).stdout if sass else ""
-    m = _RES.search(res)
-    if m is None:
-        raise RuntimeError(f"{launch.name}: no resource line in cuobjdump's output:\n{res}")
-    regs, stack, shared, local = map(int, m.groups())
+    res = cubin_resources(compiled, sass=sass)
+    regs, spills, shared, sass = res["registers"], res["spill_bytes"], res["shared_bytes"], res.pop("sass")
     ops = collections.Counter(op for op in _OP.findall(sass))
     config = {k: v for k, v in launch.kwargs.items() if k.startswith("BLOCK") or k in _OPTIONS}
     # The compiled warp count: warp specialisation adds its partitions' warps to num_warps.
     warps = getattr(compiled.metadata, "num_warps", None) or launch.kwargs.get("num_warps", 4)
-    return Report(launch.name, config, regs, stack + local, max(shared, compiled.metadata.shared),
+    return Report(launch.name, config, regs, spills, shared,
                   warps, {k: ops.get(k, 0) for k in opcodes})
 
 
