@@ -52,7 +52,7 @@ from mixstack.kernels.compensated import compensated_step, pow2_scales, split_re
 TAIL = 2048.0                       # 2^11, kernels.compensated.TAIL_SCALE
 BLOCKS = (128, 192)                 # the S1 key's block widths (m = 0: 4 x 32; |m| = 1: 6 x 32)
 # (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, num_warps, PIPELINE): 64 rows a warpgroup; PIPELINE: the next
-# K tile's split overlaps this one's MMAs
+# K tile's split overlaps this one's MMAs (a tile's shape is a power of two: K = 192 takes three N tiles)
 CONFIGS = tuple((*c, p) for p in (0, 1) for c in ((64, 64, 32, 4, 4), (64, 128, 32, 4, 4), (128, 64, 32, 4, 8),
                                                   (128, 128, 32, 3, 8), (128, 64, 64, 3, 8)))
 TWIN = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3}
@@ -145,8 +145,9 @@ def gluon_compensated_gemm(a_ptr, whi_ptr, wlo_ptr, amax_ptr, c_ptr, rows, w_up,
                            HEAD_ONLY: gl.constexpr, num_warps: gl.constexpr):
     """``C = A @ W`` for ``A (rows, K)`` fp32, ``W`` as fp16 head and tail ``(K, N)`` scaled by
     ``1 / w_up``, each row's maximum in ``amax``; one ``(BLOCK_M, BLOCK_N)`` tile a program."""
-    row0 = gl.program_id(0) * BLOCK_M
-    n0 = gl.program_id(1) * BLOCK_N
+    NT: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N          # N tiles fastest: an A tile's programs run together
+    row0 = (gl.program_id(0) // NT) * BLOCK_M
+    n0 = (gl.program_id(0) % NT) * BLOCK_N
     a_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.float32)
     w_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_N], gl.float16)
     a_desc = tma.make_tensor_descriptor(a_ptr, [rows, K], [K, 1], [BLOCK_M, BLOCK_K], a_smem)
@@ -190,8 +191,9 @@ def gluon_compensated_gemm(a_ptr, whi_ptr, wlo_ptr, amax_ptr, c_ptr, rows, w_up,
 def twin_compensated_gemm(a_ptr, whi_ptr, wlo_ptr, amax_ptr, c_ptr, rows, w_up, K: tl.constexpr, N: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """The Gluon kernel's arithmetic with pointer loads: ``kernels.compensated``'s step and result."""
-    e = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    NT: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    e = (tl.program_id(0) // NT).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = (tl.program_id(0) % NT) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     e_mask, n_mask = e < rows, n < N
     down, up = pow2_scales(tl.load(amax_ptr + e, mask=e_mask, other=1.0))
@@ -229,7 +231,7 @@ def run_twin(a, w_hi, w_lo, amax, w_up, cfg=TWIN):
     rows, k = a.shape
     c = torch.empty(rows, k, device=a.device)
     opts = {x: cfg[x] for x in ("num_warps", "num_stages") if x in cfg}
-    grid = (triton.cdiv(rows, cfg["BLOCK_M"]), triton.cdiv(k, cfg["BLOCK_N"]))
+    grid = (triton.cdiv(rows, cfg["BLOCK_M"]) * triton.cdiv(k, cfg["BLOCK_N"]),)
     twin_compensated_gemm[grid](a, w_hi, w_lo, amax, c, rows, w_up, K=k, N=k, BLOCK_M=cfg["BLOCK_M"],
                                 BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], **opts)
     return c
@@ -240,7 +242,7 @@ def run_gluon(a, w_hi, w_lo, amax, w_up, cfg, head_only: bool = False):
     bm, bn, bk, stages, warps, pipeline = cfg
     rows, k = a.shape
     c = torch.empty(rows, k, device=a.device)
-    grid = (triton.cdiv(rows, bm), triton.cdiv(k, bn))
+    grid = (triton.cdiv(rows, bm) * triton.cdiv(k, bn),)
     gluon_compensated_gemm[grid](a, w_hi, w_lo, amax, c, rows, w_up, K=k, N=k, BLOCK_M=bm, BLOCK_N=bn,
                                  BLOCK_K=bk, STAGES=stages, PIPELINE=pipeline, HEAD_ONLY=int(head_only),
                                  num_warps=warps)
