@@ -6,6 +6,7 @@ import json
 import sys
 
 import pytest
+import torch
 from deepmd_cases import one_torch_thread, require_deepmd  # noqa: F401
 
 from mixstack.bench import deepmd_bench as bench
@@ -177,3 +178,22 @@ def test_the_anchor_is_the_fastest_deepmd_variant_at_float32_accuracy():
     case["variants"]["dp3c"]["accuracy"]["force_max_abs"] = 1.5e-6
     assert bench.fastest_deepmd(case) == ("dp3c", 30.0)              # within the band: it is
     assert bench.fastest_deepmd({"variants": {"ms3cg": v(25.0, 7.7e-7)}}) is None
+
+
+def test_a_float64_reference_the_device_cannot_hold_runs_on_the_cpu_and_says_so(tmp_path, monkeypatch):
+    """The float64 frame's first try runs out of device memory: it is computed again on the CPU, the
+    variants are judged against it as usual, and the record and the table say where it ran."""
+    real, tries = bench._reference_frame, []
+
+    def reference_frame(model, frame, device):
+        tries.append(str(device))
+        if len(tries) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+        return real(model, frame, device)
+    monkeypatch.setattr(bench, "_reference_frame", reference_frame)
+    assert main([*TINY, "--variants", "dp0", "--out", str(tmp_path)]) == 0
+    assert tries == ["cpu", "cpu"]
+    (case,) = json.loads((tmp_path / "deepmd_bench.json").read_text())["cases"]
+    assert case["reference_device"].startswith("cpu (the float64 frame did not fit")
+    assert case["variants"]["dp0"]["accuracy"]["force_max_abs"] < 1e-4
+    assert "the float64 reference frame ran on the cpu" in (tmp_path / "deepmd_bench.md").read_text()

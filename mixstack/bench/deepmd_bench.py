@@ -300,12 +300,24 @@ def _reference(case: dict, type_map, frame, args, device):
                                                              precision="float64", **cut))
     state = base.state_dict()
     ref_model.load_state_dict(state)
-    inputs64 = tuple(None if t is None else t.to(device) for t in frame)
-    ref = {k: v.detach() for k, v in _frame(ref_model.to(device).eval(), inputs64).items()
-           if k in ("energy", "force", "virial")}
-    del ref_model, inputs64
+    try:
+        ref = _reference_frame(ref_model, frame, device)
+    except torch.OutOfMemoryError:
+        # the float64 frame of a large model outgrows an 80 GB GPU (2-stream, ~4,000 atoms): the host holds it
+        _free(device)
+        case["reference_device"] = "cpu (the float64 frame did not fit the GPU's memory)"
+        log.warning("the float64 reference frame did not fit %s: computing it on the CPU", device)
+        ref = {k: v.to(device) for k, v in _reference_frame(ref_model, frame, torch.device("cpu")).items()}
+    del ref_model
     _free(device)                                          # the float64 frame's memory, before the variants
     return config, base, state, ref
+
+
+def _reference_frame(model, frame, device) -> dict:
+    """The float64 ``model``'s energy, forces and virial on ``frame``, computed on ``device``."""
+    inputs64 = tuple(None if t is None else t.to(device) for t in frame)
+    return {k: v.detach() for k, v in _frame(model.to(device).eval(), inputs64).items()
+            if k in ("energy", "force", "virial")}
 
 
 def _first_frame(key: str, model, inputs, args, notes: list):
@@ -592,6 +604,8 @@ def markdown(record: dict) -> str:
     notes = [f"- {case['config']} / {case['atoms']} atoms: x fastest dp is against {best[0]} ({best[1]:.2f} ms), "
              f"the fastest deepmd-kit variant whose forces are within {FLOAT32_BAND}x the case's most accurate"
              for case in record["cases"] if (best := fastest_deepmd(case))]
+    notes += [f"- {case['config']} / {case['atoms']} atoms: the float64 reference frame ran on the "
+              f"{case['reference_device']}" for case in record["cases"] if case.get("reference_device")]
     notes += [f"- {case['config']} / {case['atoms']} atoms, {key}: captured into a "
               f"{'presized' if p['presize'] else 'plain'} pool instead, "
               f"{p['device_memory_bytes'] / 2 ** 20:.0f} MiB from the device (force max abs {p['force_max_abs']:.1e})"
