@@ -84,7 +84,7 @@
 #   partitions (Gluon) against its Triton twin: the machine's Triton compiles every config for sm_90
 #   (registers, spills), `compute-sanitizer --tool racecheck` runs one small launch of each config,
 #   then bits against the twin and float64 and interleaved rates at GLUON_ROWS (default 600006);
-#   under $OUT/gluonprobe, ~2 min.
+#   under $OUT/gluonprobe, ~4 min (40 Gluon compiles, twice with racecheck).
 #   "aoti": repro/aoti_loader_crash.py (AOTInductor's loader, every loading path in its own process; the
 #   compiler's libstdc++ preloaded; the package from each other compiler; the package with its own hidden
 #   libstdc++, mixstack.cxx_runtime's way) and a cuda-gdb backtrace of aoti_load_package (AOTI_GDB=0

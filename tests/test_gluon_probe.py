@@ -21,11 +21,11 @@ def _probe():
 
 
 def test_the_gluon_kernel_builds_for_sm90_with_its_partitions_tma_loads_and_warpgroup_mmas(monkeypatch):
-    """One config (two consumer warpgroups, pipelined) at the |m| = 1 block: TMA loads, warpgroup
+    """One config (two MMA warpgroups, pipelined, persistent) at the |m| = 1 block: TMA loads, warpgroup
     MMAs, register reallocation between the partitions, the loader's warps added, no spills."""
     probe = _probe()
     monkeypatch.setattr(probe, "BLOCKS", (192,))
-    monkeypatch.setattr(probe, "CONFIGS", ((128, 64, 32, 4, 8, 1),))
+    monkeypatch.setattr(probe, "CONFIGS", ((128, 64, 32, 4, 8, 1, 1),))
     (row,) = probe.offline(90)
     assert "error" not in row, row
     assert row["spill_bytes"] == 0 and row["warps"] > 8
