@@ -289,7 +289,10 @@ def compile_report(launch: Launch, arch: int = 90, sass: bool = True, opcodes=CO
     src = ASTSource(launch.kernel, signature, constexprs=constexprs, attrs=attrs)
     options = {k: launch.kwargs[k] for k in _OPTIONS if k in launch.kwargs}
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
-    res = cubin_resources(compiled, sass=sass)
+    try:
+        res = cubin_resources(compiled, sass=sass)
+    except RuntimeError as err:
+        raise RuntimeError(f"{launch.name}: {err}") from None
     regs, spills, shared, sass = res["registers"], res["spill_bytes"], res["shared_bytes"], res.pop("sass")
     ops = collections.Counter(op for op in _OP.findall(sass))
     config = {k: v for k, v in launch.kwargs.items() if k.startswith("BLOCK") or k in _OPTIONS}
