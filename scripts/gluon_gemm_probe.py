@@ -65,6 +65,7 @@ TWIN = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages
 
 @gluon.jit
 def _pow2_scales(amax):
+    """``kernels.compensated.pow2_scales`` in Gluon (a Gluon kernel cannot call a ``triton.jit`` function)."""
     bits = amax.to(gl.int32, bitcast=True)
     e = ((bits >> 23) & 0xFF) - 127
     e = gl.minimum(gl.maximum(e, -126), 126)
@@ -102,7 +103,8 @@ def _loader(a_desc, whi_desc, wlo_desc, a_s, whi_s, wlo_s, ready, empty, n_tiles
 
 @gluon.jit
 def _split(a_s, down, a_layout: gl.constexpr):
-    """The slot's fp32 ``A`` tile, each row scaled into [1, 2), as fp16 head and 2^11-scaled tail."""
+    """The slot's fp32 ``A`` tile, each row scaled into [1, 2), as fp16 head and 2^11-scaled tail
+    (``kernels.compensated.split_fp16``'s arithmetic, in Gluon)."""
     a = a_s.load(a_layout) * down[:, None]
     a_hi = a.to(gl.float16)
     return a_hi, ((a - a_hi.to(gl.float32)) * 2048.0).to(gl.float16)

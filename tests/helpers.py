@@ -348,3 +348,16 @@ def edge_wigner_check(vec: torch.Tensor, lmax: int, seed: int = 1):
     w64 = edge_wigner_reference(v64, lmax)
     (g64,) = torch.autograd.grad((w64 * weights).sum(), v64)
     return w.detach(), g, w64.detach(), g64
+
+
+def load_script(name: str):
+    """``scripts/<name>.py`` imported as a module (the scripts are no package): its parser,
+    kernels and helpers for the tests of what it runs."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,29 +1,18 @@
 """The Gluon probe of level 3's block product (``scripts/gluon_gemm_probe.py``) builds for Hopper
 without a GPU: the compiler's own report of what it made (the GPU run measures it)."""
 
-import importlib.util
-import os
-
 import pytest
+from helpers import load_script
 
 from mixstack.measure import compiler_report
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 pytestmark = pytest.mark.skipif(not compiler_report.tools_available(), reason="needs Triton's bundled ptxas")
-
-
-def _probe():
-    spec = importlib.util.spec_from_file_location("gluon_gemm_probe", os.path.join(ROOT, "scripts", "gluon_gemm_probe.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_gluon_kernel_builds_for_sm90_with_its_partitions_tma_loads_and_warpgroup_mmas(monkeypatch):
     """One config (two MMA warpgroups, pipelined, persistent) at the |m| = 1 block: TMA loads, warpgroup
     MMAs, register reallocation between the partitions, the loader's warps added, no spills."""
-    probe = _probe()
+    probe = load_script("gluon_gemm_probe")
     monkeypatch.setattr(probe, "BLOCKS", (192,))
     monkeypatch.setattr(probe, "CONFIGS", ((128, 64, 32, 4, 8, 1, 1),))
     (row,) = probe.offline(90)

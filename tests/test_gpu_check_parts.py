@@ -89,13 +89,11 @@ def test_the_frame_parts_pass_options_the_model_bench_takes(tmp_path):
 def test_the_stackprobe_part_probes_the_wide_keys_on_both_product_routes(tmp_path):
     """``stackprobe``: ``scripts/stack_probe.py`` with arguments it parses, at grid keys, with the
     compiled reference and level 1 on Triton's and on the BLAS's products (variants the bench knows)."""
-    import importlib.util
+    from helpers import load_script
 
     from mixstack.bench import stack_bench
 
-    spec = importlib.util.spec_from_file_location("stack_probe", os.path.join(ROOT, "scripts", "stack_probe.py"))
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = load_script("stack_probe")
     (call,) = [argv for _, argv in _recorded_commands(tmp_path, "stackprobe") if argv[:1] == ["scripts/stack_probe.py"]]
     args = probe.parser().parse_args(call[1:])
     assert args.variants.split(",") == ["0c", "1", "1b"] and set(args.variants.split(",")) <= set(stack_bench.VARIANTS)
@@ -222,19 +220,13 @@ def test_the_gridcheck_part_holds_a_new_grid_to_the_committed_one(tmp_path):
     assert args.check == f"results/{newest}" and list(args.lmax) == [1, 2] and args.seconds > 0
 
 
-def _load_script(name: str):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
 def test_the_gluonprobe_part_compiles_offline_then_probes_at_s1s_rows(tmp_path):
     """``gluonprobe``: the probe offline first (the machine's Triton), then on the GPU at S1's rows,
     each command parsed by the probe's own parser; with no ``compute-sanitizer`` no racecheck runs."""
-    probe = _load_script("gluon_gemm_probe")
+    from helpers import load_script
+
+    probe = load_script("gluon_gemm_probe")
     calls = [probe.parser().parse_args(argv[1:]) for _, argv in _recorded_commands(tmp_path, "gluonprobe")
              if argv[:1] == ["scripts/gluon_gemm_probe.py"]]
     if shutil.which("compute-sanitizer") is None:

@@ -65,22 +65,25 @@ def env_products() -> str:
     return product_route(os.environ.get("MIXSTACK_PRODUCTS", "").strip() or "auto", "MIXSTACK_PRODUCTS")
 
 
+def _switch_on(name: str) -> bool:
+    """An off-by-default switch: True for ``1``; ``0``, empty or unset is off; anything else a
+    ``ValueError`` naming ``name``."""
+    raw = os.environ.get(name, "0").strip()
+    if raw not in {"", "0", "1"}:
+        raise ValueError(f"{name} must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
 def deepmd_enabled() -> bool:
     """True when ``MIXSTACK_DEEPMD=1``: the ``deepmd.pt`` entry point (``mixstack.deepmd.plugin``)
     accelerates every SeZM descriptor deepmd-kit builds (``dp --pt train``, ``dp --pt test``, ...)."""
-    raw = os.environ.get("MIXSTACK_DEEPMD", "0").strip()
-    if raw not in {"", "0", "1"}:
-        raise ValueError(f"MIXSTACK_DEEPMD must be 0 or 1, got {raw!r}")
-    return raw == "1"
+    return _switch_on("MIXSTACK_DEEPMD")
 
 
 def private_cxx_runtime() -> bool:
     """True when ``MIXSTACK_PRIVATE_CXX_RUNTIME=1``: AOTInductor links a frozen package with a
     private, hidden copy of libstdc++ (``mixstack.cxx_runtime``)."""
-    raw = os.environ.get("MIXSTACK_PRIVATE_CXX_RUNTIME", "0").strip()
-    if raw not in {"", "0", "1"}:
-        raise ValueError(f"MIXSTACK_PRIVATE_CXX_RUNTIME must be 0 or 1, got {raw!r}")
-    return raw == "1"
+    return _switch_on("MIXSTACK_PRIVATE_CXX_RUNTIME")
 
 
 def set_cache_dir(path: str | None) -> None:

@@ -1,26 +1,15 @@
 """The Triton twin of the Gluon probe's compensated block product (``scripts/gluon_gemm_probe.py``):
 the arithmetic the GPU run holds the Gluon kernel to, here in the interpreter against float64."""
 
-import importlib.util
-import os
-
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _probe():
-    spec = importlib.util.spec_from_file_location("gluon_gemm_probe", os.path.join(ROOT, "scripts", "gluon_gemm_probe.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_script
 
 
 @pytest.mark.parametrize("k", [128, 192])
 def test_the_twin_meets_the_level3_contract_at_a_partial_row_tile(k):
     """67 rows (a partial tile), every seventh row at 1e-3 of the others: within 2e-6 of float64,
     and a tail dropped from the products (the head alone) is far outside it."""
-    probe = _probe()
+    probe = load_script("gluon_gemm_probe")
     a, w, amax, w_hi, w_lo, w_up = probe.operands(67, k, "cpu")
     assert probe.error(probe.run_twin(a, w_hi, w_lo, amax, w_up), a, w) < 2e-6
     assert probe.error(probe.run_twin(a, w_hi, w_lo.zero_(), amax, w_up), a, w) > 1e-5
