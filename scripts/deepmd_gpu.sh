@@ -22,6 +22,8 @@
 #   (--seconds), the share itself the hard stop (timeout).  COMPILE_CACHE=DIR keeps Inductor's and
 #   Triton's caches there (a git-ignored folder of the checkout, e.g. results/tmp-compile-cache, stays
 #   between calls on a warm machine): a later call's compiled variants then mostly hit them.
+#   ONE_RUN=1 runs every config in one bench process (--variants-for from VARIANTS_<config>) into
+#   $OUT/bench-all: the ratios of both configs from one run.
 set -u
 OUT=${OUT:?set OUT to a results folder}
 mkdir -p "$OUT"
@@ -84,6 +86,22 @@ if [ -n "${COMPILE_CACHE:-}" ]; then
   echo "compile caches under $COMPILE_CACHE: $(du -sh "$COMPILE_CACHE" | cut -f1) already there"
 fi
 configs=(${CONFIGS:-water two_stream})
+if [ -n "${ONE_RUN:-}" ]; then          # every config in one bench process: the ratios of one run
+  per=()
+  for config in "${configs[@]}"; do
+    v="VARIANTS_$config"; [ -n "${!v:-}" ] && per+=(--variants-for "$config=${!v}")
+  done
+  seconds=$(( $(left 100000) - ${SECONDS_MARGIN:-15} ))
+  echo "== bench ${configs[*]} in one run ($(left 100000) s, --seconds $seconds)"
+  timeout "$(left 100000)" python3 -m mixstack bench deepmd --atoms "${ATOMS:-4000}" \
+    --configs "$(IFS=,; echo "${configs[*]}")" --systems water --variants "${VARIANTS:-dp2,ms3g,dp2c,dp3c,ms3cg}" \
+    "${per[@]}" --rounds "${ROUNDS:-10}" --warmup 2 --breakdown --breakdown-rounds 3 --md-steps "$md_steps" \
+    --md-warmup 3 --seconds "$seconds" --out "$OUT/bench-all" 2>&1 | tee "$OUT/bench-all.log" \
+    | grep -v -e "DP_INFER_BATCH_SIZE" -e "^Triton autotuning for function" -e "^with key as" \
+      -e "^finished after" -e "^best config selected" | tail -n 80
+  echo "bench all exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench-all.log"
+  configs=()                            # nothing more to run one by one
+fi
 n=${#configs[@]}
 i=0
 for config in "${configs[@]}"; do
@@ -108,6 +126,6 @@ for config in "${configs[@]}"; do
     | awk '{n++; s += $3} END {if (n) printf "Triton autotuning: %d kernels, %.1f s\n", n, s}'
 done
 echo "== done in $(( $(date +%s) - START )) s"
-for config in "${configs[@]}"; do        # also a run cut off: its record as far as it got
+for config in "${configs[@]}" all; do    # also a run cut off: its record as far as it got
   [ -f "$OUT/bench-$config/deepmd_bench.md" ] && cat "$OUT/bench-$config/deepmd_bench.md"
 done

@@ -197,3 +197,26 @@ def test_a_float64_reference_the_device_cannot_hold_runs_on_the_cpu_and_says_so(
     assert case["reference_device"].startswith("cpu (the float64 frame did not fit")
     assert case["variants"]["dp0"]["accuracy"]["force_max_abs"] < 1e-4
     assert "the float64 reference frame ran on the cpu" in (tmp_path / "deepmd_bench.md").read_text()
+
+
+def test_each_config_runs_its_own_variants_in_one_run(tmp_path, capsys):
+    assert main(["bench", "deepmd", "--atoms", "6", "--configs", "water,two_stream", "--systems", "water",
+                 "--variants", "dp0,ms0", "--variants-for", "two_stream=dp0,ms0g", "--rcut", "3.0",
+                 "--seconds", "0.001", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "deepmd_bench.json").read_text())
+    assert [(c["config"], list(c["variants"])) for c in record["cases"]] == [
+        ("water", ["dp0", "ms0"]), ("two_stream", ["dp0", "ms0g"])]
+    assert "variants dp0, ms0 (two_stream: dp0, ms0g)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("given, said", [("rocksalt=dp0", "takes CONFIG=LIST"), ("two_stream", "takes CONFIG=LIST"),
+                                         ("two_stream=dp9", "--variants-for: "),
+                                         ("default=dp0", "--variants-for: default is not among --configs")])
+def test_a_bad_variants_for_is_named(tmp_path, capsys, given, said):
+    code = None
+    try:
+        code = main([*TINY, "--variants-for", given, "--out", str(tmp_path / "out")])
+    except SystemExit as exc:                   # argparse: the option's own type refused it
+        code = exc.code
+    assert code == 2 and said in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()      # refused before anything was created

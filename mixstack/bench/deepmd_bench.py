@@ -631,6 +631,11 @@ def long_rows(record: dict) -> list[dict]:
     return rows
 
 
+def variants_of(args, config: str) -> tuple[str, ...]:
+    """The variants ``config`` runs: its own list (``--variants-for``) or ``--variants``."""
+    return (getattr(args, "variants_for", None) or {}).get(config, args.variants)
+
+
 def run_deepmd_bench(args, device, *, command: str, on_case=None, on_step=None, on_write=None,
                      start: float | None = None) -> dict:
     """Every config x system x size of the parsed ``mixstack bench deepmd`` options ``args`` on
@@ -654,7 +659,7 @@ def run_deepmd_bench(args, device, *, command: str, on_case=None, on_step=None, 
                 record["cases"].append(case)
                 if on_case:
                     on_case(f"{config_name} / {system} / {atoms} atoms")
-                run_case(case, args.variants, args, device, progress)
+                run_case(case, variants_of(args, config_name), args, device, progress)
     return record
 
 

@@ -4,6 +4,7 @@ here only; the bench is ``mixstack.bench.deepmd_bench``."""
 
 from __future__ import annotations
 
+import argparse
 import time
 
 from ..common import COUNT, COUNT0, NONNEGATIVE, POSITIVE, command_line, name_list, results_folder, write_results
@@ -24,6 +25,14 @@ DESCRIPTION = ("Time deepmd-kit's own forward of a SeZM (DPA4) model (energy, fo
                "[deepmd] extra: pip install -e \".[deepmd]\" from a clone of mixstack.")
 
 
+def config_variants(text: str) -> tuple[str, tuple[str, ...]]:
+    """``"two_stream=dp2c,ms3cg"`` -> ``("two_stream", ("dp2c", "ms3cg"))``: one config's own variants."""
+    config, sep, rest = text.partition("=")
+    if not sep or config.strip() not in CONFIG_NAMES:
+        raise argparse.ArgumentTypeError(f"takes CONFIG=LIST, CONFIG one of {', '.join(CONFIG_NAMES)}; got {text!r}")
+    return config.strip(), name_list()(rest)
+
+
 def add_arguments(p) -> None:
     p.add_argument("--atoms", type=COUNT, nargs="+", default=[500], metavar="N",
                    help="system sizes, about N atoms each (default 500)")
@@ -37,6 +46,9 @@ def add_arguments(p) -> None:
                         "N in 0..3, then optional suffixes in this order: c (DP_COMPILE_INFER=1), t "
                         "(DP_TF32_INFER=1), g (FrameRunner, a CUDA graph on a GPU); e.g. dp2c,ms3cg "
                         "(default dp0,dp2,dp3,ms2,ms3)")
+    p.add_argument("--variants-for", type=config_variants, action="append", default=[], metavar="CONFIG=LIST",
+                   help="the variants of one config, replacing --variants there, e.g. two_stream=dp2c,ms3cg "
+                        "(repeatable; both configs in one run, each with its own variants)")
     p.add_argument("--rest-level", type=int, choices=REST_LEVELS, default=2,
                    help="DP_TRITON_INFER of the accelerated models: deepmd-kit's kernels for the rest "
                         "of the model (default 2)")
@@ -67,11 +79,16 @@ def run(args, argv=None) -> int:
     from ...deepmd.compat import deepmd_pt
     from ...measure import env, report
 
-    try:
-        for key in args.variants:
-            deepmd_bench.parse_variant(key)
-    except ValueError as exc:
-        raise ValueError(f"--variants: {exc}") from None
+    args.variants_for = dict(args.variants_for)            # a config named twice: the last list
+    for option, keys in [("--variants", args.variants), *(("--variants-for", v) for v in args.variants_for.values())]:
+        try:
+            for key in keys:
+                deepmd_bench.parse_variant(key)
+        except ValueError as exc:
+            raise ValueError(f"{option}: {exc}") from None
+    unused = sorted(set(args.variants_for) - set(args.configs))
+    if unused:
+        raise ValueError(f"--variants-for: {', '.join(unused)} is not among --configs ({', '.join(args.configs)})")
     device = env.resolve_device(args.device)
     deepmd_pt()
     if args.md_steps:               # deepmd-kit's ASE calculator: said now, not after the frames are timed
@@ -79,7 +96,8 @@ def run(args, argv=None) -> int:
     out = results_folder(args.out, device, "bench-deepmd")
     print(f"mixstack bench deepmd on {device}: configs {', '.join(args.configs)}; systems "
           f"{', '.join(args.systems)} at ~{', '.join(map(str, args.atoms))} atoms; variants "
-          f"{', '.join(args.variants)}; {args.rounds} rounds after {args.warmup} warm-up"
+          f"{', '.join(args.variants)}" + "".join(f" ({c}: {', '.join(v)})" for c, v in args.variants_for.items())
+          + f"; {args.rounds} rounds after {args.warmup} warm-up"
           + (f"; at most {args.seconds:g} s" if args.seconds else "") + f"; into {out}", flush=True)
 
     def say(text):                  # each step as it ends, with the seconds since the start
