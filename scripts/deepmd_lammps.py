@@ -112,7 +112,8 @@ def cmd_perturb(args) -> int:
     inner = raw["model"]
     model, wrapper = _checkpoint_model(inner, args.backend)
     perturb(model, seed=args.seed, scale=args.scale)
-    state = wrapper.state_dict()
+    # on the host like the checkpoint it came from (deepmd-kit builds the model on its DEVICE, a GPU there)
+    state = {k: v.cpu() if torch.is_tensor(v) else v for k, v in wrapper.state_dict().items()}
     changed = sum(1 for k, v in state.items() if torch.is_tensor(v) and not torch.equal(v, inner[k]))
     raw["model"] = state
     torch.save(raw, args.dst)
