@@ -75,11 +75,11 @@
 #   SCALING_STRONG=diamond:20000 cu-bcc:20000:scaling-lite and SCALING_WEAK=diamond:5000.  SCALING_STEPS (10; dry
 #   run 5), SCALING_WARMUP (3; dry run 2).  NVLink multicast stays off (NCCL_NVLS_ENABLE=0,
 #   TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1).  Results under $OUT/scaling.
-#   "tma": level 3's TMA-fed GEMMs (kernels.gemm_tma): the GPU tests that hold them to the pointer
-#   kernel, `mixstack bench` at level 3 (TMA_BENCH, default S1-S4 --levels 0c,3 --pass both) on the
+#   "tma": level 3's TMA-fed GEMMs (kernels.gemm_tma): `mixstack bench` at level 3 (TMA_BENCH, default S1-S4 --levels 0c,3 --pass both) on the
 #   pointer kernel, the quick sweep of stack_compensated_tma at TMA_TUNE (default S1-S4; level 3's
-#   own config is swept first where a key has none), the same bench again on the new entries, and
-#   `ncu` on one TMA launch at S1 (NCU_TMA=0 skips it); under $OUT/tma, ~6 min.
+#   own config is swept first where a key has none), the same bench again on the new entries, then
+#   the GPU tests that hold the TMA forms to the pointer kernel (~270 s on an H100), and `ncu` on one
+#   TMA launch at S1 (NCU_TMA=0 skips it); under $OUT/tma, ~10 min.
 #   "gluonprobe": scripts/gluon_gemm_probe.py, level 3's compensated block product with explicit warp
 #   partitions (Gluon) against its Triton twin: the machine's Triton compiles every config for sm_90
 #   (registers, spills), `compute-sanitizer --tool racecheck` runs one small launch of each config,
@@ -347,15 +347,16 @@ part_scaling() {
 part_tma() {
   mkdir -p "$OUT/tma"
   local bench=(${TMA_BENCH:---shape S1 --shape S2 --shape S3 --shape S4 --levels 0c,3 --pass both})
-  timeout "$(left)" python3 -m pytest tests/gpu/test_gpu_compensated.py -m gpu -q -p no:cacheprovider -rs -k tma \
-    2>&1 | tee "$OUT/tma/gpu_tests.log" | tail -n 5
-  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("tma gpu tests rc=$r: $(tail -n 1 "$OUT/tma/gpu_tests.log")")
+  # the timings first (the tuner rejects a wrong candidate itself); the GPU tests, ~270 s on an H100, last
   timeout "$(left)" python3 -m mixstack bench "${bench[@]}" --out "$OUT/tma/before" 2>&1 | tee "$OUT/tma/bench-before.log" | tail -n 12
   timeout "$(left)" python3 -m mixstack tune ${TMA_TUNE:---shape S1 --shape S2 --shape S3 --shape S4} \
     --family stack_compensated --family stack_compensated_tma 2>&1 | tee "$OUT/tma/tune.log" | tail -n 20
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("tma tune rc=$r")
   timeout "$(left)" python3 -m mixstack bench "${bench[@]}" --out "$OUT/tma/after" 2>&1 | tee "$OUT/tma/bench-after.log" | tail -n 12
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("tma bench rc=$r")
+  timeout "$(left)" python3 -m pytest tests/gpu/test_gpu_compensated.py -m gpu -q -p no:cacheprovider -rs -k tma \
+    2>&1 | tee "$OUT/tma/gpu_tests.log" | tail -n 5
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("tma gpu tests rc=$r: $(tail -n 1 "$OUT/tma/gpu_tests.log")")
   if [ "${NCU_TMA:-1}" != 0 ] && command -v ncu > /dev/null; then
     timeout "$(left)" ncu --clock-control none -k regex:tma_block_gemm_kernel -c 2 --section SpeedOfLight \
       --section Occupancy --section WarpStateStats python3 -m mixstack bench --shape S1 --levels 3 --pass fwd \

@@ -98,6 +98,33 @@ def test_an_overflow_grows_the_capacity_and_drops_no_edge(model):
     _close(out, ref, rel=0)
 
 
+def test_a_climbing_count_doubles_the_headroom_up_to_its_cap_and_new_atoms_reset_it(model, monkeypatch):
+    from mixstack.deepmd import frame as frame_module
+
+    coord, atype, box = _frame(seed=3)
+    runner = FrameRunner(model)
+    ref = runner(coord, atype, box)
+    assert runner.growths == 0 and runner._room() == pytest.approx(1.005)
+    asked = []
+    real = frame_module.edge_capacity
+    monkeypatch.setattr(frame_module, "edge_capacity", lambda n, *a, **k: asked.append(n) or real(n, *a, **k))
+    for growths in (1, 2, 3, 3):                               # each overflow: the margin doubles, then stays
+        runner.edge_capacity = 8
+        runner._pad = runner._pad[:8]
+        _close(runner(coord, atype, box), ref, rel=0)
+        assert runner.growths == growths and runner.last_reason == "more edges within the cutoff than the capacity"
+        inside = int(runner._pairs(coord[0], box.reshape(9), atype[0], runner._cand)[1].sum())
+        assert asked[-1] == int(inside * (1 + 0.005 * 2 ** growths))       # the edges asked for
+    assert runner._room() == pytest.approx(1.04)
+    runner.candidate_capacity = 1                              # the candidates outgrew theirs: counted once
+    before = runner.rebuilds
+    runner._rebuild(coord[0], box.reshape(9), atype[0], "test")
+    assert runner.growths == 3 and runner.rebuilds == before + 1
+    more = _frame(36, seed=3)                                  # other atoms: the margin starts over
+    runner(*more)
+    assert runner.growths == 0 and runner.last_reason == "the atoms changed"
+
+
 def test_a_changed_box_or_atom_count_rebuilds(model):
     coord, atype, box = _frame(seed=4)
     runner = FrameRunner(model, skin=1.0)

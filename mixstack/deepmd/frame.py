@@ -27,7 +27,10 @@ after the neighbour search from one CUDA graph:
 * **Capacity buckets.**  The edge capacity is the count at a rebuild plus 0.5%, rounded up to a
   step of 1/256-1/512 of it (``potential.verlet.edge_capacity``), and shrinks only two steps
   below, so a molecular-dynamics run recaptures only when its edge count really moves; the
-  padding is small because every edge-sized tensor of the frame carries it.
+  padding is small because every edge-sized tensor of the frame carries it.  Each time a count
+  (edges, or candidates within ``rcut + skin``) outgrows its capacity the margin doubles, up to
+  8x (4%): a run whose counts keep climbing (a system heating up) recaptures a few times, not
+  at every other rebuild.
 * **One CUDA graph.**  From the positions to energy, forces and virial: the edge packing,
   ``forward_common_lower`` (deepmd-kit's eager model or its compiled ``core_compute``, with or
   without mixstack's operators) and the force backward.  The graph is captured after two
@@ -56,6 +59,8 @@ OUTPUTS = ("energy", "force", "virial", "atom_energy")
 REDUCED = ("energy", "virial")       # kept in deepmd-kit's energy precision, as its own forward does
 MIN_LENGTH2 = 1e-10                  # deepmd-kit's own floor: shorter pairs are no edges
 CAPACITY_HEADROOM = 1.005            # the edge capacity asked for, over the count at a rebuild
+MAX_GROWTHS = 3                      # a count that outgrew its capacity doubles the headroom, up to 2^3 x:
+                                     # a climbing count (a heating MD run) stops recapturing within a few
 CAPACITY_STEPS = 256                 # capacities round up to 1/256-1/512 of the count: every edge-sized
                                      # tensor of the frame is padded by this much
 # the frame's flag: why its results cannot stand (bits), and what a rebuild says of each
@@ -152,7 +157,8 @@ class FrameRunner:
     (``potential.graphs.presized_pool``; one more warm-up frame measures the peak and resets the
     device's peak-memory statistics); on by default: the plain pool adds a segment for each
     request no free block fits and took 0.91x the device memory on an H100 (BENCHMARKS.md).
-    Counters: ``calls``, ``rebuilds``, ``captures``, ``replays``; ``last_reason`` why the last
+    Counters: ``calls``, ``rebuilds``, ``captures``, ``replays``, ``growths`` (times a count outgrew
+    its capacity: the headroom doubles each time, up to ``MAX_GROWTHS``); ``last_reason`` why the last
     rebuild happened; ``edge_capacity`` and ``candidate_capacity`` the buffers' sizes;
     ``fallback_reason`` why frames run eagerly although a graph was asked for (a capture that
     failed: the runner warns once and goes on eagerly), else ``None``.  Inputs may live anywhere:
@@ -173,6 +179,7 @@ class FrameRunner:
         self.calls = self.rebuilds = self.captures = self.replays = 0
         self.last_reason: str | None = None
         self.edge_capacity = self.candidate_capacity = 0
+        self.growths = 0            # times a count outgrew its capacity (MAX_GROWTHS at most): the headroom's doublings
         self._cand: Candidates | None = None
         self._buffers = 0                            # new buffers so far: a graph reads one set of them
         self._periodic: bool | None = None
@@ -255,7 +262,12 @@ class FrameRunner:
     def _rebuild(self, pos, box, atype, reason: str) -> None:
         """A new candidate list at ``pos``, its capacity and the edge capacity for its count now."""
         i, j, s = search(pos, box, self.rcut + self.skin)
-        cap = edge_capacity(max(i.numel(), 1), self.candidate_capacity or None)
+        same = self._cand is not None and self._cand.pos0.shape == pos.shape and self._periodic == (box is not None)
+        if not same:
+            self.growths = 0
+        elif i.numel() > self.candidate_capacity:
+            self.growths = min(self.growths + 1, MAX_GROWTHS)
+        cap = edge_capacity(max(int(i.numel() * self._room()), 1), self.candidate_capacity or None)
         dev, n = pos.device, pos.shape[0]
         src = torch.zeros(cap, dtype=torch.long, device=dev)
         dst = torch.zeros(cap, dtype=torch.long, device=dev)
@@ -266,9 +278,10 @@ class FrameRunner:
         box0 = box.clone() if box is not None else torch.zeros(9, dtype=self.dtype, device=dev)
         fresh = Candidates(src, dst, shifts, valid, pos.clone(), box0)
         inside = int(self._pairs(pos, box, atype, fresh)[1].sum())
-        edges = edge_capacity(max(int(inside * CAPACITY_HEADROOM), 1), self.edge_capacity or None,
+        if same and inside > self.edge_capacity and i.numel() <= self.candidate_capacity:
+            self.growths = min(self.growths + 1, MAX_GROWTHS)
+        edges = edge_capacity(max(int(inside * self._room()), 1), self.edge_capacity or None,
                               steps=CAPACITY_STEPS)
-        same = self._cand is not None and self._cand.pos0.shape == fresh.pos0.shape and self._periodic == (box is not None)
         if same and cap == self.candidate_capacity and edges == self.edge_capacity:
             for old, new in zip(self._cand, fresh):          # in place: a captured graph reads these
                 old.copy_(new)
@@ -281,6 +294,11 @@ class FrameRunner:
         self.last_reason = reason
         log.debug("neighbour list rebuilt (%s): %d candidates, %d edges, capacities %d / %d",
                   reason, m, inside, cap, edges)
+
+    def _room(self) -> float:
+        """The capacities asked for over the counts: ``CAPACITY_HEADROOM``'s margin, doubled for
+        each time a count outgrew its capacity since the atoms or periodicity last changed."""
+        return 1 + (CAPACITY_HEADROOM - 1) * 2 ** self.growths
 
     def _host_inputs(self, coord, box):
         """``(positions (N, 3), box (9,) or None)`` in the model's precision on the host, where the
