@@ -116,6 +116,11 @@ def test_a_climbing_count_doubles_the_headroom_up_to_its_cap_and_new_atoms_reset
         inside = int(runner._pairs(coord[0], box.reshape(9), atype[0], runner._cand)[1].sum())
         assert asked[-1] == int(inside * (1 + 0.005 * 2 ** growths))       # the edges asked for
     assert runner._room() == pytest.approx(1.04)
+    monkeypatch.setattr(frame_module, "CAPACITY_HEADROOM", 1.05)  # a margin of a few edges at this size
+    runner.growths, runner.edge_capacity = 0, inside           # holds the count, not its margin: it must grow
+    runner._rebuild(coord[0], box.reshape(9), atype[0], "test")
+    assert runner.growths == 1 and runner.edge_capacity > inside
+    runner.growths = 3
     runner.candidate_capacity = 1                              # the candidates outgrew theirs: counted once
     before = runner.rebuilds
     runner._rebuild(coord[0], box.reshape(9), atype[0], "test")
@@ -385,3 +390,34 @@ def test_positions_from_the_host_rebuild_a_stale_list_before_the_frame_runs(mode
     _close(runner(again, atype, bigger), model_outputs(model, (again, atype, bigger)))
     assert len(frames) == 2 and runner.rebuilds == 4                       # the flag's path: one frame thrown away
     assert with_flag(runner._host_inputs(again, bigger)) is None            # the host copy follows the rebuild
+
+
+@pytest.mark.parametrize("presize, again", [(True, 0), (False, 1)])
+def test_a_recapture_for_new_capacities_warms_up_once_a_new_atom_count_as_the_first(model, monkeypatch, presize,
+                                                                                     again):
+    asked = []
+
+    def capture(self, pos, box, atype, warmups=2):              # a stand-in graph: replays the frame eagerly
+        asked.append(warmups)
+        static = (pos.clone(), None if box is None else box.clone(), atype.clone())
+        outputs = tuple(t.detach() for t in self.frame(*static))
+
+        class Replay:
+            def replay(_):
+                for old, new in zip(outputs, self.frame(*static)):
+                    old.copy_(new.detach())
+        self._graph, self._static = Replay(), (static, outputs)
+        self.captures += 1
+
+    monkeypatch.setattr(FrameRunner, "_capture", capture)
+    monkeypatch.setattr(FrameRunner, "_use_graph", lambda self, pos: True)
+    coord, atype, box = _frame(120, seed=7)
+    runner = FrameRunner(model, presize=presize)
+    runner(coord, atype, box)
+    denser = (coord * 0.85, atype, box * 0.85)                   # more edges than the capacity: new buffers
+    capacity = runner.edge_capacity
+    out = runner(*denser)
+    assert runner.edge_capacity > capacity and runner.captures == 2 and asked == [2, again]
+    _close(out, model_outputs(model, denser), rel=1e-5)
+    runner(*_frame(36, seed=7))                                  # other atoms: warmed up as the first capture
+    assert runner.captures == 3 and asked == [2, again, 2]

@@ -27,15 +27,16 @@ after the neighbour search from one CUDA graph:
 * **Capacity buckets.**  The edge capacity is the count at a rebuild plus 0.5%, rounded up to a
   step of 1/256-1/512 of it (``potential.verlet.edge_capacity``), and shrinks only two steps
   below, so a molecular-dynamics run recaptures only when its edge count really moves; the
-  padding is small because every edge-sized tensor of the frame carries it.  Each time a count
-  (edges, or candidates within ``rcut + skin``) outgrows its capacity the margin doubles, up to
-  8x (4%): a run whose counts keep climbing (a system heating up) recaptures a few times, not
+  padding is small because every edge-sized tensor of the frame carries it.  Each time a capacity
+  must grow (edges, or candidates within ``rcut + skin``) the margin doubles, up to 8x (4%): a run whose counts keep climbing (a system heating up) recaptures a few times, not
   at every other rebuild.
 * **One CUDA graph.**  From the positions to energy, forces and virial: the edge packing,
   ``forward_common_lower`` (deepmd-kit's eager model or its compiled ``core_compute``, with or
   without mixstack's operators) and the force backward.  The graph is captured after two
   eager warm-up frames (Triton compiles, deepmd-kit's autotuning and level 3's first-use checks
   happen there) and recaptured when the atom count or a capacity changes; one graph is kept.
+  A recapture for new capacities at the same atoms runs one eager frame at the new shapes first
+  (what runs once per shape runs there), not the first capture's three.
 
 Limits: one frame per call (``nf = 1``); no ``fparam`` / ``aparam`` / spin inputs; a model in
 evaluation mode; a box is periodic in all three directions (deepmd-kit's convention), no box is
@@ -59,7 +60,7 @@ OUTPUTS = ("energy", "force", "virial", "atom_energy")
 REDUCED = ("energy", "virial")       # kept in deepmd-kit's energy precision, as its own forward does
 MIN_LENGTH2 = 1e-10                  # deepmd-kit's own floor: shorter pairs are no edges
 CAPACITY_HEADROOM = 1.005            # the edge capacity asked for, over the count at a rebuild
-MAX_GROWTHS = 3                      # a count that outgrew its capacity doubles the headroom, up to 2^3 x:
+MAX_GROWTHS = 3                      # a capacity that must grow doubles the headroom, up to 2^3 x:
                                      # a climbing count (a heating MD run) stops recapturing within a few
 CAPACITY_STEPS = 256                 # capacities round up to 1/256-1/512 of the count: every edge-sized
                                      # tensor of the frame is padded by this much
@@ -157,8 +158,8 @@ class FrameRunner:
     (``potential.graphs.presized_pool``; one more warm-up frame measures the peak and resets the
     device's peak-memory statistics); on by default: the plain pool adds a segment for each
     request no free block fits and took 0.91x the device memory on an H100 (BENCHMARKS.md).
-    Counters: ``calls``, ``rebuilds``, ``captures``, ``replays``, ``growths`` (times a count outgrew
-    its capacity: the headroom doubles each time, up to ``MAX_GROWTHS``); ``last_reason`` why the last
+    Counters: ``calls``, ``rebuilds``, ``captures``, ``replays``, ``growths`` (times a capacity had
+    to grow: the headroom doubles each time, up to ``MAX_GROWTHS``); ``last_reason`` why the last
     rebuild happened; ``edge_capacity`` and ``candidate_capacity`` the buffers' sizes;
     ``fallback_reason`` why frames run eagerly although a graph was asked for (a capture that
     failed: the runner warns once and goes on eagerly), else ``None``.  Inputs may live anywhere:
@@ -179,7 +180,7 @@ class FrameRunner:
         self.calls = self.rebuilds = self.captures = self.replays = 0
         self.last_reason: str | None = None
         self.edge_capacity = self.candidate_capacity = 0
-        self.growths = 0            # times a count outgrew its capacity (MAX_GROWTHS at most): the headroom's doublings
+        self.growths = 0            # times a capacity had to grow (MAX_GROWTHS at most): the headroom's doublings
         self._cand: Candidates | None = None
         self._buffers = 0                            # new buffers so far: a graph reads one set of them
         self._periodic: bool | None = None
@@ -265,9 +266,17 @@ class FrameRunner:
         same = self._cand is not None and self._cand.pos0.shape == pos.shape and self._periodic == (box is not None)
         if not same:
             self.growths = 0
-        elif i.numel() > self.candidate_capacity:
-            self.growths = min(self.growths + 1, MAX_GROWTHS)
-        cap = edge_capacity(max(int(i.numel() * self._room()), 1), self.candidate_capacity or None)
+        grew = False
+
+        def capacity(count, previous, **steps):      # the margin doubles where a capacity must grow
+            nonlocal grew
+            asked = edge_capacity(max(int(count * self._room()), 1), previous or None, **steps)
+            if same and asked > previous and not grew:
+                grew, self.growths = True, min(self.growths + 1, MAX_GROWTHS)
+                asked = edge_capacity(max(int(count * self._room()), 1), previous or None, **steps)
+            return asked
+
+        cap = capacity(i.numel(), self.candidate_capacity)
         dev, n = pos.device, pos.shape[0]
         src = torch.zeros(cap, dtype=torch.long, device=dev)
         dst = torch.zeros(cap, dtype=torch.long, device=dev)
@@ -278,10 +287,7 @@ class FrameRunner:
         box0 = box.clone() if box is not None else torch.zeros(9, dtype=self.dtype, device=dev)
         fresh = Candidates(src, dst, shifts, valid, pos.clone(), box0)
         inside = int(self._pairs(pos, box, atype, fresh)[1].sum())
-        if same and inside > self.edge_capacity and i.numel() <= self.candidate_capacity:
-            self.growths = min(self.growths + 1, MAX_GROWTHS)
-        edges = edge_capacity(max(int(inside * self._room()), 1), self.edge_capacity or None,
-                              steps=CAPACITY_STEPS)
+        edges = capacity(inside, self.edge_capacity, steps=CAPACITY_STEPS)
         if same and cap == self.candidate_capacity and edges == self.edge_capacity:
             for old, new in zip(self._cand, fresh):          # in place: a captured graph reads these
                 old.copy_(new)
@@ -297,7 +303,7 @@ class FrameRunner:
 
     def _room(self) -> float:
         """The capacities asked for over the counts: ``CAPACITY_HEADROOM``'s margin, doubled for
-        each time a count outgrew its capacity since the atoms or periodicity last changed."""
+        each time a capacity had to grow since the atoms or periodicity last changed."""
         return 1 + (CAPACITY_HEADROOM - 1) * 2 ** self.growths
 
     def _host_inputs(self, coord, box):
@@ -324,10 +330,10 @@ class FrameRunner:
     def _use_graph(self, pos) -> bool:
         return self.fallback_reason is None and (pos.is_cuda if self.graph is None else bool(self.graph))
 
-    def _capture(self, pos, box, atype):
+    def _capture(self, pos, box, atype, warmups: int = 2):
         self._graph = self._static = None                   # release the old graph's pool first
         static = (pos.clone(), None if box is None else box.clone(), atype.clone())
-        for _ in range(2):                                  # compiles, autotuning, first-use checks
+        for _ in range(warmups):                            # compiles, autotuning, first-use checks
             run_on_capture_stream(self.frame, *static)
         pool = seed = None
         if self.presize:                                    # the last warm-up's peak, in one block
@@ -348,8 +354,11 @@ class FrameRunner:
             return self.frame(pos, box, atype)
         key = (pos.shape[0], box is None, self._buffers)
         if self._graph is None or key != self._graph_key:
+            # new buffers for the same atoms: compiled and checked already, so one eager frame at the
+            # new shapes (the presize frame, where there is one) before the capture, not three
+            again = self._graph_key is not None and self._graph_key[:2] == key[:2]
             try:
-                self._capture(pos, box, atype)
+                self._capture(pos, box, atype, warmups=(0 if self.presize else 1) if again else 2)
             except Exception as exc:                   # an op that cannot be captured: eager from now on
                 torch.cuda.synchronize(pos.device)
                 self._graph = self._static = None

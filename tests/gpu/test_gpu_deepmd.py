@@ -128,6 +128,28 @@ def test_a_graph_captured_into_a_presized_pool_replays_the_same_bits(determinist
         assert torch.equal(a[key], b[key]) and torch.equal(b[key], again[key]), key
 
 
+@pytest.mark.parametrize("presize", [True, False])
+def test_an_overflow_recaptures_after_one_eager_frame_and_replays_the_eager_bits(presize, deterministic):
+    frame = systems.water(240, seed=6)
+    model, _ = accelerated_copy(make_model("water", "float32", rcut=6.0).to(DEV), level=3)
+    runner = FrameRunner(model, presize=presize)
+    _run(runner, frame)
+    capacity = runner.edge_capacity
+    coord, atype, box = frame
+    denser = (coord * 0.97, atype, box * 0.97)                    # ~9% more edges: past the capacity
+    frames = []
+    real = runner.frame
+    runner.frame = lambda *a: frames.append(1) or real(*a)        # every frame run eagerly or captured
+    out = _run(runner, denser)
+    assert runner.edge_capacity > capacity and runner.last_reason == "the box changed"
+    assert runner.captures == 2 and runner.growths == 1 and runner.fallback_reason is None
+    assert len(frames) == 2                                       # one eager frame at the new shapes, the capture
+    again = _run(runner, denser)
+    eager = _run(FrameRunner(model, graph=False), denser)
+    for key in KEYS:
+        assert torch.equal(out[key], eager[key]) and torch.equal(out[key], again[key]), key
+
+
 def test_moving_atoms_keep_the_list_or_rebuild_it_in_place(deterministic):
     frame = systems.water(240, seed=4)
     model, _ = accelerated_copy(make_model("water", "float32", rcut=6.0).to(DEV), level=2)
