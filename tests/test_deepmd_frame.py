@@ -421,3 +421,31 @@ def test_a_recapture_for_new_capacities_warms_up_once_a_new_atom_count_as_the_fi
     _close(out, model_outputs(model, denser), rel=1e-5)
     runner(*_frame(36, seed=7))                                  # other atoms: warmed up as the first capture
     assert runner.captures == 3 and asked == [2, again, 2]
+
+
+def _capacities(counts, steps):
+    """The capacities ``FrameRunner`` keeps over successive rebuilds' counts of one system."""
+    from mixstack.deepmd.frame import CAPACITY_HEADROOM, MAX_GROWTHS, edge_capacity, next_capacity
+
+    previous, growths, out = 0, 0, []
+    for count in counts:
+        room = 1 + (CAPACITY_HEADROOM - 1) * 2 ** growths
+        kept = next_capacity(count, previous, room, steps=steps)
+        if kept is None:
+            growths = min(growths + 1, MAX_GROWTHS)
+            kept = edge_capacity(int(count * (1 + (CAPACITY_HEADROOM - 1) * 2 ** growths)), steps=steps)
+        assert kept >= count, (count, kept)                      # never an edge dropped
+        out.append(kept)
+        previous = kept
+    return out
+
+
+def test_the_capacity_policy_changes_shapes_rarely_for_wandering_climbing_and_falling_counts():
+    gen = torch.Generator().manual_seed(0)
+    steady = (316_554 * (1 + 0.003 * torch.randn(40, generator=gen))).long().tolist()
+    climbing = [int(316_554 * (1 + 0.035 * k / 12)) for k in range(13)]
+    for counts, most in ((steady, 2), (climbing, 3)):
+        caps = _capacities(counts, 256)
+        assert sum(a != b for a, b in zip(caps, caps[1:])) <= most, caps
+    falling = _capacities([316_554, 316_554, 250_000], 256)       # far below: the buffers shrink
+    assert falling[0] == falling[1] and 250_000 < falling[2] < falling[1]

@@ -28,7 +28,8 @@ after the neighbour search from one CUDA graph:
   step of 1/256-1/512 of it (``potential.verlet.edge_capacity``), and shrinks only two steps
   below, so a molecular-dynamics run recaptures only when its edge count really moves; the
   padding is small because every edge-sized tensor of the frame carries it.  Each time a capacity
-  must grow (edges, or candidates within ``rcut + skin``) the margin doubles, up to 8x (4%): a run whose counts keep climbing (a system heating up) recaptures a few times, not
+  must grow (edges, or candidates within ``rcut + skin``) the margin doubles, up to 8x (4%), and a
+  capacity is kept until its count falls a whole margin below it (``next_capacity``): a run whose counts keep climbing (a system heating up) recaptures a few times, not
   at every other rebuild.
 * **One CUDA graph.**  From the positions to energy, forces and virial: the edge packing,
   ``forward_common_lower`` (deepmd-kit's eager model or its compiled ``core_compute``, with or
@@ -68,6 +69,19 @@ CAPACITY_STEPS = 256                 # capacities round up to 1/256-1/512 of the
 OVERFLOW, MOVED, BOX = 1, 2, 4
 WHY = {OVERFLOW: "more edges within the cutoff than the capacity", MOVED: "an atom moved more than half the skin",
        BOX: "the box changed"}
+
+
+def next_capacity(count: int, previous: int, room: float, *, steps: int = 32) -> int | None:
+    """The capacity for ``count`` after ``previous`` (0: none yet) with the margin ``room``:
+    ``previous`` while ``count`` fits it with ``CAPACITY_HEADROOM`` and, with the margin, is not a
+    whole margin and two steps below it (a count that wanders does not change the shapes), a
+    smaller one below that; ``None`` where it must grow (the caller widens the margin first)."""
+    if previous and count * CAPACITY_HEADROOM > previous:
+        return None
+    asked = max(int(count * room), 1)
+    if previous and asked > previous * (2 - room):   # fits, within a margin of it: kept
+        return previous
+    return edge_capacity(asked, previous or None, steps=steps)    # kept within two steps, else shrunk
 
 
 class Candidates(NamedTuple):
@@ -268,13 +282,14 @@ class FrameRunner:
             self.growths = 0
         grew = False
 
-        def capacity(count, previous, **steps):      # the margin doubles where a capacity must grow
+        def capacity(count, previous, **steps):     # where one must grow, the margin doubles (once a rebuild)
             nonlocal grew
-            asked = edge_capacity(max(int(count * self._room()), 1), previous or None, **steps)
-            if same and asked > previous and not grew:
-                grew, self.growths = True, min(self.growths + 1, MAX_GROWTHS)
-                asked = edge_capacity(max(int(count * self._room()), 1), previous or None, **steps)
-            return asked
+            kept = next_capacity(count, previous if same else 0, self._room(), **steps)
+            if kept is None:
+                if not grew:
+                    grew, self.growths = True, min(self.growths + 1, MAX_GROWTHS)
+                kept = edge_capacity(max(int(count * self._room()), 1), **steps)
+            return kept
 
         cap = capacity(i.numel(), self.candidate_capacity)
         dev, n = pos.device, pos.shape[0]
