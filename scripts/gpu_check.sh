@@ -6,7 +6,7 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,probe,stackprobe,deepmdprobe,train,lammps,scaling,tma,gluonprobe,aoti,pt2,deepmd,deepmdlammps (default:
+#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,probe,stackprobe,deepmdprobe,train,lammps,scaling,tma,tmaprobe,gluonprobe,aoti,pt2,deepmd,deepmdlammps (default:
 #   tests,stack,model) picks what runs, in that order;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it);
@@ -80,6 +80,9 @@
 #   own config is swept first where a key has none), the same bench again on the new entries, then
 #   the GPU tests that hold the TMA forms to the pointer kernel (~270 s on an H100), and `ncu` on one
 #   TMA launch at S1 (NCU_TMA=0 skips it); under $OUT/tma, ~10 min.
+#   "tmaprobe": scripts/tma_stack_probe.py: every stack_compensated_tma candidate at S1's key (E 4099) through
+#   the stack at level 3 against the pointer kernel at its tile (non-finite values, differences, the first
+#   wrong edge rows and their E tiles), then the quick forms at the other two GPU-test keys; under $OUT/tma.
 #   "gluonprobe": scripts/gluon_gemm_probe.py, level 3's compensated block product with explicit warp
 #   partitions (Gluon) against its Triton twin: the machine's Triton compiles every config for sm_90
 #   (registers, spills), `compute-sanitizer --tool racecheck` runs one small launch of each config,
@@ -364,6 +367,18 @@ part_tma() {
     summary+=("tma ncu rc=$?")
   fi
 }
+part_tmaprobe() {
+  # every TMA candidate through the stack against the pointer kernel: S1's key (the GPU test's first
+  # case, E 4099), then the quick forms at the other two test keys; under $OUT/tma
+  mkdir -p "$OUT/tma"
+  timeout "$(left)" python3 scripts/tma_stack_probe.py --out "$OUT/tma/stack_probe_s1.jsonl" 2>&1 \
+    | tee "$OUT/tma/stack_probe.log" | cut -c1-400 | tail -n 30
+  r=${PIPESTATUS[0]}; rc=$(( rc || r ))
+  for k in "--focus 1 --focus-dim 64 --edges 129" "--focus 2 --lmax 6 --edges 1 --layers 3"; do
+    timeout "$(left)" python3 scripts/tma_stack_probe.py --quick $k 2>&1 | tee -a "$OUT/tma/stack_probe.log" | cut -c1-400
+  done
+  summary+=("tma stack probe rc=$r: $(grep -c '"bits_equal": false' "$OUT/tma/stack_probe.log") outputs unequal")
+}
 part_gluonprobe() {
   mkdir -p "$OUT/gluonprobe"
   timeout "$(left)" python3 scripts/gluon_gemm_probe.py --offline --out "$OUT/gluonprobe/offline" 2>&1 \
@@ -422,10 +437,10 @@ part_deepmdlammps() {
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|stackprobe|deepmdprobe|convprobe|train|lammps|scaling|tma|gluonprobe|aoti|pt2|deepmd|deepmdlammps)
+    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|stackprobe|deepmdprobe|convprobe|train|lammps|scaling|tma|tmaprobe|gluonprobe|aoti|pt2|deepmd|deepmdlammps)
       "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, stackprobe, deepmdprobe, convprobe, train, lammps, scaling, tma, gluonprobe, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, stackprobe, deepmdprobe, convprobe, train, lammps, scaling, tma, tmaprobe, gluonprobe, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

@@ -167,17 +167,17 @@ def test_the_grid_part_profiles_its_measuring_process_on_request(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
-def test_the_tma_part_benches_level_3_before_and_after_sweeping_the_tma_family(tmp_path):
-    """``tma``: the GPU tests that hold the TMA kernel to its twin, then bench, the sweep of
-    ``stack_compensated_tma`` (level 3's own config first), and bench again; every command parses."""
+def test_the_tma_part_benches_level_3_before_and_after_sweeping_the_tma_family_then_tests(tmp_path):
+    """``tma``: bench, the sweep of ``stack_compensated_tma`` (level 3's own config first), bench
+    again, then the GPU tests that hold the TMA kernel to its twin; every command parses."""
     from mixstack.cli import parse_args
     from mixstack.cli.bench import stack as bench_stack
     from mixstack.cli.tune import tune_keys
 
     calls = [argv for _, argv in _recorded_commands(tmp_path, "tma", NCU_TMA="0")
              if argv[:2] in (["-m", "pytest"], ["-m", "mixstack"])]
-    assert [a[:2] for a in calls] == [["-m", "pytest"], ["-m", "mixstack"], ["-m", "mixstack"], ["-m", "mixstack"]]
-    tests, before, tune, after = calls
+    assert [a[:2] for a in calls] == [["-m", "mixstack"], ["-m", "mixstack"], ["-m", "mixstack"], ["-m", "pytest"]]
+    before, tune, after, tests = calls
     assert tests[tests.index("-k") + 1] == "tma" and "tests/gpu/test_gpu_compensated.py" in tests
     benches = [parse_args(a[2:]) for a in (before, after)]
     assert [a.out for a in benches] == [str(tmp_path / "out" / "tma" / "before"), str(tmp_path / "out" / "tma" / "after")]
@@ -234,3 +234,19 @@ def test_the_gluonprobe_part_compiles_offline_then_probes_at_s1s_rows(tmp_path):
     offline, gpu = calls[0], calls[-1]
     assert offline.out == str(tmp_path / "out" / "gluonprobe" / "offline")
     assert gpu.rows == 600006 and gpu.out == str(tmp_path / "out" / "gluonprobe")
+
+
+def test_the_tmaprobe_part_runs_every_candidate_at_s1s_key_then_the_quick_forms_at_two_more(tmp_path):
+    """``tmaprobe``: ``scripts/tma_stack_probe.py`` at S1's key (every candidate, E 4099, written
+    under ``$OUT/tma``), then the quick forms at the GPU tests' two other keys; every command parses."""
+    from helpers import load_script
+
+    probe = load_script("tma_stack_probe")
+    calls = [probe.parser().parse_args(argv[1:]) for _, argv in _recorded_commands(tmp_path, "tmaprobe")
+             if argv and argv[0] == "scripts/tma_stack_probe.py"]
+    assert len(calls) == 3
+    s1, *others = calls
+    assert (s1.edges, s1.focus, s1.focus_dim, s1.lmax, s1.quick) == (4099, 2, 32, 3, False)
+    assert s1.out == str(tmp_path / "out" / "tma" / "stack_probe_s1.jsonl")
+    assert [(a.focus, a.focus_dim, a.lmax, a.edges, a.quick) for a in others] == [(1, 64, 3, 129, True),
+                                                                                    (2, 32, 6, 1, True)]

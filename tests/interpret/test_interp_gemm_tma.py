@@ -113,3 +113,22 @@ def test_an_operand_a_descriptor_cannot_read_falls_back_to_pointer_loads(monkeyp
                         cfg)
         outs.append(out)
     assert "tma_block_gemm_kernel" not in launched and torch.equal(outs[0], outs[1])
+
+
+def test_the_stack_probe_finds_the_tma_bits_equal_and_names_a_planted_fault():
+    """``scripts/tma_stack_probe.py``: every output equal for the tiled TMA form here (the
+    interpreter neither pipelines nor specialises), and a planted non-finite value named with its
+    edge row and E tile."""
+    probe = helpers.load_script("tma_stack_probe")
+    shape = probe.BenchShape("probe", 37, 2, 16, 1, 3, True)
+    (entry,) = probe.probe(shape, torch.device("cpu"), quick=True, only="M64 N64 w4 s3")
+    assert entry["tma_launches"] > 0
+    for name in probe.OUTPUTS:
+        assert entry[name]["bits_equal"] and entry[name]["wrong_edges"] == 0, name
+    ref = {"out": torch.zeros(100, 2, 8), "grad_u0": torch.zeros(2, 100, 8), "grad_alpha": torch.zeros(100, 2)}
+    got = {k: v.clone() for k, v in ref.items()}
+    got["grad_u0"][1, 70, 3] = float("nan")
+    report = probe.compare(ref, got, 64, 6)
+    assert report["grad_u0"] == {"nonfinite": 1, "max_abs": 0.0, "bits_equal": False, "wrong_edges": 1,
+                                 "first": [(70, 1)]}
+    assert report["out"]["bits_equal"] and report["grad_alpha"]["wrong_edges"] == 0
