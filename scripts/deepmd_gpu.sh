@@ -86,20 +86,29 @@ if [ -n "${COMPILE_CACHE:-}" ]; then
   echo "compile caches under $COMPILE_CACHE: $(du -sh "$COMPILE_CACHE" | cut -f1) already there"
 fi
 configs=(${CONFIGS:-water two_stream})
+bench() {   # NAME SHARE ARGS...: one `mixstack bench deepmd` into $OUT/bench-NAME within SHARE seconds
+  local name=$1 share=$2; shift 2
+  # the bench stops starting steps SECONDS_MARGIN s before its share and writes what it has;
+  # timeout is the hard stop (the record on disk then names the step it was in)
+  local seconds=$((share - ${SECONDS_MARGIN:-15}))
+  ((seconds < 1)) && seconds=1
+  echo "== bench $name ($share s, --seconds $seconds)"
+  timeout "$share" python3 -m mixstack bench deepmd --atoms "${ATOMS:-4000}" --systems water "$@" \
+    --rounds "${ROUNDS:-10}" --warmup 2 --breakdown --breakdown-rounds 3 --md-steps "$md_steps" --md-warmup 3 \
+    --seconds "$seconds" --out "$OUT/bench-$name" 2>&1 | tee "$OUT/bench-$name.log" \
+    | grep -v -e "DP_INFER_BATCH_SIZE" -e "^Triton autotuning for function" -e "^with key as" \
+      -e "^finished after" -e "^best config selected" | tail -n 80
+  echo "bench $name exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench-$name.log"
+  grep -h "^finished after" "$OUT/bench-$name.log" \
+    | awk '{n++; s += $3} END {if (n) printf "Triton autotuning: %d kernels, %.1f s\n", n, s}'
+}
 if [ -n "${ONE_RUN:-}" ]; then          # every config in one bench process: the ratios of one run
   per=()
   for config in "${configs[@]}"; do
     v="VARIANTS_$config"; [ -n "${!v:-}" ] && per+=(--variants-for "$config=${!v}")
   done
-  seconds=$(( $(left 100000) - ${SECONDS_MARGIN:-15} ))
-  echo "== bench ${configs[*]} in one run ($(left 100000) s, --seconds $seconds)"
-  timeout "$(left 100000)" python3 -m mixstack bench deepmd --atoms "${ATOMS:-4000}" \
-    --configs "$(IFS=,; echo "${configs[*]}")" --systems water --variants "${VARIANTS:-dp2,ms3g,dp2c,dp3c,ms3cg}" \
-    "${per[@]}" --rounds "${ROUNDS:-10}" --warmup 2 --breakdown --breakdown-rounds 3 --md-steps "$md_steps" \
-    --md-warmup 3 --seconds "$seconds" --out "$OUT/bench-all" 2>&1 | tee "$OUT/bench-all.log" \
-    | grep -v -e "DP_INFER_BATCH_SIZE" -e "^Triton autotuning for function" -e "^with key as" \
-      -e "^finished after" -e "^best config selected" | tail -n 80
-  echo "bench all exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench-all.log"
+  bench all "$(left 100000)" --configs "$(IFS=,; echo "${configs[*]}")" \
+    --variants "${VARIANTS:-dp2,ms3g,dp2c,dp3c,ms3cg}" "${per[@]}"
   configs=()                            # nothing more to run one by one
 fi
 n=${#configs[@]}
@@ -110,20 +119,7 @@ for config in "${configs[@]}"; do
   fixed="SECONDS_$config"; share=${!fixed:-$share}
   variants="VARIANTS_$config"; variants=${!variants:-${VARIANTS:-dp2,ms3g,dp2c,dp3c,ms3cg}}
   i=$((i + 1))
-  # the bench stops starting steps SECONDS_MARGIN s before its share and writes what it has;
-  # timeout is the hard stop (the record on disk then names the step it was in)
-  seconds=$((share - ${SECONDS_MARGIN:-15}))
-  ((seconds < 1)) && seconds=1
-  echo "== bench $config ($share s, --seconds $seconds)"
-  timeout "$share" python3 -m mixstack bench deepmd --atoms "${ATOMS:-4000}" --configs "$config" \
-    --systems water --variants "$variants" --rounds "${ROUNDS:-10}" --warmup 2 \
-    --breakdown --breakdown-rounds 3 --md-steps "$md_steps" --md-warmup 3 --seconds "$seconds" \
-    --out "$OUT/bench-$config" 2>&1 | tee "$OUT/bench-$config.log" \
-    | grep -v -e "DP_INFER_BATCH_SIZE" -e "^Triton autotuning for function" -e "^with key as" \
-      -e "^finished after" -e "^best config selected" | tail -n 60
-  echo "bench $config exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench-$config.log"
-  grep -h "^finished after" "$OUT/bench-$config.log" \
-    | awk '{n++; s += $3} END {if (n) printf "Triton autotuning: %d kernels, %.1f s\n", n, s}'
+  bench "$config" "$share" --configs "$config" --variants "$variants"
 done
 echo "== done in $(( $(date +%s) - START )) s"
 for config in "${configs[@]}" all; do    # also a run cut off: its record as far as it got

@@ -29,8 +29,8 @@ after the neighbour search from one CUDA graph:
   below, so a molecular-dynamics run recaptures only when its edge count really moves; the
   padding is small because every edge-sized tensor of the frame carries it.  Each time a capacity
   must grow (edges, or candidates within ``rcut + skin``) the margin doubles, up to 8x (4%), and a
-  capacity is kept until its count falls a whole margin below it (``next_capacity``): a run whose counts keep climbing (a system heating up) recaptures a few times, not
-  at every other rebuild.
+  capacity is kept until its count falls a whole margin below it (``next_capacity``): a run whose
+  counts keep climbing (a system heating up) recaptures a few times, not at every other rebuild.
 * **One CUDA graph.**  From the positions to energy, forces and virial: the edge packing,
   ``forward_common_lower`` (deepmd-kit's eager model or its compiled ``core_compute``, with or
   without mixstack's operators) and the force backward.  The graph is captured after two
