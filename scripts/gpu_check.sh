@@ -44,7 +44,7 @@
 #   "probe": scripts/frame_probe.py (PROBE_ARGS): one frame's kernels by device time and the
 #   allocations alive at its peak memory, per level, under $OUT/probe.
 #   "stackprobe": scripts/stack_probe.py (STACK_PROBE_ARGS, default Cf112-l4-F1, Cf128-l5-F1 and Cf80-l4-F1 at
-#   variants 0c,1,1b): one forward + backward of the stack kernel by kernel, under $OUT/stackprobe.
+#   variants 0c,1,1b,1bn): one forward + backward of the stack kernel by kernel, under $OUT/stackprobe.
 #   "deepmdprobe": scripts/deepmd_probe.py (DEEPMD_PROBE_ARGS, default --variants ms3cg; the wheels of .whl/):
 #   a deepmd-kit frame's kernels, a graphed variant's memory by pool and its eager peak, under $OUT/deepmdprobe.
 #   "convprobe": scripts/conv_probe.py (CONVPROBE_ARGS): rotate-in forward and backward at the
@@ -238,8 +238,9 @@ part_probe() {
 }
 part_stackprobe() {
   # scripts/stack_probe.py (STACK_PROBE_ARGS): one forward + backward of the stack, kernel by kernel,
-  # per variant, at the wide keys (default: the compiled reference, level 1 and level 1 on cuBLAS)
-  timeout "$(left)" python3 scripts/stack_probe.py ${STACK_PROBE_ARGS:---key 112,4,1 --key 128,5,1 --key 80,4,1 --variants 0c,1,1b} \
+  # per variant, at the wide keys (default: the compiled reference, level 1, level 1 on cuBLAS in the
+  # route's weight layouts and with plain weights)
+  timeout "$(left)" python3 scripts/stack_probe.py ${STACK_PROBE_ARGS:---key 112,4,1 --key 128,5,1 --key 80,4,1 --variants 0c,1,1b,1bn} \
     --out "$OUT/stackprobe" 2>&1 | tee "$OUT/stackprobe.log" | tail -n 60
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("stack probe rc=$r")
 }

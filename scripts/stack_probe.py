@@ -1,7 +1,11 @@
 """Where one forward + backward of the stack spends its device time, kernel by kernel, per
 variant (the compiled reference ``0c`` and mixstack's levels), at grid keys.
 
-    PYTHONPATH=. python3 scripts/stack_probe.py --key 112,4,1 --key 128,5,1 --variants 0c,1,1b,3 --out DIR
+    PYTHONPATH=. python3 scripts/stack_probe.py --key 112,4,1 --key 128,5,1 --variants 0c,1,1b,1bn,3 --out DIR
+
+A BLAS variant with the suffix ``n`` (``1bn``, ``2bn``) runs with every block weight contiguous
+(cuBLAS's plain "nn" form) instead of the route's layouts (``stack.blas.TRANSPOSED_BLOCKS``): the
+two layouts side by side in one run.
 
 Per key and variant it writes ``kernels-<key>-<variant>.txt`` (the profiler's kernels by
 device time over ``--repeats`` fwd+bwd calls after a warm-up) and prints the top kernels and
@@ -13,12 +17,26 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 from pathlib import Path
 
 import torch
 
 from mixstack.bench import grid, stack_bench
 from mixstack.measure.shapes import make_inputs
+from mixstack.stack.blas import transposed_blocks
+
+PLAIN = "n"      # suffix of a BLAS variant run with every block weight contiguous
+
+
+def split_variant(v: str) -> tuple[str, bool]:
+    """``(bench variant, plain weights)`` of a probe variant: ``"1bn"`` -> ``("1b", True)``."""
+    if v.endswith(PLAIN) and v[:-1] in stack_bench.FORCED_BLAS:
+        return v[:-1], True
+    if v not in stack_bench.VARIANTS:
+        raise ValueError(f"unknown variant {v!r}: use {', '.join(stack_bench.VARIANTS)} or "
+                         f"{', '.join(k + PLAIN for k in stack_bench.FORCED_BLAS)}")
+    return v, False
 
 
 def profile(call, repeats: int) -> list[tuple[str, float, int]]:
@@ -41,7 +59,8 @@ def profile(call, repeats: int) -> list[tuple[str, float, int]]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--key", action="append", required=True, help="Cf,lmax,F (repeatable)")
-    p.add_argument("--variants", default="0c,1", help=f"comma-separated, of {', '.join(stack_bench.VARIANTS)}")
+    p.add_argument("--variants", default="0c,1", help=f"comma-separated, of {', '.join(stack_bench.VARIANTS)}; "
+                   f"{', '.join(k + PLAIN for k in stack_bench.FORCED_BLAS)}: a BLAS variant with plain weights")
     p.add_argument("--edge-scale", type=float, default=0.5)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--top", type=int, default=14)
@@ -59,11 +78,13 @@ def main(argv=None) -> int:
         inp = make_inputs(shape, device)
         u0, alpha, wrt = stack_bench.differentiable(shape, inp)
         for v in args.variants.split(","):
-            fwd = stack_bench.forward_fn(v, shape, inp)
-            scope = stack_bench._scope(v, shape, device)
+            base, plain = split_variant(v)
+            fwd = stack_bench.forward_fn(base, shape, inp)
+            scope = stack_bench._scope(base, shape, device)
+            layout = (lambda: transposed_blocks(())) if plain else contextlib.nullcontext
 
-            def call(fwd=fwd, scope=scope):
-                with scope():
+            def call(fwd=fwd, scope=scope, layout=layout):
+                with scope(), layout():
                     return torch.autograd.grad(fwd(u0, alpha), wrt, inp.grad_out)
             rows = profile(call, args.repeats)
             tot = sum(r[1] for r in rows)

@@ -88,7 +88,8 @@ def test_the_frame_parts_pass_options_the_model_bench_takes(tmp_path):
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
 def test_the_stackprobe_part_probes_the_wide_keys_on_both_product_routes(tmp_path):
     """``stackprobe``: ``scripts/stack_probe.py`` with arguments it parses, at grid keys, with the
-    compiled reference and level 1 on Triton's and on the BLAS's products (variants the bench knows)."""
+    compiled reference and level 1 on Triton's and on the BLAS's products, the latter in the route's
+    weight layouts and with plain weights (variants the bench knows)."""
     from helpers import load_script
 
     from mixstack.bench import stack_bench
@@ -96,7 +97,10 @@ def test_the_stackprobe_part_probes_the_wide_keys_on_both_product_routes(tmp_pat
     probe = load_script("stack_probe")
     (call,) = [argv for _, argv in _recorded_commands(tmp_path, "stackprobe") if argv[:1] == ["scripts/stack_probe.py"]]
     args = probe.parser().parse_args(call[1:])
-    assert args.variants.split(",") == ["0c", "1", "1b"] and set(args.variants.split(",")) <= set(stack_bench.VARIANTS)
+    variants = args.variants.split(",")
+    assert variants == ["0c", "1", "1b", "1bn"]
+    assert [probe.split_variant(v) for v in variants] == [("0c", False), ("1", False), ("1b", False), ("1b", True)]
+    assert set(v for v, _ in map(probe.split_variant, variants)) <= set(stack_bench.VARIANTS)
     assert [tuple(int(x) for x in k.split(",")) for k in args.key] == [(112, 4, 1), (128, 5, 1), (80, 4, 1)]
     assert args.out == str(tmp_path / "out" / "stackprobe")
 

@@ -10,9 +10,18 @@ columns (``z``, the target of a whole-row launch, or the relay's running gradien
 of ``kernels.gate_elementwise``.  The summation order is the BLAS's, fixed by the shape on one
 device: the same bits at levels 1 and 2, which take this route at the same keys.  Plain Python
 over tensor metadata, like the Triton launchers.
+
+The weight of each block product reaches cuBLAS in the layout ``TRANSPOSED_BLOCKS`` names
+(``b_operand``): cuBLAS picks its kernel by the operands' layout as well as their shapes, and on
+sm_90 a product whose weight is a transposed view (its "tn" form) took the warp-tiled ``xmma``
+kernel where the plain form took the SIMT one, ~13% slower, at the |m| = 1 blocks 640-896 wide;
+the m = 0 blocks ran no faster transposed (BENCHMARKS.md, "Exact products on cuBLAS: the
+weights' layout").  ``route_weights`` lays a call's weights out once, so no product copies them.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import triton
@@ -21,6 +30,38 @@ from torch.library import wrap_triton
 from ..kernels.residual import residual_epilogue_kernel
 from ..tuning.configs import RESIDUAL_CONFIG
 from ..tuning.products import exact_products
+
+TRANSPOSED_BLOCKS = frozenset({1})      # blocks whose weight reaches the BLAS as a transposed view
+
+
+def b_operand(w: torch.Tensor, block: int) -> torch.Tensor:
+    """``w (F, K, N)`` as block ``block``'s product reads it: the same values, a transposed view of
+    a contiguous ``(F, N, K)`` where ``block`` is in ``TRANSPOSED_BLOCKS``, else contiguous (a copy
+    only where ``w`` is not so already: ``route_weights`` avoids it)."""
+    if block in TRANSPOSED_BLOCKS:
+        return w if w.mT.is_contiguous() else w.mT.contiguous().mT
+    return w if w.is_contiguous() else w.contiguous()
+
+
+@contextlib.contextmanager
+def transposed_blocks(blocks):
+    """Inside: the blocks whose weights reach the BLAS as transposed views are ``blocks`` (a probe
+    timing the layouts against each other); read when a call lays its weights out."""
+    global TRANSPOSED_BLOCKS
+    previous, TRANSPOSED_BLOCKS = TRANSPOSED_BLOCKS, frozenset(blocks)
+    try:
+        yield
+    finally:
+        TRANSPOSED_BLOCKS = previous
+
+
+def route_weights(w0: torch.Tensor, w1: torch.Tensor, *, transposed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block weights ``(layers, F, K, K)`` laid out once for a call's products (``b_operand``'s
+    layouts): as they are (``transposed`` False, the forward) or each ``W^T`` (the backward)."""
+    if transposed:
+        w0, w1 = w0.mT, w1.mT
+    return tuple(w.mT.contiguous().mT if block in TRANSPOSED_BLOCKS else w.contiguous()
+                 for block, w in ((0, w0), (1, w1)))
 
 
 def _focus_major(t: torch.Tensor, edge_major: bool) -> torch.Tensor:
@@ -64,8 +105,8 @@ def block_products(a, weights, epilogue) -> None:
         with exact_products():
             for block in (0, 1):
                 cols = _columns(lay, block)
-                torch.bmm(rows[..., cols], (weights.w0 if block == 0 else weights.w1)[weights.layer],
-                          out=target[..., cols])
+                w = b_operand((weights.w0 if block == 0 else weights.w1)[weights.layer], block)
+                torch.bmm(rows[..., cols], w, out=target[..., cols])
         _residual(res, y, out, epilogue.alpha if scaled else None, unused=weights.w0)
         return
     if y is not None or scaled:
@@ -73,7 +114,7 @@ def block_products(a, weights, epilogue) -> None:
     with exact_products():
         for block in weights.blocks:
             cols = _columns(lay, block)
-            w = (weights.w0 if block == 0 else weights.w1)[weights.layer]
+            w = b_operand((weights.w0 if block == 0 else weights.w1)[weights.layer], block)
             _block(rows[..., cols], w, None if epilogue.z is None else epilogue.z[weights.layer][..., cols],
                    None if res is None else res[..., cols], epilogue.sg if block == 1 else None,
                    None if out is None else out[..., cols], in_place, lay.gate_width)

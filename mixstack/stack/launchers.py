@@ -41,7 +41,7 @@ from ..tuning.configs import (
     pointwise_recomputes_gate,
 )
 from ..tuning.products import on_blas
-from .blas import add_logit_contraction, gate_logits
+from .blas import add_logit_contraction, gate_logits, route_weights
 from .gemm import BlockWeights, Epilogue, Operand, block_gemm, persistent_programs
 from .values import Saved, StackSpec, Weights
 
@@ -171,6 +171,8 @@ def stack_forward(u0, alpha, weights: Weights, spec: StackSpec, plan: LaunchPlan
     # slowed the level-3 forward (BENCHMARKS.md, "The gate's products on tensor cores").
     record = plan.compensated and plan.writer_amax
     blas = exact_on_blas(plan.compensated, layout, u0)
+    if blas:                             # laid out once for the BLAS's products, not per product
+        w0, w1 = route_weights(w0, w1, transposed=False)
     amax = None                          # the row maxima of u, where a kernel recorded them
     if n_gated:
         sg = u0.new_empty((n_focus, n_edges, layout.gate_width))
@@ -241,7 +243,10 @@ def stack_backward(grad_out, saved: Saved, weights: Weights, spec: StackSpec, pl
     elif spec.apply_alpha:
         alpha_grad(grad_out, saved.y, grad_alpha, spec.layout, weights.w0,
                    alpha=saved.alpha, amax=amax if training.g_top is None else None)
-    wt = weights.transposed()
+    if exact_on_blas(plan.compensated, spec.layout, z):      # each W^T as the BLAS's products read it
+        wt = Weights(*route_weights(weights.w0, weights.w1, transposed=True), weights.gw)
+    else:
+        wt = weights.transposed()
     split = split_weights(wt.w0, wt.w1) if plan.compensated else None
     gate_split = split_matrices(wt.gw) if plan.compensated and wt.n_gated and not fused else None
     top = BlockWeights(wt.w0, wt.w1, wt.n_gated, spec.layout, split=split)

@@ -155,3 +155,53 @@ def _counting(calls, name, fn):
         calls[name] += 1
         return fn(*args, **kwargs)
     return run
+
+
+def test_each_block_weight_reaches_the_blas_in_its_layout_laid_out_once_per_call(monkeypatch):
+    """The |m| = 1 block's weight reaches the products as a transposed view (cuBLAS's "tn" form),
+    the m = 0 block's contiguous, forward and backward; ``route_weights`` laid them out for the
+    call, so no product copies its weight."""
+    from mixstack.stack import blas
+
+    seen = []
+
+    def spy(w, block):
+        got = b_operand(w, block)
+        seen.append((block, got.is_contiguous(), got.mT.is_contiguous(), got is w))
+        return got
+
+    b_operand = blas.b_operand
+    monkeypatch.setattr(blas, "b_operand", spy)
+    case = CASES[0]
+    with use_products("blas"):
+        got = helpers.run_stack(case, 1, helpers.make_inputs(case), helpers.make_grad_out(case))
+    # forward: two gated layers' blocks one launch each, the identity layer's both; backward: the identity
+    # layer's and the two relay steps' both blocks: 6 + 6 block products
+    assert {block for block, *_ in seen} == {0, 1} and len(seen) == 12
+    assert all(transposed and not contiguous for block, contiguous, transposed, _ in seen if block == 1)
+    assert all(contiguous for block, contiguous, _, _ in seen if block == 0)
+    assert all(same for *_, same in seen)
+    assert _same_bits(_runs(case, 1)[0], got) == []
+
+
+@pytest.mark.parametrize("blocks", [frozenset(), frozenset({0, 1})], ids=["plain", "all-transposed"])
+def test_any_layout_of_the_weights_matches_float64_and_level2_gives_level1s_bits(blocks):
+    """The layout changes which BLAS kernel runs (and its bits), never the values beyond fp32
+    rounding, and levels 1 and 2 still share it."""
+    from mixstack.stack import blas
+
+    case = CASES[0]
+    inputs, grad_out = helpers.make_inputs(case), helpers.make_grad_out(case)
+    with use_products("blas"), blas.transposed_blocks(blocks):
+        w1 = blas.route_weights(inputs[2], inputs[3], transposed=False)[1]
+        assert w1.is_contiguous() == (1 not in blocks) and w1.mT.is_contiguous() == (1 in blocks)
+        one = helpers.run_stack(case, 1, inputs, grad_out)
+        with tuning.saved_registrations():
+            for fam, cfg in LEVEL2:
+                tuning.register(fam, _key(case), dict(cfg))
+            two = helpers.run_stack(case, 2, inputs, grad_out)
+    (out, grads), _ = _want(case)
+    assert_close_rel(one["out"], out, "forward")
+    assert_close_rel(one["grad_u0"], grads["u0"], "grad_u0")
+    assert_close_rel(one["grad_alpha"], grads["alpha"], "grad_alpha")
+    assert _same_bits(one, two) == []
