@@ -6,8 +6,9 @@
 # fp16x3 stack where its tables validate the key) against the accelerated model at level 3 through
 # FrameRunner's CUDA graph, eager and compiled (frame time, busy time and
 # host gap, peak memory, forces against float64, stages, NVE).  Everything goes under $OUT.  A
-# compiled variant compiles for ~100 s at its first frame: with both configs, run one per call
-# (CONFIGS=water, then CONFIGS=two_stream).
+# compiled variant traces and compiles for 1.5-3 minutes at its first frame, on one core: with
+# PROCESSES=1 (the default with ONE_RUN) each variant builds in a process of its own, all at once
+# (`--processes`), so a case takes about its slowest variant's build, not the sum.
 #
 #   Usage (repo root, the wheels of scripts/deepmd_wheels.sh in .whl/ carried along):
 #   OUT=/some/dir bash scripts/deepmd_gpu.sh
@@ -22,8 +23,9 @@
 #   (--seconds), the share itself the hard stop (timeout).  COMPILE_CACHE=DIR keeps Inductor's and
 #   Triton's caches there (a git-ignored folder of the checkout, e.g. results/tmp-compile-cache, stays
 #   between calls on a warm machine): a later call's compiled variants then mostly hit them.
-#   ONE_RUN=1 runs every config in one bench process (--variants-for from VARIANTS_<config>) into
-#   $OUT/bench-all: the ratios of both configs from one run.
+#   ONE_RUN=1 runs every config in one bench (--variants-for from VARIANTS_<config>) into
+#   $OUT/bench-all: the ratios of both configs from one run.  PROCESSES=1|0 (default 1 with ONE_RUN,
+#   else 0): --processes or not.
 set -u
 OUT=${OUT:?set OUT to a results folder}
 mkdir -p "$OUT"
@@ -86,6 +88,8 @@ if [ -n "${COMPILE_CACHE:-}" ]; then
   echo "compile caches under $COMPILE_CACHE: $(du -sh "$COMPILE_CACHE" | cut -f1) already there"
 fi
 configs=(${CONFIGS:-water two_stream})
+processes=()
+[ "${PROCESSES:-${ONE_RUN:+1}}" = 1 ] && processes=(--processes)
 bench() {   # NAME SHARE ARGS...: one `mixstack bench deepmd` into $OUT/bench-NAME within SHARE seconds
   local name=$1 share=$2; shift 2
   # the bench stops starting steps SECONDS_MARGIN s before its share and writes what it has;
@@ -95,7 +99,7 @@ bench() {   # NAME SHARE ARGS...: one `mixstack bench deepmd` into $OUT/bench-NA
   echo "== bench $name ($share s, --seconds $seconds)"
   timeout "$share" python3 -m mixstack bench deepmd --atoms "${ATOMS:-4000}" --systems water "$@" \
     --rounds "${ROUNDS:-10}" --warmup 2 --breakdown --breakdown-rounds 3 --md-steps "$md_steps" --md-warmup 3 \
-    --seconds "$seconds" --out "$OUT/bench-$name" 2>&1 | tee "$OUT/bench-$name.log" \
+    "${processes[@]}" --seconds "$seconds" --out "$OUT/bench-$name" 2>&1 | tee "$OUT/bench-$name.log" \
     | grep -v -e "DP_INFER_BATCH_SIZE" -e "^Triton autotuning for function" -e "^with key as" \
       -e "^finished after" -e "^best config selected" | tail -n 80
   echo "bench $name exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench-$name.log"

@@ -270,22 +270,21 @@ def _md_one(built: Built, path, atoms, args, device) -> dict:
     return {**record, "accelerated": None if built.report is None else [c.runs_on for c in built.report]}
 
 
-def md_runs(config: dict, model, frame, type_map, case: dict, built: dict, args, device, progress: Progress) -> None:
-    """Each built variant's ``md`` in ``case``: NVE through an ASE calculator on the variant's own
-    model (deepmd-kit's calculator on ``model``'s weights written as a checkpoint, its model then
-    the variant's; ``DeepmdCalculator`` on a ``g`` variant's runner), one variant after another,
-    a step each."""
+def md_runs(config: dict, model, frame, type_map, case: dict, variants: dict, args, progress: Progress) -> None:
+    """Each variant's ``md`` in ``case`` (``variants``: ``{key: Local or Remote}``): NVE through an
+    ASE calculator on the variant's own model (deepmd-kit's calculator on ``model``'s weights
+    written as a checkpoint, its model then the variant's; ``DeepmdCalculator`` on a ``g``
+    variant's runner), one variant after another, a step each."""
     why = progress.out_of_time()
-    if why or not built:
-        _mark([case["variants"][k] for k in built], "md", why)
+    if why or not variants:
+        _mark([case["variants"][k] for k in variants], "md", why)
         return
     atoms = deepmd_md.atoms_of(frame, type_map)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.pt")
         deepmd_md.save_checkpoint(model, config, path)
-        for key, b in built.items():
-            _step(progress, f"MD {key}", case["variants"][key], "md",
-                  lambda b=b: _md_one(b, path, atoms, args, device),
+        for key, v in variants.items():
+            _step(progress, f"MD {key}", case["variants"][key], "md", lambda v=v: v.md(path, atoms),
                   say=lambda md: f"{md['steps_per_s']:.2f} steps/s")
 
 
@@ -352,9 +351,11 @@ def _replay_check(key: str, built: Built, inputs) -> dict | None:
     return {k: (a[k].double() - b[k].double()).abs().max().item() for k in ("energy", "force", "virial")}
 
 
-def _variant(key: str, entry: dict, config: dict, state: dict, inputs, ref, args, device, progress: Progress):
+def build_variant_step(key: str, entry: dict, config: dict, state: dict, inputs, ref, args, device,
+                       progress: Progress) -> Built:
     """Variant ``key`` built and its first frame against ``ref`` as one step, its peak memory as
-    another (on a GPU), into ``entry``: a ``Built`` to time."""
+    another (on a GPU), into ``entry``: a ``Built`` to time (in this process, or in a worker's:
+    ``deepmd_workers``)."""
     cuda = torch.device(device).type == "cuda"
     with progress.step(f"{key}: built + first frame") as notes:
         model, acc_report = build_variant(key, config, state, device, args.rest_level)
@@ -411,6 +412,34 @@ def _graph_memory(built: Built, inputs, ref, device, presize: bool) -> dict:
             "force_max_abs": dev["force_max_abs"]}
 
 
+class Local:
+    """A variant built in this process, as ``run_case`` uses it: a task for the interleaved
+    timing, its breakdown, its MD run (``deepmd_workers.Remote`` is the same for a worker's)."""
+
+    clock = None                                   # the device's own (``timing.clock_for``)
+
+    def __init__(self, key: str, built: Built, inputs, args, device):
+        self.key, self.built, self.inputs, self.args, self.device = key, built, inputs, args, device
+
+    @property
+    def run(self):
+        """One frame."""
+        return self.built.run
+
+    def task(self) -> Task:
+        return Task(run=self.built.run)
+
+    def breakdown(self) -> dict:
+        return _stage_times(_profiled_frame(self.key, self.built, self.inputs), self.built.model, self.device,
+                            self.args.breakdown_rounds)
+
+    def md(self, path: str, atoms) -> dict:
+        return _md_one(self.built, path, atoms, self.args, self.device)
+
+    def close(self) -> None:
+        pass
+
+
 def _memory(run, device) -> dict:
     """An eager frame's memory above the resident models: ``peak_memory_bytes`` its tensors alive
     together at its peak, ``device_memory_bytes`` what the caching allocator reserves from the
@@ -433,14 +462,15 @@ def _reserved(device) -> int:
     return torch.cuda.memory_reserved(device)
 
 
-def _time_all(case: dict, tasks: dict, args, device, progress: Progress) -> None:
-    """The variants of ``tasks`` timed in interleaved rounds (``time_interleaved``) as one step."""
+def _time_all(case: dict, tasks: dict, args, device, progress: Progress, clock=None) -> None:
+    """The variants of ``tasks`` timed in interleaved rounds (``time_interleaved``) as one step,
+    with ``clock`` (default the device's)."""
     why = progress.out_of_time()
     if why:
         _mark([case["variants"][key] for key in tasks], "time", why)
         return
     with progress.step(f"timing {args.rounds} rounds (after {args.warmup} warm-up) x {len(tasks)} variants"):
-        samples = time_interleaved(tasks, rounds=args.rounds, warmup=args.warmup, clock=clock_for(device))
+        samples = time_interleaved(tasks, rounds=args.rounds, warmup=args.warmup, clock=clock or clock_for(device))
         for key, s in samples.items():
             case["variants"][key]["time"] = s.to_dict()
 
@@ -454,7 +484,8 @@ def _not_run(case: dict, variants, why: str) -> dict:
 def run_case(case: dict, variants, args, device, progress: Progress) -> dict:
     """One config on one system size (``case``: ``config``, ``system``, ``atoms`` asked for and
     ``variants``, filled in place, step by step): the float64 reference frame, every variant
-    built with its first frame and peak memory, timed, its breakdown, its MD."""
+    built with its first frame and peak memory (here, or with ``args.processes`` each in a process
+    of its own, all at once: ``deepmd_workers``), timed, its breakdown, its MD."""
     make_frame, type_map = SYSTEMS[case["system"]]
     coord, atype, box = frame = make_frame(case["atoms"], seed=args.seed)
     case["atoms"] = int(atype.numel())
@@ -463,31 +494,72 @@ def run_case(case: dict, variants, args, device, progress: Progress) -> dict:
         return _not_run(case, variants, why)
     with progress.step("float64 reference frame"):
         config, base, state, ref = _reference(case, type_map, frame, args, device)
-    inputs = (coord.float().to(device), atype.to(device), None if box is None else box.float().to(device))
-    built = {}
+    inputs = (coord.float(), atype, None if box is None else box.float())
+    built = _build_all(case, variants, config, state, inputs, ref, args, device, progress)
+    try:
+        if built:
+            clock = next(iter(built.values())).clock
+            _time_all(case, {key: b.task() for key, b in built.items()}, args, device, progress, clock=clock)
+        if args.breakdown:
+            for key, b in built.items():
+                _step(progress, f"breakdown {key}", case["variants"][key], "breakdown", b.breakdown)
+        if args.md_steps > 0:
+            md_runs(config, base, frame, type_map, case, built, args, progress)
+    finally:
+        for b in built.values():
+            b.close()
+    return case
+
+
+def _build_all(case: dict, variants, config: dict, state: dict, inputs, ref, args, device, progress: Progress):
+    """``{key: Local or Remote}``: every variant built (``build_variant_step``), one after another
+    here or, with ``args.processes``, each in a worker of its own at once."""
+    keys = []
     for key in variants:
         entry = case["variants"].setdefault(key, {})
         why = progress.out_of_time()
         if why:
             entry["not_run"] = why
         else:
-            try:
-                built[key] = _variant(key, entry, config, state, inputs, ref, args, device, progress)
-            except Exception as err:                   # one variant that cannot build leaves the others
-                failed = progress.record.pop("failed", {})
-                entry["not_run"] = f"failed in {failed.get('step', key)}: {failed.get('error', err)}"
-                log.warning("variant %s failed", key, exc_info=True)
-                _free(device)
-    if built:
-        _time_all(case, {key: Task(run=b.run) for key, b in built.items()}, args, device, progress)
-    if args.breakdown:
-        for key, b in built.items():
-            _step(progress, f"breakdown {key}", case["variants"][key], "breakdown",
-                  lambda key=key, b=b: _stage_times(_profiled_frame(key, b, inputs), b.model, device,
-                                                    args.breakdown_rounds))
-    if args.md_steps > 0:
-        md_runs(config, base, frame, type_map, case, built, args, device, progress)
-    return case
+            keys.append(key)
+    if getattr(args, "processes", False) and keys:
+        from .deepmd_workers import build_all
+        payload = {"build": build_in_worker, "device": str(device), "args": args, "config": config, "state": state,
+                   "inputs": inputs, "ref": {k: v.cpu() for k, v in ref.items()}}
+        return build_all(keys, case, payload, progress)
+    built = {}
+    for key in keys:
+        try:
+            built[key] = _build_local(key, case["variants"][key], config, state, inputs, ref, args, device, progress)
+        except Exception:                          # one variant that cannot build leaves the others
+            log.warning("variant %s failed", key, exc_info=True)
+            _free(device)
+    return built
+
+
+def _build_local(key: str, entry: dict, config: dict, state: dict, inputs, ref, args, device,
+                 progress: Progress) -> Local:
+    """``build_variant_step`` in this process on the host ``inputs`` moved to ``device``; a build that
+    raised marks ``entry["not_run"]`` with its step and error before the error goes on."""
+    on_device = tuple(None if t is None else t.to(device) for t in inputs)
+    try:
+        return Local(key, build_variant_step(key, entry, config, state, on_device, ref, args, device, progress),
+                     on_device, args, device)
+    except Exception as err:
+        failed = progress.record.pop("failed", {})
+        entry["not_run"] = f"failed in {failed.get('step', key)}: {failed.get('error', err)}"
+        raise
+
+
+def build_in_worker(key: str, entry: dict, payload: dict, on_step) -> Local:
+    """A worker's build (``deepmd_workers.serve``): ``_build_local`` on ``payload``'s case, with a
+    progress of its own that says each step through ``on_step``."""
+    device = torch.device(payload["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    ref = {k: v.to(device) for k, v in payload["ref"].items()}
+    return _build_local(key, entry, payload["config"], payload["state"], payload["inputs"], ref, payload["args"],
+                        device, Progress({}, on_step=on_step))
 
 
 def _stage_sum(stages, names) -> float | None:

@@ -52,6 +52,10 @@ def add_arguments(p) -> None:
     p.add_argument("--rest-level", type=int, choices=REST_LEVELS, default=2,
                    help="DP_TRITON_INFER of the accelerated models: deepmd-kit's kernels for the rest "
                         "of the model (default 2)")
+    p.add_argument("--processes", action="store_true",
+                   help="each variant in a process of its own, all built at once (a compiled variant's trace "
+                        "takes minutes of one core), then timed one process at a time in the same interleaved "
+                        "rounds; every variant's memory is held together")
     p.add_argument("--rounds", type=COUNT, default=10, help="timed rounds, interleaved (default 10)")
     p.add_argument("--warmup", type=COUNT0, default=2, help="untimed warm-up rounds (default 2)")
     p.add_argument("--breakdown", action="store_true", help="device time per stage, forward and backward (profiler)")
