@@ -145,11 +145,13 @@ def build_all(keys, case: dict, payload: dict, progress, *, ctx=None, poll: floa
     filled as each reports; returns ``{key: Remote}`` of those built.  A variant whose build
     failed or whose process died is marked not run with the reason; once ``progress`` is out of
     time, the workers still building are stopped and marked so."""
-    with _compile_threads(len(keys)):
-        workers = {key: Worker(key, payload, ctx) for key in keys}
-    pending = {w.conn: w for w in workers.values()}
-    built = {}
+    workers: dict[str, Worker] = {}
+    built, answered = {}, set()
     try:
+        with _compile_threads(len(keys)):
+            for key in keys:
+                workers[key] = Worker(key, payload, ctx)
+        pending = {w.conn: w for w in workers.values()}
         while pending:
             for conn in wait(list(pending), timeout=poll):
                 worker = pending[conn]
@@ -164,6 +166,7 @@ def build_all(keys, case: dict, payload: dict, progress, *, ctx=None, poll: floa
                     progress.on_step(value)
                     continue
                 del pending[conn]
+                answered.add(worker.key)
                 entry.update(value)
                 if kind == "built":
                     built[worker.key] = Remote(worker)
@@ -175,7 +178,7 @@ def build_all(keys, case: dict, payload: dict, progress, *, ctx=None, poll: floa
                 break
     finally:
         for key, worker in workers.items():
-            if key not in built:                   # ended, or still building out of time: no wait
-                worker.close(wait=0 if worker.conn in pending else CLOSE_S)
+            if key not in built:                   # a failed build ends by itself; one still building is killed
+                worker.close(wait=CLOSE_S if key in answered else 0)
     return built
 
