@@ -23,6 +23,11 @@ if _TESTS_DIR not in sys.path:
 import tempfile  # noqa: E402
 
 os.environ["MIXSTACK_CACHE_DIR"] = tempfile.mkdtemp(prefix="mixstack-test-cache-")
+# Inductor's C++ kernels (torch.compile, deepmd-kit's compiled inference, AOTInductor packages on
+# the CPU) built without vector ISA: the tests check what those programs compute, never their
+# speed, and the scalar code compiles in about two thirds of the time. Read when Inductor's config
+# is first imported (not by `import torch`); a caller's setting is kept.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
 
 import helpers  # noqa: E402
 from tuning_fakes import tuning_env  # noqa: E402,F401  (the tuning tests' private tables)

@@ -34,6 +34,9 @@ def model():
     return make_model("water", "float32", rcut=3.0)
 
 
+SMALL = {"n_blocks": 1, "mixing_layers": 2}      # the water example cut to one block (compiled tests)
+
+
 def _frame(n=30, seed=0, periodic=True):
     return systems.water(n, seed=seed, periodic=periodic, dtype=torch.float32)
 
@@ -281,8 +284,10 @@ def test_compiled_inference_with_mixstacks_operators_inside_matches_the_eager_fr
 
     from mixstack.dispatch.guards import kernel_target
 
+    # one block of two mixing layers: the trace and Inductor's C++ compile scale with the blocks
+    model = make_model("water", "float32", rcut=3.0, **SMALL)
     fast, _ = accelerated_copy(model, level=2)
-    twin = float64_twin(model, "water", rcut=3.0)
+    twin = float64_twin(model, "water", rcut=3.0, **SMALL)
     traced, calls = [], []
     make_fx = sezm_model.make_fx
 
