@@ -269,7 +269,7 @@ def test_an_accelerated_models_compiled_inference_traces_mixstacks_operators_who
 
 
 @pytest.mark.slow
-def test_compiled_inference_with_mixstacks_operators_inside_matches_the_eager_frame(model, monkeypatch):
+def test_compiled_inference_with_mixstacks_operators_inside_matches_the_eager_frame(monkeypatch):
     """``FrameRunner(compile=True)``: deepmd-kit's ``DP_COMPILE_INFER`` path (``core_compute`` traced
     by ``make_fx`` with symbolic shapes, lowered by AOTAutograd and Inductor, here to C++) inside the
     runner's frame, traced once and then called on every frame: a kept list, one rebuilt in place,
@@ -284,7 +284,7 @@ def test_compiled_inference_with_mixstacks_operators_inside_matches_the_eager_fr
 
     from mixstack.dispatch.guards import kernel_target
 
-    # one block of two mixing layers: the trace and Inductor's C++ compile scale with the blocks
+    # one block of two mixing layers: the trace and Inductor's C++ compile grow with the blocks
     model = make_model("water", "float32", rcut=3.0, **SMALL)
     fast, _ = accelerated_copy(model, level=2)
     twin = float64_twin(model, "water", rcut=3.0, **SMALL)
