@@ -3,12 +3,12 @@ built side by side, then timed by one coordinator in interleaved rounds.
 
 A compiled variant's first frame traces deepmd-kit's model in Python (``make_fx``, then
 AOTAutograd) before Inductor compiles it, one core's work of 1.5-3 minutes a variant, so a case's
-variants built one after another take the sum (both configs' six, the better part of 17 minutes).
+variants built one after another take the sum (both configs' six, ~14 minutes on an H100).
 Here each variant's process (``serve``) builds it with the payload's ``build`` (the bench's: its
 model, first frame, accuracy against the case's float64 frame, peak memory) while the others build
 theirs, and the case waits for its slowest variant only.  From then on the GPU work runs in
 one process at a time: the coordinator's ``time_interleaved`` asks each worker for one frame in
-rotating order, and each times its own frame with CUDA events (``timing.returned_clock``); then
+rotating order, and each times its own frame with CUDA events (``Remote.clock`` returns them); then
 each breakdown and MD run in turn.  Every variant holds its models and its graph's memory, all at
 once, until the case ends.
 """
