@@ -555,7 +555,7 @@ def build_in_worker(key: str, entry: dict, payload: dict, on_step) -> Local:
     """A worker's build (``deepmd_workers.serve``): ``_build_local`` on ``payload``'s case, with a
     progress of its own that says each step through ``on_step``."""
     device = torch.device(payload["device"])
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is not None:     # "cuda" alone: the current device
         torch.cuda.set_device(device)
     ref = {k: v.to(device) for k, v in payload["ref"].items()}
     return _build_local(key, entry, payload["config"], payload["state"], payload["inputs"], ref, payload["args"],
