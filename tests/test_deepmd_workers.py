@@ -98,3 +98,16 @@ def test_each_worker_gets_its_share_of_the_compile_pool_unless_the_caller_set_on
         inside = workers.os.environ["TORCHINDUCTOR_COMPILE_THREADS"]
     assert inside == (value or "2")
     assert workers.os.environ.get("TORCHINDUCTOR_COMPILE_THREADS") == value
+
+
+def test_a_worker_keeps_the_current_gpu_unless_its_device_names_one(monkeypatch):
+    """``build_in_worker`` on "cuda" leaves the current device (``set_device`` refuses a device
+    without an index: every worker failed so on a GPU once); "cuda:1" selects it."""
+    import torch
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    for device in ("cuda", "cuda:1"):
+        with pytest.raises(Exception):                # the empty config fails later, on purpose
+            bench.build_in_worker("dp0", {}, _payload(device=device), lambda text: None)
+    assert chosen == [torch.device("cuda:1")]
