@@ -34,13 +34,18 @@ from ..tuning.products import exact_products
 TRANSPOSED_BLOCKS = frozenset({1})      # blocks whose weight reaches the BLAS as a transposed view
 
 
-def b_operand(w: torch.Tensor, block: int) -> torch.Tensor:
-    """``w (F, K, N)`` as block ``block``'s product reads it: the same values, a transposed view of
-    a contiguous ``(F, N, K)`` where ``block`` is in ``TRANSPOSED_BLOCKS``, else contiguous (a copy
-    only where ``w`` is not so already: ``route_weights`` avoids it)."""
+def _laid_out(w: torch.Tensor, block: int) -> torch.Tensor:
+    """``w (..., K, N)`` in block ``block``'s layout: a transposed view of a contiguous ``(..., N, K)``
+    where ``block`` is in ``TRANSPOSED_BLOCKS``, else contiguous (a copy only where ``w`` is not so)."""
     if block in TRANSPOSED_BLOCKS:
         return w if w.mT.is_contiguous() else w.mT.contiguous().mT
     return w if w.is_contiguous() else w.contiguous()
+
+
+def b_operand(w: torch.Tensor, block: int) -> torch.Tensor:
+    """``w (F, K, N)`` as block ``block``'s product reads it: the same values in the block's layout
+    (``_laid_out``; weights from ``route_weights`` are in it already, so no product copies them)."""
+    return _laid_out(w, block)
 
 
 @contextlib.contextmanager
@@ -60,8 +65,7 @@ def route_weights(w0: torch.Tensor, w1: torch.Tensor, *, transposed: bool) -> tu
     layouts): as they are (``transposed`` False, the forward) or each ``W^T`` (the backward)."""
     if transposed:
         w0, w1 = w0.mT, w1.mT
-    return tuple(w.mT.contiguous().mT if block in TRANSPOSED_BLOCKS else w.contiguous()
-                 for block, w in ((0, w0), (1, w1)))
+    return _laid_out(w0, 0), _laid_out(w1, 1)
 
 
 def _focus_major(t: torch.Tensor, edge_major: bool) -> torch.Tensor:
