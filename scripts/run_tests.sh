@@ -27,9 +27,9 @@ run() {
         while IFS= read -r line; do printf '[%s] %s\n' "$name" "$line"; done
 }
 
-count=(-o console_output_style=count)
-run interp env TRITON_INTERPRET=1 python -m pytest tests/interpret -v "${count[@]}" "$@" &
-run tracing python -m pytest tests --ignore=tests/interpret "${count[@]}" "$@" &
+opts=(-o console_output_style=count --durations=40)  # --durations: the slowest tests, for the suite's time budget
+run interp env TRITON_INTERPRET=1 python -m pytest tests/interpret -v "${opts[@]}" "$@" &
+run tracing python -m pytest tests --ignore=tests/interpret "${opts[@]}" "$@" &
 wait
 
 status=0
