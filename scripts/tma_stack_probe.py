@@ -1,8 +1,9 @@
 """Level 3 on TMA loads through the whole stack, forward and backward, every candidate: where and
 how each differs from the pointer kernel at the same tile.
 
-The GPU tests stop at a key's first wrong candidate; this runs every ``stack_compensated_tma``
-candidate of one key (or ``--quick``'s four forms) and reports, per output (``out``, ``grad_u0``,
+The GPU tests stop at a key's first wrong candidate; this runs every form of the TMA kernel at one
+key's tiles, those the tuner never sweeps included (``swept``: ``tuning.families.tma_form_is_right``),
+or ``--quick``'s forms, and reports, per output (``out``, ``grad_u0``,
 ``grad_alpha``), the non-finite values, the largest difference, whether the bits are equal, and
 the first wrong edge rows with the E tile they fall in (``--rows``), so that a fault that follows
 the pipeline's depth, the warp roles or the last partial tile shows as such.  ``--one LABEL``
@@ -25,7 +26,7 @@ import mixstack
 from mixstack import tuning
 from mixstack.measure.shapes import BenchShape, make_inputs
 from mixstack.tuner.sweep import build_reason, resource_reason
-from mixstack.tuning.families import GEMM_FIELDS, label
+from mixstack.tuning.families import GEMM_FIELDS, label, tma_form_is_right, tma_forms
 
 OUTPUTS = ("out", "grad_u0", "grad_alpha")
 
@@ -71,12 +72,13 @@ def probe(shape: BenchShape, device, *, quick: bool = False, only: str | None = 
     """Each candidate's ``compare`` against the pointer kernel at its tile (yields dicts)."""
     key = shape.tuning_key()
     x = make_inputs(shape, device, seed=0)
-    for cfg in tuning.candidates("stack_compensated_tma", key, quick=quick):
+    forms = tuning.candidates("stack_compensated_tma", key, quick=True) if quick else tma_forms(key)
+    for cfg in forms:
         name = label(cfg)
         if only is not None and name != only:
             continue
         tile = {f: cfg[f] for f in GEMM_FIELDS}
-        entry = {"config": name}
+        entry = {"config": name, "swept": tma_form_is_right(cfg)}
         with tuning.registration("stack_compensated", key, tile):
             ref = run_stack(shape, x)
             try:
@@ -100,7 +102,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lmax", type=int, default=3)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--no-alpha", action="store_true")
-    p.add_argument("--quick", action="store_true", help="the quick sweep's four forms of M64 N64 w4 s3")
+    p.add_argument("--quick", action="store_true", help="the quick sweep's forms only (default: every form, those the tuner never sweeps included)")
     p.add_argument("--one", metavar="LABEL", help="one candidate by its label, e.g. 'M64 N64 w4 s3'")
     p.add_argument("--rows", type=int, default=6, help="wrong edge rows listed per output")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

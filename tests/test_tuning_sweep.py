@@ -342,9 +342,20 @@ def test_the_tma_family_has_four_warp_tiles_only_and_stays_out_of_the_default_qu
     cands = tuning.candidates(TMA, KEY)
     assert cands and all(c["num_warps"] == 4 for c in cands)     # what Triton's Hopper pass needs
     quick = tuning.candidates(TMA, KEY, quick=True)
-    tile = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-    assert quick == [dict(tile, persistent=p, specialised=w) for p in (False, True) for w in (False, True)]
     assert all(q in cands for q in quick)
-    assert [label(q) for q in quick] == ["M64 N64 w4 s3", "M64 N64 w4 s3 specialised", "M64 N64 w4 s3 persistent",
-                                         "M64 N64 w4 s3 persistent specialised"]
+    assert [label(q) for q in quick] == ["M64 N64 w4 s2", "M64 N64 w4 s2 specialised", "M64 N64 w4 s2 persistent",
+                                         "M64 N64 w4 s2 persistent specialised", "M64 N64 w4 s3 persistent"]
     assert TMA in families.SWEEP_ORDER and TMA not in families.QUICK_FAMILIES
+
+
+def test_the_tma_forms_the_gpu_found_wrong_are_never_swept():
+    """More than two stages: only the persistent unspecialised form (the others gave wrong bits)."""
+    for key in (KEY, tuning.shape_key(focus_dim=64, lmax=3, n_focus=2, apply_alpha=True)):
+        cands = tuning.candidates(TMA, key)
+        deep = [c for c in cands if c["num_stages"] > 2]
+        assert deep and all(c["persistent"] and not c["specialised"] for c in deep)
+        assert any(c["specialised"] for c in cands) and any(not c["persistent"] for c in cands)
+        forms = families.tma_forms(key)                 # what the TMA probe runs: the unswept ones too
+        assert all(c in forms for c in cands) and any(not families.tma_form_is_right(f) for f in forms)
+        for quick in (False, True):
+            assert all(families.tma_form_is_right(c) for c in tuning.candidates(TMA, key, quick=quick))

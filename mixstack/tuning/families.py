@@ -65,9 +65,9 @@ _COMPENSATED = (
 )
 # Level 3 on TMA loads with a warp-specialised K loop (``kernels.gemm_tma``): the level-3 tiles
 # with four warps, which Triton's Hopper warp specialisation needs; a tile the installed Triton
-# cannot build is skipped.  No GPU run backs it, so the default quick sweep leaves it out; named
-# (``mixstack tune --family stack_compensated_tma``), its quick set is M64 N64 w4 s3, the tile
-# whose every launch built without spills for sm_90, tiled and persistent.  128-row tiles are
+# cannot build is skipped.  The default quick sweep leaves it out (no GPU run has shown it faster);
+# named (``mixstack tune --family stack_compensated_tma``), its quick set is M64 N64 w4 in the forms
+# the GPU found right (``tma_form_is_right``): s2 in all four, s3 persistent.  128-row tiles are
 # left out: Triton does not build them with the kernel's row scales
 # (``repro/triton_hopper_ws_partition.py``; BENCHMARKS.md, "Level 3 on TMA loads and specialised
 # warps (offline, sm_90)").
@@ -183,13 +183,29 @@ def _compensated_candidates(key: ShapeKey) -> list[dict]:
     return _split_tiles(key, _COMPENSATED)
 
 
-def _compensated_tma_candidates(key: ShapeKey) -> list[dict]:
+def tma_form_is_right(cfg: dict) -> bool:
+    """Whether the TMA kernel's form ``cfg`` gave the pointer kernel's bits through the stack on the
+    GPU (BENCHMARKS.md, "Level 3 on TMA loads: which forms are right"): with more than two stages the
+    warp-specialised forms give non-finite rows and the tiled unspecialised form a wrong backward;
+    the persistent unspecialised form is right at every depth measured.  The others are never swept."""
+    return cfg["num_stages"] <= 2 or (cfg["persistent"] and not cfg["specialised"])
+
+
+def tma_forms(key: ShapeKey) -> list[dict]:
+    """Every form of the TMA kernel at ``key``'s tiles, those never swept included (what a probe of
+    the forms' bits runs)."""
     return [dict(cfg, persistent=p, specialised=w) for cfg in _split_tiles(key, _COMPENSATED_TMA)
             for p in (False, True) for w in (False, True)]
 
 
+def _compensated_tma_candidates(key: ShapeKey) -> list[dict]:
+    return [cfg for cfg in tma_forms(key) if tma_form_is_right(cfg)]
+
+
 def _quick_compensated_tma_candidates(key: ShapeKey) -> list[dict]:
-    return [dict(M64_N64, persistent=p, specialised=w) for p in (False, True) for w in (False, True)]
+    two = dict(M64_N64, num_stages=2)
+    return [dict(two, persistent=p, specialised=w) for p in (False, True) for w in (False, True)] + \
+        [dict(M64_N64, persistent=True, specialised=False)]
 
 
 def _wgrad_sensible(bm: int, bn: int, warps: int, stages: int, key: ShapeKey, fp16: bool) -> bool:

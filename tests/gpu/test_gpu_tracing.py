@@ -100,7 +100,7 @@ def test_gpu_compiled_level3_on_the_tma_kernel_gives_the_eager_bits(persistent):
     from mixstack import tuning
     from mixstack.tuner.sweep import build_reason
     key = tuning.shape_key(focus_dim=CASE.Cf, lmax=CASE.lmax, n_focus=CASE.F, apply_alpha=CASE.apply_alpha)
-    tile = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    tile = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}      # a form the GPU found right
     torch._dynamo.reset()
     mod = _Stack()
     with mixstack.use_level(3), tuning.registration("stack_compensated", key, tile), \

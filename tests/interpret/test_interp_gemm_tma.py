@@ -121,8 +121,8 @@ def test_the_stack_probe_finds_the_tma_bits_equal_and_names_a_planted_fault():
     edge row and E tile."""
     probe = helpers.load_script("tma_stack_probe")
     shape = probe.BenchShape("probe", 37, 2, 16, 1, 3, True)
-    (entry,) = probe.probe(shape, torch.device("cpu"), quick=True, only="M64 N64 w4 s3")
-    assert entry["tma_launches"] > 0
+    (entry,) = probe.probe(shape, torch.device("cpu"), quick=True, only="M64 N64 w4 s2")
+    assert entry["tma_launches"] > 0 and entry["swept"]
     for name in probe.OUTPUTS:
         assert entry[name]["bits_equal"] and entry[name]["wrong_edges"] == 0, name
     ref = {"out": torch.zeros(100, 2, 8), "grad_u0": torch.zeros(2, 100, 8), "grad_alpha": torch.zeros(100, 2)}
