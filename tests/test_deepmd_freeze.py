@@ -29,7 +29,8 @@ def _mixstack_ops(graph) -> set:
 
 @pytest.mark.slow
 def test_the_export_trace_records_the_stack_operators_under_a_cuda_target():
-    model = make_model("water", "float32")
+    # one block of two mixing layers at rcut 3: the three traces grow with the blocks and the edges
+    model = make_model("water", "float32", rcut=3.0, n_blocks=1, mixing_layers=2)
     accelerate(model)
     inputs = _lower_inputs(model)
     with mixstack.use_level(2):
