@@ -14,6 +14,7 @@ import pytest
 import torch
 from deepmd_cases import (
     KEYS,
+    SMALL,
     accelerated_copy,
     cast_frame,
     float64_twin,
@@ -32,9 +33,6 @@ require_deepmd()
 @pytest.fixture(scope="module")
 def model():
     return make_model("water", "float32", rcut=3.0)
-
-
-SMALL = {"n_blocks": 1, "mixing_layers": 2}      # the water example cut to one block (compiled tests)
 
 
 def _frame(n=30, seed=0, periodic=True):
@@ -284,7 +282,6 @@ def test_compiled_inference_with_mixstacks_operators_inside_matches_the_eager_fr
 
     from mixstack.dispatch.guards import kernel_target
 
-    # one block of two mixing layers: the trace and Inductor's C++ compile grow with the blocks
     model = make_model("water", "float32", rcut=3.0, **SMALL)
     fast, _ = accelerated_copy(model, level=2)
     twin = float64_twin(model, "water", rcut=3.0, **SMALL)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from deepmd_cases import make_model, one_torch_thread, require_deepmd  # noqa: F401
+from deepmd_cases import SMALL, make_model, one_torch_thread, require_deepmd  # noqa: F401
 
 import mixstack
 from mixstack.deepmd import accelerate, systems
@@ -29,8 +29,7 @@ def _mixstack_ops(graph) -> set:
 
 @pytest.mark.slow
 def test_the_export_trace_records_the_stack_operators_under_a_cuda_target():
-    # one block of two mixing layers at rcut 3: the three traces grow with the blocks and the edges
-    model = make_model("water", "float32", rcut=3.0, n_blocks=1, mixing_layers=2)
+    model = make_model("water", "float32", rcut=3.0, **SMALL)       # its three traces grow with the blocks
     accelerate(model)
     inputs = _lower_inputs(model)
     with mixstack.use_level(2):

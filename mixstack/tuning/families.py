@@ -191,11 +191,15 @@ def tma_form_is_right(cfg: dict) -> bool:
     return cfg["num_stages"] <= 2 or (cfg["persistent"] and not cfg["specialised"])
 
 
+def _tma_forms_of(tiles) -> list[dict]:
+    """Each tile of ``tiles`` in the TMA kernel's four forms: tiled or persistent, specialised or not."""
+    return [dict(cfg, persistent=p, specialised=w) for cfg in tiles for p in (False, True) for w in (False, True)]
+
+
 def tma_forms(key: ShapeKey) -> list[dict]:
     """Every form of the TMA kernel at ``key``'s tiles, those never swept included (what a probe of
     the forms' bits runs)."""
-    return [dict(cfg, persistent=p, specialised=w) for cfg in _split_tiles(key, _COMPENSATED_TMA)
-            for p in (False, True) for w in (False, True)]
+    return _tma_forms_of(_split_tiles(key, _COMPENSATED_TMA))
 
 
 def _compensated_tma_candidates(key: ShapeKey) -> list[dict]:
@@ -203,9 +207,8 @@ def _compensated_tma_candidates(key: ShapeKey) -> list[dict]:
 
 
 def _quick_compensated_tma_candidates(key: ShapeKey) -> list[dict]:
-    two = dict(M64_N64, num_stages=2)
-    return [dict(two, persistent=p, specialised=w) for p in (False, True) for w in (False, True)] + \
-        [dict(M64_N64, persistent=True, specialised=False)]
+    tiles = [dict(M64_N64, num_stages=stages) for stages in (2, 3)]
+    return [cfg for cfg in _tma_forms_of(tiles) if tma_form_is_right(cfg)]
 
 
 def _wgrad_sensible(bm: int, bn: int, warps: int, stages: int, key: ShapeKey, fp16: bool) -> bool:
