@@ -7,18 +7,21 @@ every test here is skipped (compiled kernels cannot take CPU tensors).
 
 Every interpreted ``tl.dot`` of this process runs ``exact_dot.exact_create_dot``: exact
 products summed in a fixed order, so the bitwise tests do not depend on the host's BLAS
-(tests/exact_dot.py says why); the kernels themselves are untouched.
+(tests/exact_dot.py says why); the kernels themselves are untouched.  ``interp_speed`` skips two
+pieces of the interpreter's work whose results are thrown away (tests/interp_speed.py).
 """
 
 from __future__ import annotations
 
 import exact_dot
+import interp_speed
 import pytest
 
 import mixstack.kernels.gemm
 from mixstack.core import config
 
 exact_dot.install()      # before any kernel runs; raises if this Triton's interpreter changed
+interp_speed.install()   # the interpreter's repeated no-op work skipped (tests/interp_speed.py)
 
 KERNELS_INTERPRETED = type(mixstack.kernels.gemm.block_gemm_kernel).__name__ == "InterpretedFunction"
 SKIP_REASON = ("Triton kernels were not created under the interpreter: run this directory as "
