@@ -49,6 +49,7 @@ from .core.version import __version__
 from .dispatch import levels
 from .stack import level3
 from .stack.nn import MixingStack
+from .tuner import sweep
 
 log = logging.getLogger(__name__)
 
@@ -73,23 +74,49 @@ def _module_device(module: torch.nn.Module) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
-def tune_for_freeze(keys, device: torch.device, level: int) -> str:
-    """Tune the missing ``keys`` when that can matter (CUDA, level >= 2); say what was done."""
+def tune_for_freeze(keys, device: torch.device, level: int, *, progress=None,
+                    seconds: float | None = None) -> str:
+    """Tune the missing ``keys`` when that can matter (CUDA, level >= 2); say what was done.
+
+    The quick sweep of ``mixstack tune`` (pruned candidates, its rounds), bounded by ``seconds``
+    (default ``MIXSTACK_FREEZE_TUNE_SECONDS``, 300; ``0`` skips it): a family the budget does
+    not reach keeps its default config and is reported "out-of-time".  A family that fails is
+    reported and the freeze goes on.  ``progress`` (a callable of one line) hears of each family
+    and key as its sweep starts."""
+    budget = config.freeze_tune_seconds() if seconds is None else float(seconds)
     if not keys:
         why = "the module holds no mixing stack"
     elif device.type != "cuda":
         why = f"the module is on {device.type}, and tuned launch configs apply to CUDA only"
     elif level < 2:
         why = f"level {level} does not read the tuning tables (level 2 and up do)"
+    elif budget <= 0:
+        why = "MIXSTACK_FREEZE_TUNE_SECONDS is 0"
     else:
         # a family matters only at the level its candidates run at (compensated: 3)
         names = [f for f in tuning.SWEEP_ORDER if tuning.families.family(f).candidate_level <= level]
-        results = tuner.tune_missing(keys, families=names)
+        results = tuner.tune_missing(keys, families=names, quick=True, rounds=sweep.QUICK_ROUNDS,
+                                     warmup=sweep.QUICK_WARMUP, seconds=budget, stop_on_error=False,
+                                     progress=_sweep_reporter(progress))
         done = ", ".join(f"{r.family} {r.key.short()}: {r.status}" for r in results)
-        log.info("freeze: tuned %d key(s): %s", len(keys), done)
-        return f"tuned: {done}"
+        log.info("freeze: tuned %d key(s) within %.0f s: %s", len(keys), budget, done)
+        return f"tuned (quick sweep, at most {budget:.0f} s): {done}"
     log.info("freeze: tuning skipped: %s", why)
     return f"skipped: {why}"
+
+
+def _sweep_reporter(progress):
+    """A sweep's ``TuneProgress`` callback that hands ``progress`` one line as each family and
+    key starts (the sweep's own steps are too many to print); ``None`` without ``progress``."""
+    if progress is None:
+        return None
+    started = set()
+
+    def step(ev) -> None:
+        if (ev.family, ev.key) not in started:
+            started.add((ev.family, ev.key))
+            progress(f"tuning {ev.family} {ev.key.short()}: {ev.total} step(s)")
+    return step
 
 
 def check_level3(keys, device: torch.device, level: int) -> str:
@@ -200,7 +227,7 @@ def freeze(module: torch.nn.Module, example, path, *, tune: bool = True,
     keys = stack_keys(module)
     if tune:
         report(f"1/3 tuning the missing stack keys ({len(keys)} in the model)")
-    tuned = tune_for_freeze(keys, device, level) if tune else "skipped: freeze(tune=False)"
+    tuned = tune_for_freeze(keys, device, level, progress=report) if tune else "skipped: freeze(tune=False)"
     report(f"1/3 tuning {tuned}")
     checked = check_level3(keys, device, level)
     if checked:

@@ -59,7 +59,7 @@ def test_the_freeze_hooks_open_the_target_for_cuda_and_tune_the_models_keys(monk
     def fake_tables(model, target_device):
         seen["tables"] = target_device
 
-    def fake_tuner(keys, device, level):
+    def fake_tuner(keys, device, level, **kw):
         seen["tuned"] = (keys, device, level)
         return "tuned"
     monkeypatch.setattr(freeze_pt2, "freeze_sezm_to_pt2", fake_freeze)
@@ -97,7 +97,7 @@ def test_the_expt_freeze_hook_tunes_the_rebuilt_models_keys_and_opens_the_target
         seen.setdefault("targeted", []).append(guards._targeted())
         return "exported"
 
-    def fake_tuner(keys, device, level):
+    def fake_tuner(keys, device, level, **kw):
         seen["tuned"] = ([(k.focus_dim, k.lmax, k.n_focus, k.apply_alpha) for k in keys], device)
         return "tuned"
     model = make_model("two_stream", "float32", backend="pt_expt")

@@ -136,18 +136,51 @@ def test_stack_keys_collect_every_distinct_stack():
 def test_tuning_runs_only_on_cuda_at_level_two_and_up(monkeypatch, caplog):
     calls = []
     monkeypatch.setattr(tuner, "tune_missing",
-                        lambda keys, families=None, **kw: calls.append((list(keys), families)) or [])
+                        lambda keys, families=None, **kw: calls.append((list(keys), families, kw)) or [])
+    monkeypatch.delenv("MIXSTACK_FREEZE_TUNE_SECONDS", raising=False)
     keys = [tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)]
     with caplog.at_level(logging.INFO, logger="mixstack.export"):
         assert export.tune_for_freeze(keys, torch.device("cpu"), 2).startswith("skipped: the module is on cpu")
         assert "level 1 does not read" in export.tune_for_freeze(keys, torch.device("cuda"), 1)
         assert export.tune_for_freeze([], torch.device("cuda"), 2) == "skipped: the module holds no mixing stack"
         assert calls == []
-        assert export.tune_for_freeze(keys, torch.device("cuda"), 2).startswith("tuned")
+        assert export.tune_for_freeze(keys, torch.device("cuda"), 2).startswith("tuned (quick sweep, at most 300 s)")
         assert export.tune_for_freeze(keys, torch.device("cuda"), 3).startswith("tuned")
     exact = ["stack_fwd", "stack_bwd_relay", "stack_bwd_fused"]
-    assert calls == [(keys, exact), (keys, exact + ["stack_compensated", "stack_compensated_tma"])]   # level 3 validates level 3
+    assert [(k, f) for k, f, _ in calls] == [(keys, exact), (keys, exact + ["stack_compensated", "stack_compensated_tma"])]   # level 3 validates level 3
+    kw = calls[0][2]          # mixstack tune's quick sweep, bounded, a failure reported rather than raised
+    assert kw["quick"] is True and kw["seconds"] == 300.0 and kw["stop_on_error"] is False
+    assert kw["rounds"] < 20 and kw["progress"] is None
     assert "tuning skipped: the module is on cpu" in caplog.text
+
+
+def test_the_freeze_tuning_budget_comes_from_the_environment_and_progress_names_each_sweep(monkeypatch):
+    from mixstack.tuner.sweep import TuneProgress
+
+    keys = [tuning.shape_key(focus_dim=32, lmax=3, n_focus=2, apply_alpha=True)]
+    seen = []
+
+    def fake(keys, families=None, *, progress, seconds, **kw):
+        seen.append(seconds)
+        for family in families[:2] if progress is not None else ():
+            for done in range(3):                                     # three steps of each sweep
+                progress(TuneProgress(family, keys[0], "time", f"c{done}", done + 1, 3))
+        return []
+    monkeypatch.setattr(tuner, "tune_missing", fake)
+    lines = []
+    monkeypatch.setenv("MIXSTACK_FREEZE_TUNE_SECONDS", "45")
+    export.tune_for_freeze(keys, torch.device("cuda"), 2, progress=lines.append)
+    assert seen == [45.0]
+    assert lines == [f"tuning stack_fwd {keys[0].short()}: 3 step(s)",
+                     f"tuning stack_bwd_relay {keys[0].short()}: 3 step(s)"]      # one line a sweep
+    assert export.tune_for_freeze(keys, torch.device("cuda"), 2, seconds=7).startswith("tuned") and seen[-1] == 7
+    monkeypatch.setenv("MIXSTACK_FREEZE_TUNE_SECONDS", "0")
+    assert export.tune_for_freeze(keys, torch.device("cuda"), 2) == "skipped: MIXSTACK_FREEZE_TUNE_SECONDS is 0"
+    for bad in ("soon", "-1", "inf"):
+        monkeypatch.setenv("MIXSTACK_FREEZE_TUNE_SECONDS", bad)
+        with pytest.raises(ValueError, match="MIXSTACK_FREEZE_TUNE_SECONDS"):
+            export.tune_for_freeze(keys, torch.device("cuda"), 2)
+    assert len(seen) == 2
 
 
 def test_freeze_rejects_a_too_small_example_and_load_a_missing_file(tmp_path):

@@ -7,6 +7,7 @@
 | ``MIXSTACK_CONV_KERNELS`` | ``0``: the convolution's operators run their reference at every level | — |
 | ``MIXSTACK_PRODUCTS`` | ``auto`` (default): the exact products of the keys the device's grid chose run on the BLAS; ``blas`` / ``triton``: every key's | ``mixstack.tuning.products.use_products`` |
 | ``MIXSTACK_DEEPMD`` | ``1``: deepmd-kit's commands run SeZM (DPA4) models through ``mixstack.deepmd`` | ``mixstack.deepmd.accelerate`` |
+| ``MIXSTACK_FREEZE_TUNE_SECONDS`` | the freeze-time tuning's budget in seconds (default 300; ``0``: no tuning) | ``mixstack.export.tune_for_freeze(..., seconds=)`` |
 | ``MIXSTACK_PRIVATE_CXX_RUNTIME`` | ``1``: a frozen package is linked with its own hidden copy of libstdc++ (``mixstack.cxx_runtime``) | ``freeze(..., private_cxx_runtime=True)`` |
 | ``MIXSTACK_RESULTS_DIR`` | where the commands write results without ``--out`` | ``mixstack.core.config.set_results_dir`` |
 
@@ -84,6 +85,24 @@ def private_cxx_runtime() -> bool:
     """True when ``MIXSTACK_PRIVATE_CXX_RUNTIME=1``: AOTInductor links a frozen package with a
     private, hidden copy of libstdc++ (``mixstack.cxx_runtime``)."""
     return _switch_on("MIXSTACK_PRIVATE_CXX_RUNTIME")
+
+
+FREEZE_TUNE_SECONDS = 300.0       # a freeze's quick sweep of the keys no table covers, at most this long
+
+
+def freeze_tune_seconds() -> float:
+    """``MIXSTACK_FREEZE_TUNE_SECONDS``: how long a freeze may tune the keys no table covers
+    (``FREEZE_TUNE_SECONDS`` when unset; ``0``: not at all)."""
+    raw = os.environ.get("MIXSTACK_FREEZE_TUNE_SECONDS", "").strip()
+    if not raw:
+        return FREEZE_TUNE_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"MIXSTACK_FREEZE_TUNE_SECONDS must be a number of seconds >= 0, got {raw!r}")
+    return seconds
 
 
 def set_cache_dir(path: str | None) -> None:

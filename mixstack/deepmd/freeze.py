@@ -52,9 +52,14 @@ def tune(model: torch.nn.Module, device) -> str:
     device = torch.device(device)
     keys = stack_keys(model)
     level = levels.get_level()
+    say = functools.partial(logger.info, "mixstack freeze tuning on %s: %s", device)
+    if keys and level >= 2 and device.type == "cuda":
+        say(f"{len(keys)} stack key(s) ({'; '.join(k.short() for k in keys)}), the keys no table covers swept")
     if device.type == "cuda" and torch.cuda.is_available():
         with torch.cuda.device(device):
-            done = tune_for_freeze(keys, device, level)
+            done = tune_for_freeze(keys, device, level, progress=say)
+            if level >= 3 and keys:
+                say("level 3's configs checked against float64")
             checked = check_level3(keys, device, level)
             done += f"; level 3: {checked}" if checked else ""
     else:
