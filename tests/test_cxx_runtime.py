@@ -116,7 +116,9 @@ def test_a_package_frozen_with_its_own_runtime_loads_and_matches_the_live_module
 
     from mixstack.potential import SO2Potential, atoms_inputs
 
-    model = SO2Potential(**KW, seed=5).eval()
+    # one block of one layer: what is tested is the package's link, not the model (its AOTInductor
+    # compile is most of the test's time and grows with the graph)
+    model = SO2Potential(**dict(KW, n_blocks=1, n_layers=1), seed=5).eval()
     with mixstack.use_level(0):
         path = mixstack.freeze(model, _diamond(), tmp_path / "own.pt2", progress=None, private_cxx_runtime=True)
     folder = tmp_path / "unpacked"

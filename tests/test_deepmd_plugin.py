@@ -147,11 +147,11 @@ def _write_system(path, seed):
 
 def _run_dp_driver(tmp_path, driver: str, *, timeout: int) -> str:
     """``driver`` (a Python program of dp commands) in ``tmp_path`` with ``MIXSTACK_DEEPMD=1``, on a
-    one-block water model's training input and a two-frame system there; its log."""
+    one-block water model's training input (two mixing layers) and a two-frame system there; its log."""
     from mixstack.deepmd.configs import model_config
 
     _write_system(str(tmp_path / "data"), seed=0)
-    config_ = {"model": model_config("water", rcut=3.0, n_blocks=1),
+    config_ = {"model": model_config("water", rcut=3.0, n_blocks=1, mixing_layers=2),
                "learning_rate": {"type": "exp", "start_lr": 1e-3, "stop_lr": 1e-4, "decay_steps": 10},
                "loss": {"type": "ener", "start_pref_e": 1, "limit_pref_e": 1, "start_pref_f": 1, "limit_pref_f": 1},
                "training": {"training_data": {"systems": [str(tmp_path / "data")], "batch_size": 1},

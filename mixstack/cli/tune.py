@@ -39,9 +39,10 @@ def add_arguments(p) -> None:
                    help="every shape key of a tuning table file (e.g. mixstack/tables/NVIDIA_H200.json: "
                         "re-sweep the keys it covered after a kernel change voided them)")
     p.add_argument("--family", action="append", metavar="NAME",
-                   help="stack_fwd, stack_bwd_relay, stack_bwd_fused, stack_compensated; repeatable "
-                        "(default: stack_bwd_relay and stack_compensated; with --full all four); the "
-                        "training families stack_wgrad and stack_wgrad_compensated run only when named")
+                   help="stack_fwd, stack_bwd_relay, stack_bwd_fused, stack_compensated, "
+                        "stack_compensated_tma; repeatable (default: stack_bwd_relay and stack_compensated; "
+                        "with --full all five); the training families stack_wgrad and "
+                        "stack_wgrad_compensated run only when named")
     p.add_argument("--full", action="store_true",
                    help="the full candidate sets, timing set and rounds (minutes a key) instead of the "
                         "quick sweep (pruned candidates, half the timing set, 5 rounds: ~30 s a key)")
