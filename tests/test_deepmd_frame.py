@@ -202,6 +202,40 @@ def test_the_calculator_matches_deepmds_and_runs_md(model, tmp_path):
     assert record["steps"] == 3 and record["steps_per_s"] > 0
 
 
+def test_the_calculator_computes_again_exactly_when_the_atoms_change(model):
+    """``DeepmdCalculator.check_state`` compares exactly (ASE's ``allclose`` costs ~1 ms a call at
+    4,000 atoms, several calls an MD step): energy, forces and stress of the same atoms are one
+    frame; any change, a 1e-12 Å move included, is a new one; the changes it names are ASE's."""
+    from ase.calculators.calculator import compare_atoms
+
+    from mixstack.bench import deepmd_md
+    from mixstack.deepmd import DeepmdCalculator
+    from mixstack.deepmd.calculator import _exact_changes
+
+    runner = FrameRunner(model)
+    atoms = deepmd_md.atoms_of(systems.water(30, seed=6), ["O", "H"])
+    atoms.calc = DeepmdCalculator(runner)
+    atoms.get_potential_energy(), atoms.get_forces(), atoms.get_stress()
+    assert runner.calls == 1
+    atoms.positions[3, 1] += 1e-12
+    atoms.get_forces()
+    assert runner.calls == 2
+    atoms.get_potential_energy()
+    assert runner.calls == 2
+    before = atoms.copy()
+    for change in (lambda a: a.positions.__setitem__((0, 0), a.positions[0, 0] + 0.1),
+                   lambda a: a.set_cell(a.cell * 1.01, scale_atoms=False), lambda a: a.set_pbc(False),
+                   lambda a: a.set_initial_charges([0.1] * len(a))):
+        changed = before.copy()
+        change(changed)
+        assert _exact_changes(before, changed) == compare_atoms(before, changed), change
+        assert _exact_changes(before, changed, {"pbc"}) == [c for c in compare_atoms(before, changed) if c != "pbc"]
+    assert _exact_changes(before, before.copy()) == [] == compare_atoms(before, before.copy())
+    atoms.set_cell(atoms.cell * 1.001, scale_atoms=True)
+    atoms.get_potential_energy()
+    assert runner.calls == 3
+
+
 def test_accelerate_and_restore_drop_deepmds_compiled_graph(model):
     """deepmd-kit keeps the ``make_fx`` graph of ``core_compute`` per model and process-wide (by the
     model's module ids); it holds the convolutions' classes, the level and the parameters it was

@@ -94,6 +94,15 @@ class DeepmdCalculator(Calculator):
         self._numbers = numbers.copy()
         return self._atype
 
+    def check_state(self, atoms, tol=1e-15):
+        """What changed since the last calculation, as ASE's ``check_state`` says it but with every
+        array, the cell and the periodicity compared exactly: ASE's ``allclose`` over every array is
+        most of an MD step's upkeep beside the frame (BENCHMARKS.md, "The calculator's upkeep of an
+        MD step").  Only a change below ``tol`` is judged otherwise: computed again, never stale."""
+        if self.atoms is None:
+            return super().check_state(atoms, tol)
+        return _exact_changes(self.atoms, atoms, set(self.ignored_changes))
+
     def calculate(self, atoms=None, properties=("energy", "forces"), system_changes=all_changes):
         Calculator.calculate(self, atoms, properties, system_changes)
         atoms = self.atoms
@@ -113,3 +122,17 @@ class DeepmdCalculator(Calculator):
             self.results["stress"] = stress.flat[[0, 4, 8, 5, 2, 1]]
         elif "stress" in properties:
             raise PropertyNotImplementedError("stress needs a periodic system")
+
+
+def _exact_changes(old, new, ignored=frozenset()) -> list[str]:
+    """The names of ``all_changes`` (but ``ignored``) in which atoms ``new`` differ from ``old`` (an
+    array held by one of them only counts as changed, as in ASE's ``compare_atoms``)."""
+    changes = [name for name in ("cell", "pbc") if name not in ignored
+               and not np.array_equal(np.asarray(getattr(old, name)), np.asarray(getattr(new, name)))]
+    for name in all_changes:
+        if name in ("cell", "pbc") or name in ignored:
+            continue
+        a, b = old.arrays.get(name), new.arrays.get(name)
+        if (a is None) != (b is None) or (a is not None and not np.array_equal(a, b)):
+            changes.append(name)
+    return changes
