@@ -210,7 +210,7 @@ def test_the_calculator_computes_again_exactly_when_the_atoms_change(model):
 
     from mixstack.bench import deepmd_md
     from mixstack.deepmd import DeepmdCalculator
-    from mixstack.deepmd.calculator import _exact_changes
+    from mixstack.potential.calculator import exact_changes
 
     runner = FrameRunner(model)
     atoms = deepmd_md.atoms_of(systems.water(30, seed=6), ["O", "H"])
@@ -228,9 +228,9 @@ def test_the_calculator_computes_again_exactly_when_the_atoms_change(model):
                    lambda a: a.set_initial_charges([0.1] * len(a))):
         changed = before.copy()
         change(changed)
-        assert _exact_changes(before, changed) == compare_atoms(before, changed), change
-        assert _exact_changes(before, changed, {"pbc"}) == [c for c in compare_atoms(before, changed) if c != "pbc"]
-    assert _exact_changes(before, before.copy()) == [] == compare_atoms(before, before.copy())
+        assert exact_changes(before, changed) == compare_atoms(before, changed), change
+        assert exact_changes(before, changed, {"pbc"}) == [c for c in compare_atoms(before, changed) if c != "pbc"]
+    assert exact_changes(before, before.copy()) == [] == compare_atoms(before, before.copy())
     atoms.set_cell(atoms.cell * 1.001, scale_atoms=True)
     atoms.get_potential_energy()
     assert runner.calls == 3

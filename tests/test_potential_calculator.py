@@ -41,6 +41,23 @@ def test_calculator_returns_the_models_energy_forces_and_voigt_stress():
     assert np.abs(stress).max() > 0
 
 
+def test_the_same_atoms_are_one_calculation_and_any_move_a_new_one(monkeypatch):
+    """``check_state`` compares exactly (``ExactStateCheck``): energy, forces and stress of the same
+    atoms are one frame; a 1e-12 Å move is another."""
+    model = SO2Potential(**KW, energy_scale=10.0)
+    atoms = _cu()
+    calc = MixstackCalculator(model)
+    frames = []
+    real = MixstackCalculator.calculate
+    monkeypatch.setattr(MixstackCalculator, "calculate", lambda self, *a, **k: frames.append(1) or real(self, *a, **k))
+    atoms.calc = calc
+    atoms.get_potential_energy(), atoms.get_forces(), atoms.get_stress()
+    assert len(frames) == 1
+    atoms.positions[2, 0] += 1e-12
+    atoms.get_forces(), atoms.get_potential_energy()
+    assert len(frames) == 2
+
+
 @pytest.mark.slow
 def test_stress_matches_ases_numerical_stress_of_the_same_calculator():
     atoms = _cu(rattle=0.1)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..potential.calculator import ExactStateCheck
 from .compat import INSTALL_HINT
 
 try:
@@ -39,7 +40,7 @@ def load_model(path, device=None):
     return model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")).eval()
 
 
-class DeepmdCalculator(Calculator):
+class DeepmdCalculator(ExactStateCheck, Calculator):
     """``DeepmdCalculator(model, *, level=None, skin=1.0, graph=None, compile=None, device=None)``.
 
     ``model``: a deepmd-kit checkpoint or frozen model path (loaded by ``DeepPot``), a built
@@ -94,15 +95,6 @@ class DeepmdCalculator(Calculator):
         self._numbers = numbers.copy()
         return self._atype
 
-    def check_state(self, atoms, tol=1e-15):
-        """What changed since the last calculation, as ASE's ``check_state`` says it but with every
-        array, the cell and the periodicity compared exactly: ASE's ``allclose`` over every array is
-        most of an MD step's upkeep beside the frame (BENCHMARKS.md, "The calculator's upkeep of an
-        MD step").  Only a change below ``tol`` is judged otherwise: computed again, never stale."""
-        if self.atoms is None:
-            return super().check_state(atoms, tol)
-        return _exact_changes(self.atoms, atoms, set(self.ignored_changes))
-
     def calculate(self, atoms=None, properties=("energy", "forces"), system_changes=all_changes):
         Calculator.calculate(self, atoms, properties, system_changes)
         atoms = self.atoms
@@ -122,17 +114,3 @@ class DeepmdCalculator(Calculator):
             self.results["stress"] = stress.flat[[0, 4, 8, 5, 2, 1]]
         elif "stress" in properties:
             raise PropertyNotImplementedError("stress needs a periodic system")
-
-
-def _exact_changes(old, new, ignored=frozenset()) -> list[str]:
-    """The names of ``all_changes`` (but ``ignored``) in which atoms ``new`` differ from ``old`` (an
-    array held by one of them only counts as changed, as in ASE's ``compare_atoms``)."""
-    changes = [name for name in ("cell", "pbc") if name not in ignored
-               and not np.array_equal(np.asarray(getattr(old, name)), np.asarray(getattr(new, name)))]
-    for name in all_changes:
-        if name in ("cell", "pbc") or name in ignored:
-            continue
-        a, b = old.arrays.get(name), new.arrays.get(name)
-        if (a is None) != (b is None) or (a is not None and not np.array_equal(a, b)):
-            changes.append(name)
-    return changes

@@ -30,7 +30,34 @@ from .graphs import GraphedFrames
 from .verlet import VerletList
 
 
-class MixstackCalculator(Calculator):
+def exact_changes(old, new, ignored=frozenset()) -> list[str]:
+    """The names of ``all_changes`` (but ``ignored``) in which atoms ``new`` differ from ``old``, each
+    array, the cell and the periodicity compared exactly (an array held by one of them only counts
+    as changed, as in ASE's ``compare_atoms``)."""
+    changes = [name for name in ("cell", "pbc") if name not in ignored
+               and not np.array_equal(np.asarray(getattr(old, name)), np.asarray(getattr(new, name)))]
+    for name in all_changes:
+        if name in ("cell", "pbc") or name in ignored:
+            continue
+        a, b = old.arrays.get(name), new.arrays.get(name)
+        if (a is None) != (b is None) or (a is not None and not np.array_equal(a, b)):
+            changes.append(name)
+    return changes
+
+
+class ExactStateCheck:
+    """An ASE calculator's ``check_state`` with ``exact_changes`` in place of ASE's ``allclose`` over
+    every array, most of an MD step's upkeep beside the frame (BENCHMARKS.md, "The calculator's
+    upkeep of an MD step"); a change below ASE's ``tol`` is computed again, never served stale.
+    Put it before ``Calculator`` among the bases."""
+
+    def check_state(self, atoms, tol=1e-15):
+        if self.atoms is None:
+            return super().check_state(atoms, tol)
+        return exact_changes(self.atoms, atoms, set(self.ignored_changes))
+
+
+class MixstackCalculator(ExactStateCheck, Calculator):
     """ASE calculator for ``SO2Potential`` (or any module with its signature) or a ``.pt2``
     written by ``mixstack.freeze``.
 
