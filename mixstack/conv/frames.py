@@ -65,7 +65,7 @@ def _coefficients(l: int, rows_out: int, rows_in: int):
     ``P_i`` (``i = -1, 0, +1``) into the rows ``|m| <= rows_out`` of ``D^l``,
     and ``s (2l+1,)`` is the column normalisation ``1 / sqrt(denominator)``.
     """
-    C = torch.zeros(3, 2 * rows_out + 1, 2 * rows_in + 1, dtype=torch.float64)
+    C = torch.zeros(3, 2 * rows_out + 1, 2 * rows_in + 1, dtype=torch.float64, device="cpu")
 
     def add(i: int, m: int, a: int, value: float) -> None:
         if value != 0.0:
@@ -94,7 +94,7 @@ def _coefficients(l: int, rows_out: int, rows_in: int):
             add(1, m, m - 1, w)
             add(-1, m, -m + 1, -w)
     s = torch.tensor([1.0 / math.sqrt((l + n) * (l - n)) if abs(n) < l else 1.0 / math.sqrt(2 * l * (2 * l - 1))
-                      for n in range(-l, l + 1)], dtype=torch.float64)
+                      for n in range(-l, l + 1)], dtype=torch.float64, device="cpu")
     return C, s
 
 
