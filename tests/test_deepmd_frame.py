@@ -80,10 +80,13 @@ def test_a_small_move_keeps_the_list_a_large_one_rebuilds_it_in_place(model):
     moved[0, :, 0] += 0.05
     _close(runner(moved, atype, box), model_outputs(model, (moved, atype, box)))
     assert runner.rebuilds == 1
+    spent = runner.seconds["rebuild"]
+    assert spent > 0 and runner.seconds["capture"] == 0                       # no graph on a CPU
     far = moved.clone()
     far[0, 3, 1] += 0.35                                      # past half the skin: a pair may have come in
     _close(runner(far, atype, box), model_outputs(model, (far, atype, box)))
     assert runner.rebuilds == 2 and runner.last_reason == "an atom moved more than half the skin"
+    assert runner.seconds["rebuild"] > spent                                  # the second search counted
     assert runner._cand is cand and runner._cand.src.data_ptr() == pointer      # refilled in place
 
 

@@ -263,11 +263,30 @@ def _md_one(built: Built, path, atoms, args, device) -> dict:
         calc = DeepmdCalculator(runner)
     else:
         calc = deepmd_md.deepmd_calculator(path, built.model)
+    start = {}
+
+    def before():                                  # the runner's counters as the timed steps begin
+        if runner is not None:
+            start.update(rebuilds=runner.rebuilds, captures=runner.captures, **runner.seconds)
     record = deepmd_md.md_throughput(calc, atoms, steps=args.md_steps, warmup=args.md_warmup,
-                                     dt_fs=args.md_dt, device=device)
+                                     dt_fs=args.md_dt, device=device, before=before)
     if runner is not None:                         # counted over the whole run, the timing's frames too
         record["rebuilds"], record["captures"] = runner.rebuilds, runner.captures
+        # over the timed steps only: what the MD step's upkeep beside the frame is made of
+        record["md_rebuilds"] = runner.rebuilds - start["rebuilds"]
+        record["md_captures"] = runner.captures - start["captures"]
+        record["md_rebuild_s"] = round(runner.seconds["rebuild"] - start["rebuild"], 4)
+        record["md_capture_s"] = round(runner.seconds["capture"] - start["capture"], 4)
     return {**record, "accelerated": None if built.report is None else [c.runs_on for c in built.report]}
+
+
+def _md_line(md: dict) -> str:
+    """The progress line of one MD run: steps/s, and a runner's rebuilds and captures in it."""
+    line = f"{md['steps_per_s']:.2f} steps/s"
+    if "md_rebuilds" in md:
+        line += (f"; over the timed steps {md['md_rebuilds']} rebuild(s) {md['md_rebuild_s']:.2f} s, "
+                 f"{md['md_captures']} capture(s) {md['md_capture_s']:.2f} s")
+    return line
 
 
 def md_runs(config: dict, model, frame, type_map, case: dict, variants: dict, args, progress: Progress) -> None:
@@ -285,7 +304,7 @@ def md_runs(config: dict, model, frame, type_map, case: dict, variants: dict, ar
         deepmd_md.save_checkpoint(model, config, path)
         for key, v in variants.items():
             _step(progress, f"MD {key}", case["variants"][key], "md", lambda v=v: v.md(path, atoms),
-                  say=lambda md: f"{md['steps_per_s']:.2f} steps/s")
+                  say=_md_line)
 
 
 def _reference(case: dict, type_map, frame, args, device):

@@ -54,9 +54,9 @@ def atoms_of(frame, type_map):
     return Atoms(symbols, positions=positions, cell=box.detach().double().reshape(3, 3).numpy(), pbc=True)
 
 
-def md_throughput(calc, atoms, *, steps: int, warmup: int, dt_fs: float, device) -> dict:
+def md_throughput(calc, atoms, *, steps: int, warmup: int, dt_fs: float, device, before=None) -> dict:
     """NVE of a copy of ``atoms`` through ``calc`` (``md_bench.nve``'s record), the device
-    synchronised around the timed steps."""
+    synchronised around the timed steps; ``before()`` runs after the warm-up."""
     atoms = atoms.copy()
     atoms.calc = calc
     cuda = torch.device(device).type == "cuda"
@@ -64,6 +64,8 @@ def md_throughput(calc, atoms, *, steps: int, warmup: int, dt_fs: float, device)
     def sync():
         if cuda:
             torch.cuda.synchronize(device)
+        if before is not None:
+            before()
     record = nve(atoms, steps=steps, warmup=warmup, dt_fs=dt_fs, before=sync)
     sync()
     return record

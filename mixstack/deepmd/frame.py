@@ -47,6 +47,7 @@ an open system.  On a CPU (or with ``graph=False``) the same frame runs eagerly.
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from typing import NamedTuple
 
@@ -173,7 +174,9 @@ class FrameRunner:
     device's peak-memory statistics); on by default: the plain pool adds a segment for each
     request no free block fits and took 0.91x the device memory on an H100 (BENCHMARKS.md).
     Counters: ``calls``, ``rebuilds``, ``captures``, ``replays``, ``growths`` (times a capacity had
-    to grow: the headroom doubles each time, up to ``MAX_GROWTHS``); ``last_reason`` why the last
+    to grow: the headroom doubles each time, up to ``MAX_GROWTHS``); ``seconds``: host wall time
+    spent in ``"rebuild"`` (searches, with their read-back of the count) and ``"capture"`` (the
+    warm-up frames and the capture); ``last_reason`` why the last
     rebuild happened; ``edge_capacity`` and ``candidate_capacity`` the buffers' sizes;
     ``fallback_reason`` why frames run eagerly although a graph was asked for (a capture that
     failed: the runner warns once and goes on eagerly), else ``None``.  Inputs may live anywhere:
@@ -192,6 +195,7 @@ class FrameRunner:
         self.dtype = model.global_pt_float_precision
         self.device = next(model.parameters()).device
         self.calls = self.rebuilds = self.captures = self.replays = 0
+        self.seconds = {"rebuild": 0.0, "capture": 0.0}
         self.last_reason: str | None = None
         self.edge_capacity = self.candidate_capacity = 0
         self.growths = 0            # times a capacity had to grow (MAX_GROWTHS at most): the headroom's doublings
@@ -276,6 +280,7 @@ class FrameRunner:
 
     def _rebuild(self, pos, box, atype, reason: str) -> None:
         """A new candidate list at ``pos``, its capacity and the edge capacity for its count now."""
+        start = time.perf_counter()
         i, j, s = search(pos, box, self.rcut + self.skin)
         same = self._cand is not None and self._cand.pos0.shape == pos.shape and self._periodic == (box is not None)
         if not same:
@@ -313,6 +318,7 @@ class FrameRunner:
             self._periodic = box is not None
         self.rebuilds += 1
         self.last_reason = reason
+        self.seconds["rebuild"] += time.perf_counter() - start
         log.debug("neighbour list rebuilt (%s): %d candidates, %d edges, capacities %d / %d",
                   reason, m, inside, cap, edges)
 
@@ -346,6 +352,7 @@ class FrameRunner:
         return self.fallback_reason is None and (pos.is_cuda if self.graph is None else bool(self.graph))
 
     def _capture(self, pos, box, atype, warmups: int = 2):
+        start = time.perf_counter()
         self._graph = self._static = None                   # release the old graph's pool first
         static = (pos.clone(), None if box is None else box.clone(), atype.clone())
         for _ in range(warmups):                            # compiles, autotuning, first-use checks
@@ -363,6 +370,7 @@ class FrameRunner:
         del seed
         self._graph, self._static = graph, (static, outputs)
         self.captures += 1
+        self.seconds["capture"] += time.perf_counter() - start
 
     def _run(self, pos, box, atype):
         if not self._use_graph(pos):
