@@ -220,3 +220,24 @@ def test_a_bad_variants_for_is_named(tmp_path, capsys, given, said):
         code = exc.code
     assert code == 2 and said in capsys.readouterr().err
     assert not (tmp_path / "out").exists()      # refused before anything was created
+
+
+def test_md_throughputs_before_runs_once_after_the_warm_up():
+    """The runner's counters are read as the timed steps begin, not again at their end."""
+    from ase import Atoms
+    from ase.calculators.lj import LennardJones
+
+    from mixstack.bench.deepmd_md import md_throughput
+
+    class Counting(LennardJones):
+        computed = 0
+
+        def calculate(self, *args, **kwargs):
+            Counting.computed += 1
+            super().calculate(*args, **kwargs)
+
+    seen = []
+    atoms = Atoms("Ar4", positions=[[0, 0, 0], [1.2, 0, 0], [0, 1.2, 0], [0, 0, 1.2]])
+    md_throughput(Counting(sigma=1.0, epsilon=0.01, rc=3.0), atoms, steps=3, warmup=2, dt_fs=0.5, device="cpu",
+                  before=lambda: seen.append(Counting.computed))
+    assert len(seen) == 1 and 0 < seen[0] < Counting.computed          # after the warm-up, before the timed steps

@@ -64,8 +64,11 @@ def md_throughput(calc, atoms, *, steps: int, warmup: int, dt_fs: float, device,
     def sync():
         if cuda:
             torch.cuda.synchronize(device)
+
+    def start():
+        sync()
         if before is not None:
             before()
-    record = nve(atoms, steps=steps, warmup=warmup, dt_fs=dt_fs, before=sync)
+    record = nve(atoms, steps=steps, warmup=warmup, dt_fs=dt_fs, before=start)
     sync()
     return record
