@@ -87,6 +87,10 @@ def test_a_small_move_keeps_the_list_a_large_one_rebuilds_it_in_place(model):
     _close(runner(far, atype, box), model_outputs(model, (far, atype, box)))
     assert runner.rebuilds == 2 and runner.last_reason == "an atom moved more than half the skin"
     assert runner.seconds["rebuild"] > spent                                  # the second search counted
+    first, second = runner.events                                             # each rebuild, as it went
+    assert first["reason"] == "no list yet" and first["new_buffers"] and first["call"] == 1
+    assert second["what"] == "rebuild" and not second["new_buffers"] and second["call"] == 3
+    assert second["edges"] <= second["edge_capacity"] and second["candidates"] <= second["candidate_capacity"]
     assert runner._cand is cand and runner._cand.src.data_ptr() == pointer      # refilled in place
 
 

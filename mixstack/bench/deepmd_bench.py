@@ -267,7 +267,7 @@ def _md_one(built: Built, path, atoms, args, device) -> dict:
 
     def before():                                  # the runner's counters as the timed steps begin
         if runner is not None:
-            start.update(rebuilds=runner.rebuilds, captures=runner.captures, **runner.seconds)
+            start.update(rebuilds=runner.rebuilds, captures=runner.captures, calls=runner.calls, **runner.seconds)
     record = deepmd_md.md_throughput(calc, atoms, steps=args.md_steps, warmup=args.md_warmup,
                                      dt_fs=args.md_dt, device=device, before=before)
     if runner is not None:                         # counted over the whole run, the timing's frames too
@@ -277,6 +277,7 @@ def _md_one(built: Built, path, atoms, args, device) -> dict:
         record["md_captures"] = runner.captures - start["captures"]
         record["md_rebuild_s"] = round(runner.seconds["rebuild"] - start["rebuild"], 4)
         record["md_capture_s"] = round(runner.seconds["capture"] - start["capture"], 4)
+        record["md_events"] = [e for e in runner.events if e["call"] > start["calls"]]
     return {**record, "accelerated": None if built.report is None else [c.runs_on for c in built.report]}
 
 

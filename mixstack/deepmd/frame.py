@@ -46,6 +46,7 @@ an open system.  On a CPU (or with ``graph=False``) the same frame runs eagerly.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 import warnings
@@ -64,6 +65,7 @@ MIN_LENGTH2 = 1e-10                  # deepmd-kit's own floor: shorter pairs are
 CAPACITY_HEADROOM = 1.005            # the edge capacity asked for, over the count at a rebuild
 MAX_GROWTHS = 3                      # a capacity that must grow doubles the headroom, up to 2^3 x:
                                      # a climbing count (a heating MD run) stops recapturing within a few
+EVENTS_KEPT = 256                    # rebuilds and captures FrameRunner.events keeps (the latest)
 CAPACITY_STEPS = 256                 # capacities round up to 1/256-1/512 of the count: every edge-sized
                                      # tensor of the frame is padded by this much
 # the frame's flag: why its results cannot stand (bits), and what a rebuild says of each
@@ -176,7 +178,9 @@ class FrameRunner:
     Counters: ``calls``, ``rebuilds``, ``captures``, ``replays``, ``growths`` (times a capacity had
     to grow: the headroom doubles each time, up to ``MAX_GROWTHS``); ``seconds``: host wall time
     spent in ``"rebuild"`` (searches, with their read-back of the count) and ``"capture"`` (the
-    warm-up frames and the capture); ``last_reason`` why the last
+    warm-up frames and the capture); ``events``: the last ``EVENTS_KEPT`` rebuilds and captures,
+    each a dict (``call``, ``what``, its ``seconds``; a rebuild's ``reason``, counts and
+    capacities); ``last_reason`` why the last
     rebuild happened; ``edge_capacity`` and ``candidate_capacity`` the buffers' sizes;
     ``fallback_reason`` why frames run eagerly although a graph was asked for (a capture that
     failed: the runner warns once and goes on eagerly), else ``None``.  Inputs may live anywhere:
@@ -196,6 +200,7 @@ class FrameRunner:
         self.device = next(model.parameters()).device
         self.calls = self.rebuilds = self.captures = self.replays = 0
         self.seconds = {"rebuild": 0.0, "capture": 0.0}
+        self.events: collections.deque = collections.deque(maxlen=EVENTS_KEPT)
         self.last_reason: str | None = None
         self.edge_capacity = self.candidate_capacity = 0
         self.growths = 0            # times a capacity had to grow (MAX_GROWTHS at most): the headroom's doublings
@@ -308,7 +313,8 @@ class FrameRunner:
         fresh = Candidates(src, dst, shifts, valid, pos.clone(), box0)
         inside = int(self._pairs(pos, box, atype, fresh)[1].sum())
         edges = capacity(inside, self.edge_capacity, steps=CAPACITY_STEPS)
-        if same and cap == self.candidate_capacity and edges == self.edge_capacity:
+        in_place = same and cap == self.candidate_capacity and edges == self.edge_capacity
+        if in_place:
             for old, new in zip(self._cand, fresh):          # in place: a captured graph reads these
                 old.copy_(new)
         else:
@@ -318,7 +324,11 @@ class FrameRunner:
             self._periodic = box is not None
         self.rebuilds += 1
         self.last_reason = reason
-        self.seconds["rebuild"] += time.perf_counter() - start
+        spent = time.perf_counter() - start
+        self.seconds["rebuild"] += spent
+        self.events.append({"call": self.calls, "what": "rebuild", "reason": reason, "seconds": round(spent, 5),
+                            "candidates": m, "edges": inside, "candidate_capacity": self.candidate_capacity,
+                            "edge_capacity": self.edge_capacity, "new_buffers": not in_place})
         log.debug("neighbour list rebuilt (%s): %d candidates, %d edges, capacities %d / %d",
                   reason, m, inside, cap, edges)
 
@@ -370,7 +380,9 @@ class FrameRunner:
         del seed
         self._graph, self._static = graph, (static, outputs)
         self.captures += 1
-        self.seconds["capture"] += time.perf_counter() - start
+        spent = time.perf_counter() - start
+        self.seconds["capture"] += spent
+        self.events.append({"call": self.calls, "what": "capture", "warmups": warmups, "seconds": round(spent, 5)})
 
     def _run(self, pos, box, atype):
         if not self._use_graph(pos):
