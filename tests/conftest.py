@@ -1,9 +1,10 @@
 """Test-suite wiring: make ``helpers`` importable and keep level state from leaking.
 
-The suite runs as two pytest processes (scripts/run_tests.sh):
+The suite runs as three pytest processes (scripts/run_tests.sh):
 ``TRITON_INTERPRET=1 python -m pytest tests/interpret`` runs the Triton kernels
-on CPU through the interpreter; ``python -m pytest tests --ignore=tests/interpret``
-runs everything else (reference, API, tracing; ``tests/gpu`` skips without CUDA).
+on CPU through the interpreter; the files that compile whole models (the script's
+``compiles`` list) run in a process of their own; ``python -m pytest tests`` without
+those runs everything else (reference, API, tracing; ``tests/gpu`` skips without CUDA).
 """
 
 from __future__ import annotations
