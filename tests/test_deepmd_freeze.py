@@ -157,3 +157,50 @@ def test_both_freeze_routes_compile_with_a_private_cxx_runtime_when_asked(monkey
         freeze.uninstall()
         freeze.uninstall_expt()
     assert freeze_pt2.freeze_sezm_to_pt2 is record and serialization._deserialize_to_file_pt2 is record
+
+
+def test_single_rank_freezes_skip_the_with_comm_artifact_and_all_ranks_restores_it():
+    """``MIXSTACK_FREEZE_SINGLE_RANK``: the two gates deepmd-kit's freezes ask before their second
+    AOTInductor compile (the multi-rank with-comm graph) answer no, for a PT model and a PT-expt
+    one; ``all_ranks`` gives deepmd-kit's answers back; the freezes still ask those gates."""
+    import inspect
+
+    from deepmd.pt.entrypoints import freeze_pt2
+    from deepmd.pt_expt.utils import serialization
+
+    from mixstack.deepmd import freeze
+
+    pt, expt = make_model("water", "float32", **SMALL), make_model("water", "float32", backend="pt_expt", **SMALL)
+    assert "model.supports_edge_parallel()" in inspect.getsource(freeze_pt2.freeze_sezm_to_pt2)
+    assert "_needs_with_comm_artifact(" in inspect.getsource(serialization)
+    assert pt.supports_edge_parallel() and serialization._needs_with_comm_artifact(expt, "graph")
+    try:
+        freeze.single_rank()
+        freeze.single_rank_expt()
+        freeze.single_rank()                                        # idempotent
+        assert not pt.supports_edge_parallel()
+        assert not serialization._needs_with_comm_artifact(expt, "graph")
+    finally:
+        freeze.all_ranks()
+    assert pt.supports_edge_parallel() and serialization._needs_with_comm_artifact(expt, "graph")
+
+
+def test_the_single_rank_switch_is_read_by_both_plugins_and_a_bad_value_is_named():
+    import os
+    import subprocess
+    import sys
+
+    code = ("from mixstack.deepmd.compat import deepmd_pt; deepmd_pt(); import deepmd.pt_expt\n"
+            "import mixstack.deepmd.plugin, mixstack.deepmd.plugin_expt\n"
+            "from deepmd.pt.model.model import sezm_model; from deepmd.pt_expt.utils import serialization\n"
+            "print(sezm_model.SeZMModel.supports_edge_parallel.__name__, "
+            "serialization._needs_with_comm_artifact.__name__)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "MIXSTACK_DEEPMD": "0"}
+    for value, want in (("1", "no no"), ("0", "supports_edge_parallel _needs_with_comm_artifact")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                             env={**env, "MIXSTACK_FREEZE_SINGLE_RANK": value})
+        assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == want, out.stderr[-2000:]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**env, "MIXSTACK_FREEZE_SINGLE_RANK": "yes"})
+    assert out.returncode != 0 and "MIXSTACK_FREEZE_SINGLE_RANK must be 0 or 1" in out.stderr

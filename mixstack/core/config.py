@@ -8,6 +8,7 @@
 | ``MIXSTACK_PRODUCTS`` | ``auto`` (default): the exact products of the keys the device's grid chose run on the BLAS; ``blas`` / ``triton``: every key's | ``mixstack.tuning.products.use_products`` |
 | ``MIXSTACK_DEEPMD`` | ``1``: deepmd-kit's commands run SeZM (DPA4) models through ``mixstack.deepmd`` | ``mixstack.deepmd.accelerate`` |
 | ``MIXSTACK_FREEZE_TUNE_SECONDS`` | the freeze-time tuning's budget in seconds (default 300; ``0``: no tuning) | ``mixstack.export.tune_for_freeze(..., seconds=)`` |
+| ``MIXSTACK_FREEZE_SINGLE_RANK`` | ``1``: deepmd-kit's freezes write no multi-rank (with-comm) artifact: one AOTInductor compile, a package for one LAMMPS rank | ``mixstack.deepmd.freeze.single_rank`` |
 | ``MIXSTACK_PRIVATE_CXX_RUNTIME`` | ``1``: a frozen package is linked with its own hidden copy of libstdc++ (``mixstack.cxx_runtime``) | ``freeze(..., private_cxx_runtime=True)`` |
 | ``MIXSTACK_RESULTS_DIR`` | where the commands write results without ``--out`` | ``mixstack.core.config.set_results_dir`` |
 
@@ -85,6 +86,12 @@ def private_cxx_runtime() -> bool:
     """True when ``MIXSTACK_PRIVATE_CXX_RUNTIME=1``: AOTInductor links a frozen package with a
     private, hidden copy of libstdc++ (``mixstack.cxx_runtime``)."""
     return _switch_on("MIXSTACK_PRIVATE_CXX_RUNTIME")
+
+
+def freeze_single_rank() -> bool:
+    """True when ``MIXSTACK_FREEZE_SINGLE_RANK=1``: deepmd-kit's freezes skip their multi-rank
+    with-comm artifact (``mixstack.deepmd.freeze.single_rank``)."""
+    return _switch_on("MIXSTACK_FREEZE_SINGLE_RANK")
 
 
 FREEZE_TUNE_SECONDS = 300.0       # a freeze's quick sweep of the keys no table covers, at most this long

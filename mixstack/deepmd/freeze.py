@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 
 import torch
 
@@ -97,6 +98,53 @@ def install() -> None:
     for fn in (freeze_sezm_to_pt2, _tune_triton_configs):
         setattr(fn, _MARK, True)
     freeze_pt2.freeze_sezm_to_pt2, freeze_pt2._tune_triton_configs = freeze_sezm_to_pt2, _tune_triton_configs
+
+
+_SINGLE = "_mixstack_single_rank"
+
+
+def _answer_no(owner, name: str) -> None:
+    """``owner.name`` replaced by a function that returns ``False``, the original kept on it."""
+    original = getattr(owner, name)
+    if getattr(original, _SINGLE, None) is not None:
+        return
+
+    def no(*args, **kwargs) -> bool:
+        return False
+    setattr(no, _SINGLE, original)
+    setattr(owner, name, no)
+
+
+def _answer_again(owner, name: str) -> None:
+    original = getattr(getattr(owner, name), _SINGLE, None)
+    if original is not None:
+        setattr(owner, name, original)
+
+
+def single_rank() -> None:
+    """``dp --pt freeze`` from now on writes no multi-rank with-comm artifact: SeZM models answer
+    that they take no edge-parallel ranks, so the freeze runs one AOTInductor compile instead of
+    two (the second, as long as the first, is the graph LAMMPS runs on several ranks) and the
+    package runs on one rank (idempotent; ``single_rank_expt`` for ``dp --pt-expt freeze``)."""
+    from deepmd.pt.model.model import sezm_model
+
+    _answer_no(sezm_model.SeZMModel, "supports_edge_parallel")
+
+
+def single_rank_expt() -> None:
+    """The same for ``dp --pt-expt freeze``: no with-comm artifact (idempotent)."""
+    from deepmd.pt_expt.utils import serialization
+
+    _answer_no(serialization, "_needs_with_comm_artifact")
+
+
+def all_ranks() -> None:
+    """Undo ``single_rank`` and ``single_rank_expt``: deepmd-kit's own answers again."""
+    from deepmd.pt.model.model import sezm_model
+
+    _answer_again(sezm_model.SeZMModel, "supports_edge_parallel")
+    if "deepmd.pt_expt.utils.serialization" in sys.modules:
+        _answer_again(sys.modules["deepmd.pt_expt.utils.serialization"], "_needs_with_comm_artifact")
 
 
 def _expt_model(data: dict):

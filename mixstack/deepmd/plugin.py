@@ -10,7 +10,8 @@ mixstack level, ``MIXSTACK_LEVEL``), and the report goes to deepmd-kit's log (lo
 ``deepmd.mixstack``, INFO); and ``dp --pt freeze`` traces the stacks as mixstack's operators and
 tunes their keys (``mixstack.deepmd.freeze``).  ``install_expt()`` does the same for the PT-expt
 backend (``dp --pt-expt``: its DPA4 descriptor, its freeze).  Without the variable nothing is
-installed.
+installed.  ``MIXSTACK_FREEZE_SINGLE_RANK=1``, with or without it, makes deepmd-kit's freezes
+write packages for one LAMMPS rank (``freeze.single_rank``: one AOTInductor compile, not two).
 """
 
 from __future__ import annotations
@@ -102,3 +103,7 @@ def installed() -> bool:
 
 if config.deepmd_enabled():
     install()
+if config.freeze_single_rank():
+    from .freeze import single_rank
+
+    single_rank()
