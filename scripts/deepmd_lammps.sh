@@ -73,6 +73,10 @@ case "$BACKEND" in
   pt_expt|pt-expt) BACKEND=pt_expt DPB=--pt-expt ;;
   *) echo "--backend: pt_expt or pt, not $BACKEND"; exit 2 ;;
 esac
+if [ "${MIXSTACK_FREEZE_SINGLE_RANK:-0}" = 1 ] && [ "$RANKS" != 1 ]; then
+  echo "MIXSTACK_FREEZE_SINGLE_RANK=1: the packages run on one rank; LAMMPS with --ranks 1, not \"$RANKS\""
+  RANKS=1
+fi
 mkdir -p "$OUT"
 OUT=$(realpath "$OUT")
 WORK=${WORK:-/tmp/deepmd_lammps}/$BACKEND
