@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 
 import pytest
 import torch
@@ -435,13 +436,13 @@ def test_positions_from_the_host_rebuild_a_stale_list_before_the_frame_runs(mode
     assert with_flag(runner._host_inputs(again, bigger)) is None            # the host copy follows the rebuild
 
 
-@pytest.mark.parametrize("presize, again", [(True, 0), (False, 1)])
-def test_a_recapture_for_new_capacities_warms_up_once_a_new_atom_count_as_the_first(model, monkeypatch, presize,
-                                                                                     again):
+@pytest.mark.parametrize("presize, again", [(True, (0, False)), (False, (1, False))])
+def test_a_recapture_for_new_capacities_runs_no_eager_frame_a_new_atom_count_warms_up_as_the_first(
+        model, monkeypatch, presize, again):
     asked = []
 
-    def capture(self, pos, box, atype, warmups=2):              # a stand-in graph: replays the frame eagerly
-        asked.append(warmups)
+    def capture(self, pos, box, atype, warmups=2, measure=True):   # a stand-in graph: replays the frame eagerly
+        asked.append((warmups, measure))
         static = (pos.clone(), None if box is None else box.clone(), atype.clone())
         outputs = tuple(t.detach() for t in self.frame(*static))
 
@@ -460,10 +461,49 @@ def test_a_recapture_for_new_capacities_warms_up_once_a_new_atom_count_as_the_fi
     denser = (coord * 0.85, atype, box * 0.85)                   # more edges than the capacity: new buffers
     capacity = runner.edge_capacity
     out = runner(*denser)
-    assert runner.edge_capacity > capacity and runner.captures == 2 and asked == [2, again]
+    assert runner.edge_capacity > capacity and runner.captures == 2 and asked == [(2, True), again]
     _close(out, model_outputs(model, denser), rel=1e-5)
     runner(*_frame(36, seed=7))                                  # other atoms: warmed up as the first capture
-    assert runner.captures == 3 and asked == [2, again, 2]
+    assert runner.captures == 3 and asked == [(2, True), again, (2, True)]
+
+
+def test_a_recapture_that_fails_without_a_warm_up_is_tried_once_more_the_first_captures_way(model, monkeypatch):
+    asked = []
+
+    def capture(self, pos, box, atype, warmups=2, measure=True):
+        asked.append((warmups, measure))
+        if not measure:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        static = (pos.clone(), None if box is None else box.clone(), atype.clone())
+        outputs = tuple(t.detach() for t in self.frame(*static))
+
+        class Replay:
+            def replay(_):
+                for old, new in zip(outputs, self.frame(*static)):
+                    old.copy_(new.detach())
+        self._graph, self._static = Replay(), (static, outputs)
+        self.captures += 1
+
+    monkeypatch.setattr(FrameRunner, "_capture", capture)
+    monkeypatch.setattr(FrameRunner, "_use_graph", lambda self, pos: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    coord, atype, box = _frame(120, seed=7)
+    runner = FrameRunner(model)
+    runner(coord, atype, box)
+    denser = (coord * 0.85, atype, box * 0.85)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                           # no fallback to eager frames: no warning
+        out = runner(*denser)
+    assert asked == [(2, True), (0, False), (2, True)] and runner.captures == 2 and runner.fallback_reason is None
+    _close(out, model_outputs(model, denser), rel=1e-5)
+
+
+def test_a_recaptures_pool_is_the_measured_peak_scaled_to_the_grown_capacities():
+    from mixstack.deepmd.frame import PEAK_SLACK, scaled_peak
+    assert scaled_peak(1000, (100, 200), (110, 200)) == int(1000 * 1.1 * PEAK_SLACK)     # the edges grew 10%
+    assert scaled_peak(1000, (100, 200), (100, 260)) == int(1000 * 1.3 * PEAK_SLACK)     # the candidates 30%
+    assert scaled_peak(1000, (100, 200), (90, 200)) == int(1000 * PEAK_SLACK)            # shrunk: the peak kept
+    assert scaled_peak(1000, (0, 0), (100, 200)) == int(1000 * PEAK_SLACK)
 
 
 def _capacities(counts, steps):

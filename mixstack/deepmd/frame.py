@@ -68,10 +68,20 @@ MAX_GROWTHS = 3                      # a capacity that must grow doubles the hea
 EVENTS_KEPT = 256                    # rebuilds and captures FrameRunner.events keeps (the latest)
 CAPACITY_STEPS = 256                 # capacities round up to 1/256-1/512 of the count: every edge-sized
                                      # tensor of the frame is padded by this much
+PEAK_SLACK = 1.02                    # a recapture's pool: the measured peak scaled to the new capacities, plus this
 # the frame's flag: why its results cannot stand (bits), and what a rebuild says of each
 OVERFLOW, MOVED, BOX = 1, 2, 4
 WHY = {OVERFLOW: "more edges within the cutoff than the capacity", MOVED: "an atom moved more than half the skin",
        BOX: "the box changed"}
+
+
+def scaled_peak(peak: int, measured_at: tuple, capacities: tuple) -> int:
+    """The pool a recapture asks for without running a frame to measure it: ``peak`` (bytes,
+    measured at the capacities ``measured_at``) times the largest growth of a capacity, with
+    ``PEAK_SLACK``.  A frame's buffers grow with its edge and candidate counts; a pool that turns
+    out short only adds a segment (the plain pool's behaviour), so the estimate costs no result."""
+    ratio = max([new / old for new, old in zip(capacities, measured_at) if old > 0] + [1.0])
+    return int(peak * ratio * PEAK_SLACK)
 
 
 def next_capacity(count: int, previous: int, room: float, *, steps: int = 32) -> int | None:
@@ -211,6 +221,7 @@ class FrameRunner:
         self._static = None         # (pos, box, atype) the graph reads, and its outputs
         self._graph = None
         self._graph_key = None
+        self._peak = None           # (bytes, capacities) of the last measured frame peak, for the same atoms
         self._warmed = False
         self.fallback_reason: str | None = None      # why frames run eagerly where a graph was asked for
         self._host0 = None          # (positions, box) the list was built at, on the host, where inputs come from there
@@ -361,18 +372,30 @@ class FrameRunner:
     def _use_graph(self, pos) -> bool:
         return self.fallback_reason is None and (pos.is_cuda if self.graph is None else bool(self.graph))
 
-    def _capture(self, pos, box, atype, warmups: int = 2):
+    def _capacities(self) -> tuple:
+        return (self.edge_capacity, self.candidate_capacity)
+
+    def _capture(self, pos, box, atype, warmups: int = 2, measure: bool = True):
+        """Capture the frame at these inputs: ``warmups`` eager frames first; with ``presize``, a
+        pool of the frame's peak, measured by one more eager frame, or where ``measure`` is false
+        and a peak was measured before at other capacities, that peak scaled to these
+        (``scaled_peak``: a recapture for grown capacities then runs no eager frame at all)."""
         start = time.perf_counter()
         self._graph = self._static = None                   # release the old graph's pool first
         static = (pos.clone(), None if box is None else box.clone(), atype.clone())
         for _ in range(warmups):                            # compiles, autotuning, first-use checks
             run_on_capture_stream(self.frame, *static)
         pool = seed = None
-        if self.presize:                                    # the last warm-up's peak, in one block
-            resident = torch.cuda.memory_allocated(pos.device)
-            torch.cuda.reset_peak_memory_stats(pos.device)
-            run_on_capture_stream(self.frame, *static)
-            peak = torch.cuda.max_memory_allocated(pos.device) - resident
+        if self.presize:                                    # the frame's peak, in one block
+            if measure or self._peak is None:
+                resident = torch.cuda.memory_allocated(pos.device)
+                torch.cuda.reset_peak_memory_stats(pos.device)
+                run_on_capture_stream(self.frame, *static)
+                peak = torch.cuda.max_memory_allocated(pos.device) - resident
+                self._peak = (peak, self._capacities())
+                measured = True
+            else:
+                peak, measured = scaled_peak(*self._peak, self._capacities()), False
             pool, seed = presized_pool(pos.device, peak)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool, stream=capture_stream(pos.device)):
@@ -382,25 +405,38 @@ class FrameRunner:
         self.captures += 1
         spent = time.perf_counter() - start
         self.seconds["capture"] += spent
-        self.events.append({"call": self.calls, "what": "capture", "warmups": warmups, "seconds": round(spent, 5)})
+        event = {"call": self.calls, "what": "capture", "warmups": warmups, "seconds": round(spent, 5)}
+        if self.presize:
+            event["pool"] = "measured" if measured else "scaled"
+        self.events.append(event)
 
     def _run(self, pos, box, atype):
         if not self._use_graph(pos):
             return self.frame(pos, box, atype)
         key = (pos.shape[0], box is None, self._buffers)
         if self._graph is None or key != self._graph_key:
-            # new buffers for the same atoms: compiled and checked already, so one eager frame at the
-            # new shapes (the presize frame, where there is one) before the capture, not three
+            # new buffers for the same atoms: compiled and checked already, so no eager frame where a
+            # measured peak sizes the pool (one, the presize frame, where none was measured; one
+            # warm-up without presize); should that capture fail, once more the first capture's way
             again = self._graph_key is not None and self._graph_key[:2] == key[:2]
-            try:
-                self._capture(pos, box, atype, warmups=(0 if self.presize else 1) if again else 2)
-            except Exception as exc:                   # an op that cannot be captured: eager from now on
-                torch.cuda.synchronize(pos.device)
-                self._graph = self._static = None
-                self.fallback_reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                warnings.warn(f"mixstack: FrameRunner could not capture the frame as a CUDA graph and runs it "
-                              f"eagerly ({self.fallback_reason})", RuntimeWarning, stacklevel=3)
-                return self.frame(pos, box, atype)
+            if not again:
+                self._peak = None
+            tries = [dict(warmups=0 if self.presize else 1, measure=False)] if again else []
+            tries.append(dict(warmups=2, measure=True))
+            for n, how in enumerate(tries, 1):
+                try:
+                    self._capture(pos, box, atype, **how)
+                    break
+                except Exception as exc:                   # an op that cannot be captured: eager from now on
+                    torch.cuda.synchronize(pos.device)
+                    self._graph = self._static = None
+                    if n < len(tries):
+                        log.debug("recapture without a warm-up failed (%s); warming up first", exc)
+                        continue
+                    self.fallback_reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                    warnings.warn(f"mixstack: FrameRunner could not capture the frame as a CUDA graph and runs it "
+                                  f"eagerly ({self.fallback_reason})", RuntimeWarning, stacklevel=3)
+                    return self.frame(pos, box, atype)
             self._graph_key = key
         (s_pos, s_box, s_atype), outputs = self._static
         s_pos.copy_(pos)
