@@ -14,7 +14,29 @@ import math
 
 import torch
 
+from ..core.tracing import tracing
 from .layout import DegreeMix, LinearRadial, validate_rotate_in, validate_rotate_out_sum
+
+
+def contract(spec: str, a, b):
+    """``torch.einsum(spec, a, b)`` of two operands; under a trace, the same sum spelled as a
+    broadcast product summed over the contracted indices: Inductor fuses that into one
+    reduction, where it lowers a per-edge einsum to a batched cuBLAS product of tiny matrices
+    split into hundreds of launches (8x the whole frame in a frozen deepmd-kit model,
+    BENCHMARKS.md).  Eagerly the einsum, which makes no broadcast temporary."""
+    if not tracing(a):
+        return torch.einsum(spec, a, b)
+    ins, out = spec.split("->")
+    sa, sb = ins.split(",")
+    summed = "".join(dict.fromkeys(ch for ch in sa + sb if ch not in out))
+    full = out + summed
+
+    def spread(t, s):                       # t's indices in ``full``'s order, size 1 where t has none
+        t = t.permute(*[s.index(ch) for ch in full if ch in s])
+        shape = iter(t.shape)
+        return t.reshape([next(shape) if ch in s else 1 for ch in full])
+    prod = spread(a, sa) * spread(b, sb)
+    return prod.sum(tuple(range(len(out), len(full)))) if summed else prod
 
 
 def linear_radial_weights(radial: LinearRadial, lmax: int, with_scalar: bool):
@@ -85,9 +107,9 @@ def degree_mixed(u, degree_mix: DegreeMix, lmax: int):
     wm = mix_weights(degree_mix, n_focus * c).unflatten(2, (n_focus, c))            # (E, K, F, C)
     k0 = wm[:, :n0 * n0].unflatten(1, (n0, n0))                                     # (E, i, o, F, C)
     k1 = wm[:, n0 * n0:].unflatten(1, (lmax, lmax))
-    y0 = torch.einsum("eiofc,efic->efoc", k0, u[:, :, :n0])
-    yn = torch.einsum("eiofc,efic->efoc", k1, u[:, :, n0:n0 + lmax])
-    yp = torch.einsum("eiofc,efic->efoc", k1, u[:, :, n0 + lmax:])
+    y0 = contract("eiofc,efic->efoc", k0, u[:, :, :n0])
+    yn = contract("eiofc,efic->efoc", k1, u[:, :, n0:n0 + lmax])
+    yp = contract("eiofc,efic->efoc", k1, u[:, :, n0 + lmax:])
     return torch.cat((y0, yn, yp), 2)
 
 
@@ -136,7 +158,7 @@ def _rotated(x_rows, wigner, lmax: int):
     into the edge frame."""
     m0, mneg, mpos = [wigner[:, 1, :1] * x_rows[:, 0]], [], []
     for l in range(1, lmax + 1):
-        r = torch.einsum("ekn,enc->ekc", wigner[:, :, l * l:(l + 1) * (l + 1)], x_rows[:, l * l:(l + 1) * (l + 1)])
+        r = contract("ekn,enc->ekc", wigner[:, :, l * l:(l + 1) * (l + 1)], x_rows[:, l * l:(l + 1) * (l + 1)])
         mneg.append(r[:, 0])
         m0.append(r[:, 1])
         mpos.append(r[:, 2])
@@ -148,7 +170,7 @@ def _back_rotated(gn, g0, gp, wigner, lmax: int):
     parts = [wigner[:, 1, :1, None] * g0[:, :1]]
     for l in range(1, lmax + 1):
         kept = torch.stack((gn[:, l - 1], g0[:, l], gp[:, l - 1]), 1)
-        parts.append(torch.einsum("ekn,ekc->enc", wigner[:, :, l * l:(l + 1) * (l + 1)], kept))
+        parts.append(contract("ekn,ekc->enc", wigner[:, :, l * l:(l + 1) * (l + 1)], kept))
     return torch.cat(parts, 1)
 
 
@@ -158,7 +180,7 @@ def _wigner_grad(gn, g0, gp, x_rows, lmax: int):
     cols = [torch.stack((zero, (g0[:, 0] * x_rows[:, 0]).sum(-1, keepdim=True), zero), 1)]
     for l in range(1, lmax + 1):
         g = torch.stack((gn[:, l - 1], g0[:, l], gp[:, l - 1]), 1)              # (E, 3, C)
-        cols.append(torch.einsum("ekc,enc->ekn", g, x_rows[:, l * l:(l + 1) * (l + 1)]))
+        cols.append(contract("ekc,enc->ekn", g, x_rows[:, l * l:(l + 1) * (l + 1)]))
     return torch.cat(cols, 2)
 
 

@@ -16,6 +16,7 @@ import torch
 
 from ..core import config
 from ..core.layout import StackLayout
+from ..core.tracing import tracing  # noqa: F401  (re-exported: the dispatch's callers ask it here)
 from ..core.threads import scoped
 from . import levels
 from .log import warn_once
@@ -108,19 +109,6 @@ def unsupported_reason(layout: StackLayout, dtype: torch.dtype) -> str | None:
     if cf % 16 != 0 or cf > MAX_FOCUS_DIM:
         return f"the Triton levels need focus_dim a multiple of 16 up to {MAX_FOCUS_DIM}, got {cf}"
     return None
-
-
-def tracing(t: torch.Tensor) -> bool:
-    """Whether a call on ``t`` is being traced: a compiler (``torch.compiler.is_compiling``), or
-    ``make_fx`` and ``torch.export``, which that does not report: a fake ``t``, or a fake or
-    proxy dispatch mode active (work run there would be traced, or run on fake tensors)."""
-    if torch.compiler.is_compiling():
-        return True
-    from torch._subclasses.fake_tensor import is_fake
-    if is_fake(t):
-        return True
-    modes = torch._C._TorchDispatchModeKey
-    return any(torch._C._get_dispatch_mode(m) is not None for m in (modes.FAKE, modes.PROXY))
 
 
 def forward_level(u0: torch.Tensor, layout: StackLayout) -> int:
