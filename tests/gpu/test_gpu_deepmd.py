@@ -141,7 +141,7 @@ def test_an_overflow_recaptures_without_an_eager_frame_and_replays_the_eager_bit
     real = runner.frame
     runner.frame = lambda *a: frames.append(1) or real(*a)        # every frame run eagerly or captured
     out = _run(runner, denser)
-    assert runner.edge_capacity > capacity and runner.last_reason == "the box changed"
+    assert runner.edge_capacity > capacity and "the box changed" in runner.last_reason    # the frame's flag names
     assert runner.captures == 2 and runner.growths == 1 and runner.fallback_reason is None
     # presized: the capture alone, its pool the measured peak scaled; else one warm-up, then the capture
     assert len(frames) == (1 if presize else 2)
