@@ -80,6 +80,75 @@ def test_an_alpha_gradient_from_a_result_off_by_a_tail_product_fails():
     assert why is not None and "of the sum of its terms' absolute values" in why
 
 
+def _split_product(a, w, tail=1.0):
+    """``a @ w`` as level 3's products form it (docs/contract.md §3), a test oracle in torch: each
+    row of ``a`` and the whole ``w`` scaled into [1, 2) by powers of two, split into an fp16 head and
+    a 2^11-scaled fp16 tail, the head product and the two tail products in float32 (each fp16
+    product exact in it); ``tail`` scales the tail products (1: as the kernels do)."""
+    def scaled(x, amax):
+        _, e = torch.frexp(amax)
+        return torch.ldexp(x, 1 - e), torch.ldexp(torch.ones_like(amax), e - 1)
+
+    def split(x):
+        hi = x.half().float()
+        return hi, ((x - hi) * 2048).half().float()
+
+    a_s, a_up = scaled(a, a.abs().amax(-1, keepdim=True))
+    w_s, w_up = scaled(w, w.abs().amax())
+    (a_hi, a_lo), (w_hi, w_lo) = split(a_s), split(w_s)
+    return (a_hi @ w_hi + tail * (a_hi @ w_lo + a_lo @ w_hi) / 2048) * a_up * w_up
+
+
+def _worst(got, ref, scale):
+    """The largest ``|got - ref| / scale``: how far the contract's scaled check is from failing."""
+    return ((got.double() - ref).abs() / scale).max().item()
+
+
+def test_compensated_rows_are_accepted_where_exact_fp32_is_and_a_wrong_tail_product_is_refused():
+    """16 rows of a 128-wide product whose grad_alpha sums cancel to 1e-4 of their scale: exact
+    float32 and the split product are each far above 2e-6 relative yet within 1/10 of the bound on
+    the scale; the split product with its tail products dropped or doubled is 10x past it."""
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(16, 128, generator=g, dtype=torch.float64).float()
+    w = (torch.randn(128, 128, generator=g, dtype=torch.float64) / 128 ** 0.5).float()
+    y64 = a.double() @ w.double()
+    grad_out = helpers.cancelling_grad_out(torch.randn(16, 128, generator=g).float(), y64, 1e-4)
+    ref, scale = (grad_out.double() * y64).sum(-1), dot_scale(grad_out, y64)
+
+    def alpha_grad(y):
+        return (grad_out * y).sum(-1)
+
+    for y in (a @ w, _split_product(a, w)):
+        got = alpha_grad(y)
+        assert helpers.rel_err(got, ref) > 20 * CONTRACT                  # the sums cancel as built
+        assert _worst(got, ref, scale) < CONTRACT / 10
+        assert contract_difference((ref,), (got,), scales=(scale,)) is None
+    for tail in (0.0, 2.0):
+        bad = alpha_grad(_split_product(a, w, tail))
+        assert _worst(bad, ref, scale) > 10 * CONTRACT
+        why = contract_difference((ref,), (bad,), scales=(scale,))
+        assert why is not None and "of the sum of its terms' absolute values" in why
+
+
+def test_well_conditioned_outputs_keep_2e6_relative():
+    """The upstream gradient equal to the unscaled result: no grad_alpha sum cancels (each equals its
+    scale), so the scaled check is the relative one there; 3e-6 relative fails every output, 1e-6
+    passes."""
+    inputs = helpers.make_inputs(CASE)
+    y64 = _unscaled64(CASE, inputs)
+    grad_out = y64.float()
+    ref = _outputs(CASE, inputs, grad_out, torch.float64)
+    scales = (None, None, dot_scale(grad_out, y64))
+    assert torch.allclose(ref[2], scales[2], rtol=1e-12)                 # no cancellation
+    for i, name in enumerate(NAMES):
+        for off, fails in ((3e-6, True), (1e-6, False)):
+            got = tuple((r * (1 + off) if j == i else r).float() for j, r in enumerate(ref))
+            why = contract_difference(ref, got, scales=scales, names=NAMES)
+            assert (why is not None) == fails, (name, off, why)
+            if fails:
+                assert why.startswith(f"output {i} ({name}):") and "above the contract 2e-06" in why
+
+
 def test_a_relative_alpha_error_of_1e4_fails_on_random_gradients():
     ref, got, scales, _ = _checked(Case(F=2, E=37, Cf=16, lmax=3, n_layers=3))
     assert contract_difference(ref, got, scales=scales) is None

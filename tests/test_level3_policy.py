@@ -73,6 +73,15 @@ def test_a_grid_verdict_decides_instead_of_the_rule(tuning_env):
     assert policy.decide(key(32, 4), DEVICE).source == "rule"                              # not measured
 
 
+def test_a_grid_verdict_engages_level3_only_at_2_percent_faster_than_level2(tuning_env):
+    speedups = {key(32, 3): 1.019, key(32, 4): 1.021, key(16, 6): 1.0, key(112, 6): 1.03}
+    with open(policy.verdicts_path(DEVICE), "w") as fh:
+        json.dump({"device": DEVICE, "verdicts": {str(k): {"speedup": v} for k, v in speedups.items()}}, fh)
+    engaged = {k for k in speedups if policy.decide(k, DEVICE).config is not None}
+    assert engaged == {key(32, 4), key(112, 6)}
+    assert all(policy.decide(k, DEVICE).source == "grid" for k in speedups)
+
+
 def test_a_policy_entry_does_not_cover_a_key_for_the_sweep(tuning_env):
     write_table(tuning_env.user_file, {(COMP, key(32, 3)): entry_for(policy.M64_N64, family=COMP, source="policy")})
     registry.reload()

@@ -7,6 +7,7 @@ import json
 
 import helpers
 import pytest
+import triton
 from helpers import Case
 from tuning_fakes import tuning_env  # noqa: F401  (private, empty tables)
 
@@ -115,6 +116,30 @@ def test_the_check_judges_an_ill_conditioned_alpha_gradient_by_its_sum_s_scale(t
     monkeypatch.setattr(level3, "_scales", lambda key, x64, grad: (None, None, None))   # relative only
     failed = level3.validate(key, cfg, "cpu", edges=(1,))
     assert not failed["ok"] and failed["why"].startswith("1 edges: output 2 (grad_alpha): relative error")
+
+
+@triton.jit
+def _doubled_tail(head, tail, row_up):
+    """``compensated.split_result`` with the tail products counted twice: a planted wrong tail."""
+    return (head + tail * (2.0 / 2048.0)) * row_up[:, None]
+
+
+def test_a_wrong_tail_product_fails_the_alpha_check_where_the_true_one_passes(tables, monkeypatch):
+    """The check judging grad_alpha alone, on edges whose sums cancel to 1e-3 of their scale: level 3
+    passes, and fails with every tail product doubled (an error far above float32 rounding of the
+    scale), so the scale-relative bound still catches a wrong product."""
+    from mixstack.kernels import compensated
+    from mixstack.stack import ops  # noqa: F401  (registers the mixstack:: operators)
+    strict = families.contract_difference
+    monkeypatch.setattr(level3.families, "contract_difference",
+                        lambda ref, got, scales, names: strict(ref[2:], got[2:], scales=scales[2:], names=names[2:]))
+    monkeypatch.setattr(level3, "_inputs", _cancelling_inputs)
+    key, cfg = _key(CASE), policy.rule_config(_key(CASE))
+    assert level3.validate(key, cfg, "cpu", edges=(5,))["ok"]
+    monkeypatch.setattr(compensated, "split_result", _doubled_tail)
+    failed = level3.validate(key, cfg, "cpu", edges=(5,))
+    assert not failed["ok"] and failed["why"].startswith("5 edges: output 0 (grad_alpha): error")
+    assert "of the sum of its terms' absolute values" in failed["why"]
 
 
 def test_a_freeze_checks_the_policy_config_before_it_traces(tables, monkeypatch):
