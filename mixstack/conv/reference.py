@@ -23,7 +23,8 @@ def contract(spec: str, a, b):
     broadcast product summed over the contracted indices: Inductor fuses that into one
     reduction, where it lowers a per-edge einsum to a batched cuBLAS product of tiny matrices
     split into hundreds of launches (8x the whole frame in a frozen deepmd-kit model,
-    BENCHMARKS.md).  Eagerly the einsum, which makes no broadcast temporary."""
+    BENCHMARKS.md, "The route on a GPU, one rank").  Eagerly the einsum, which makes no
+    broadcast temporary."""
     if not tracing(a):
         return torch.einsum(spec, a, b)
     ins, out = spec.split("->")
