@@ -24,7 +24,7 @@ def contract(spec: str, a, b):
     reduction, where it lowers a per-edge einsum to a batched cuBLAS product of tiny matrices
     split into hundreds of launches (8x the whole frame in a frozen deepmd-kit model,
     BENCHMARKS.md, "The route on a GPU, one rank").  Eagerly the einsum, which makes no
-    broadcast temporary."""
+    broadcast temporary; a traced program run without a compiler (a ``.pte``) makes it."""
     if not tracing(a):
         return torch.einsum(spec, a, b)
     ins, out = spec.split("->")
