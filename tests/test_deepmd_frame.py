@@ -436,13 +436,14 @@ def test_positions_from_the_host_rebuild_a_stale_list_before_the_frame_runs(mode
     assert with_flag(runner._host_inputs(again, bigger)) is None            # the host copy follows the rebuild
 
 
-@pytest.mark.parametrize("presize, again", [(True, (0, False)), (False, (1, False))])
-def test_a_recapture_for_new_capacities_runs_no_eager_frame_a_new_atom_count_warms_up_as_the_first(
-        model, monkeypatch, presize, again):
-    asked = []
-
-    def capture(self, pos, box, atype, warmups=2, measure=True):   # a stand-in graph: replays the frame eagerly
+def _stand_in_capture(asked: list, *, refuse_unmeasured: bool = False):
+    """``FrameRunner._capture`` standing in for a graph (it replays the frame eagerly), recording
+    each call's ``(warmups, measure)`` in ``asked``; ``refuse_unmeasured``: a capture without a
+    measured peak fails, as an op that cannot be captured without a warm-up would."""
+    def capture(self, pos, box, atype, warmups=2, measure=True):
         asked.append((warmups, measure))
+        if refuse_unmeasured and not measure:
+            raise RuntimeError("operation not permitted when stream is capturing")
         static = (pos.clone(), None if box is None else box.clone(), atype.clone())
         outputs = tuple(t.detach() for t in self.frame(*static))
 
@@ -452,8 +453,15 @@ def test_a_recapture_for_new_capacities_runs_no_eager_frame_a_new_atom_count_war
                     old.copy_(new.detach())
         self._graph, self._static = Replay(), (static, outputs)
         self.captures += 1
+    return capture
 
-    monkeypatch.setattr(FrameRunner, "_capture", capture)
+
+@pytest.mark.parametrize("presize, again", [(True, (0, False)), (False, (1, False))])
+def test_a_recapture_for_new_capacities_runs_no_eager_frame_a_new_atom_count_warms_up_as_the_first(
+        model, monkeypatch, presize, again):
+    asked = []
+
+    monkeypatch.setattr(FrameRunner, "_capture", _stand_in_capture(asked))
     monkeypatch.setattr(FrameRunner, "_use_graph", lambda self, pos: True)
     coord, atype, box = _frame(120, seed=7)
     runner = FrameRunner(model, presize=presize)
@@ -470,21 +478,7 @@ def test_a_recapture_for_new_capacities_runs_no_eager_frame_a_new_atom_count_war
 def test_a_recapture_that_fails_without_a_warm_up_is_tried_once_more_the_first_captures_way(model, monkeypatch):
     asked = []
 
-    def capture(self, pos, box, atype, warmups=2, measure=True):
-        asked.append((warmups, measure))
-        if not measure:
-            raise RuntimeError("operation not permitted when stream is capturing")
-        static = (pos.clone(), None if box is None else box.clone(), atype.clone())
-        outputs = tuple(t.detach() for t in self.frame(*static))
-
-        class Replay:
-            def replay(_):
-                for old, new in zip(outputs, self.frame(*static)):
-                    old.copy_(new.detach())
-        self._graph, self._static = Replay(), (static, outputs)
-        self.captures += 1
-
-    monkeypatch.setattr(FrameRunner, "_capture", capture)
+    monkeypatch.setattr(FrameRunner, "_capture", _stand_in_capture(asked, refuse_unmeasured=True))
     monkeypatch.setattr(FrameRunner, "_use_graph", lambda self, pos: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     coord, atype, box = _frame(120, seed=7)

@@ -427,7 +427,7 @@ class FrameRunner:
                 try:
                     self._capture(pos, box, atype, **how)
                     break
-                except Exception as exc:                   # an op that cannot be captured: eager from now on
+                except Exception as exc:                   # an op that cannot be captured: the next try, else eager
                     torch.cuda.synchronize(pos.device)
                     self._graph = self._static = None
                     if n < len(tries):

@@ -17,7 +17,7 @@ import torch
 from ..core import config
 from ..core.layout import StackLayout
 from ..core.threads import scoped
-from ..core.tracing import tracing  # noqa: F401  (re-exported: the dispatch's callers ask it here)
+from ..core.tracing import tracing
 from . import levels
 from .log import warn_once
 
