@@ -85,3 +85,40 @@ def test_rotate_out_sum_and_its_backward_trace_without_batched_products(case):
         return mixstack.rotate_out_sum(d["y"], d["wigner"], d["dst"], case.N, edge_weight=d["edge_weight"],
                                        streams="sum")
     _check_trace(op, {k: v for k, v in inp.items() if v is not None})
+
+
+def test_a_kernel_target_trace_records_the_convolutions_operators():
+    """Under ``kernel_target("cuda")`` a CPU trace (as deepmd-kit's freeze makes for a GPU package)
+    records ``mixstack::rotate_in``, ``rotate_out_sum`` and their backwards, whose kernels the
+    package compiles; without it, the reference formulas.  The graph run on the CPU (the
+    operators' reference branch) gives the eager values."""
+    from mixstack.dispatch import guards
+
+    case = InCase(N=5, E=9, F=1, C=16, lmax=2, radial="full", mix=None, streams=False)
+    inp = in_inputs(case, dtype=torch.float32)
+    dst = torch.sort(inp["src"].flip(0))[0]
+
+    def frame(x, wigner, radial):
+        x = x.detach().requires_grad_(True)
+        u = mixstack.rotate_in(x, wigner, radial, inp["src"])
+        agg = mixstack.rotate_out_sum(u.transpose(0, 1), wigner, dst, case.N)
+        return agg, torch.autograd.grad(agg.square().sum(), [x])[0]
+
+    def traced(**target):
+        ctx = guards.kernel_target(**target) if target else torch.enable_grad()
+        with mixstack.use_level(2), ctx, torch.enable_grad():
+            graph = make_fx(frame, tracing_mode="symbolic", _allow_non_fake_inputs=True)(
+                inp["x"], inp["wigner"], inp["radial"])
+        return graph, {str(n.target) for n in graph.graph.nodes if "mixstack" in str(n.target)}
+
+    args = (inp["x"], inp["wigner"], inp["radial"])
+    plain, plain_ops = traced()
+    graph, ops = traced(device="cuda")
+    assert plain_ops == set()
+    assert {"mixstack.rotate_in.default", "mixstack.rotate_out_sum.default",
+            "mixstack.rotate_in_backward.default", "mixstack.rotate_out_sum_backward.default"} <= ops, ops
+    with mixstack.use_level(0), torch.enable_grad():
+        want = frame(*args)
+    for got in (graph(*args), plain(*args)):
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)

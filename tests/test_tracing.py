@@ -168,10 +168,11 @@ def test_a_persistent_launchs_program_count_stays_symbolic_in_a_trace():
         assert [traced(torch.zeros(n)).shape[0] for n in (2, 50)] == [2, 3]
 
 
-def test_a_kernel_target_runs_the_convolutions_reference_without_a_warning(monkeypatch):
-    """Under a kernel target the convolution's operators run their reference formulas by design
-    (a trace never runs their kernels), so no "level N runs the reference" warning reaches a
-    freeze's log; an eager CPU call outside one still warns."""
+def test_a_kernel_target_takes_the_convolutions_kernels_without_a_warning(monkeypatch):
+    """Under a kernel target the convolution's operators take the level (a trace records them and
+    the GPU package compiles their kernels) without a "level N runs the reference" warning in a
+    freeze's log, except where their kernels cannot take the shape; an eager CPU call outside one
+    still warns and runs the reference."""
     import warnings
 
     from mixstack.dispatch import guards, log
@@ -182,7 +183,10 @@ def test_a_kernel_target_runs_the_convolutions_reference_without_a_warning(monke
     with mixstack.use_level(2), warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         with guards.kernel_target("cuda"):
-            assert guards.conv_level(t, 16) == 0
-        assert not seen
+            assert guards.conv_level(t, 16) == 2
+            assert guards.conv_level(t, guards.MAX_CONV_CHANNELS + 1) == 0
+            assert guards.conv_level(t.double(), 16) == 0
+        assert not [w for w in seen if "runs the reference" in str(w.message)]
         assert guards.conv_level(t, 16) == 0
-    assert len(seen) == 1 and "level 2 runs the reference" in str(seen[0].message)
+    ran_reference = [str(w.message) for w in seen if "runs the reference" in str(w.message)]
+    assert len(ran_reference) == 1 and "level 2 runs the reference" in ran_reference[0]

@@ -22,6 +22,7 @@ import functools
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
 from ..dispatch.guards import kernels_can_run
@@ -128,6 +129,8 @@ def reference_grad(grad_w: Tensor, vec: Tensor, lmax: int, create_graph: bool = 
             (g,) = torch.autograd.grad(edge_wigner_reference(vec, lmax, convention=convention), vec, grad_w,
                                        create_graph=True)
         return g
+    if is_fake(grad_w):      # a trace's fake pass wants the shape alone (vjp fails on symbolic fakes)
+        return torch.empty_like(vec)
     # torch.func.vjp, not torch.autograd.grad: an operator's body runs below autograd, where
     # requires_grad builds no graph; functorch's transform brings its own
     _, vjp = torch.func.vjp(lambda v: edge_wigner_reference(v, lmax, convention=convention), vec)

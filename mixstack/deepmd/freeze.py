@@ -9,9 +9,9 @@ on the CPU, moves the exported graph to the target device and compiles it.  ``in
 two at runtime, deepmd-kit's files untouched:
 
 * the freeze runs inside ``guards.kernel_target(device)`` for a CUDA target, so the trace on CPU
-  tensors records the stacks' operators (their bodies run the reference formulas on the CPU, and
-  their Triton kernels once AOTInductor compiles the graph for the GPU) instead of the reference
-  formulas themselves;
+  tensors records the stacks' and the convolution's operators (their bodies run the reference
+  formulas on the CPU, and their Triton kernels once AOTInductor compiles the graph for the GPU)
+  instead of the reference formulas themselves;
 * after deepmd-kit's own tuning, ``tune(model, device)`` tunes the model's stack keys that have
   no table entry on that device with ``mixstack.export.tune_for_freeze``, the tuner
   ``mixstack freeze`` calls: one tuner for both routes.
@@ -25,8 +25,7 @@ same model's keys first go to ``tune``, then the trace runs inside the kernel ta
 With ``MIXSTACK_PRIVATE_CXX_RUNTIME=1`` both routes compile their ``.pt2`` with a private, hidden
 copy of libstdc++ (``mixstack.cxx_runtime``).
 
-The convolution's rotations trace as their reference formulas (a trace never runs their
-kernels: ``guards.tracing``).  A CPU target freezes as before.
+A CPU target freezes the reference formulas, as before.
 """
 
 from __future__ import annotations

@@ -148,19 +148,20 @@ def conv_level(t: torch.Tensor, channels: int) -> int:
     convolution's operators run their reference formulas, which Inductor fuses: the bench model compiled at levels 2
     and 3 with the convolution's kernels traced inside gave wrong forces on the H200, where the
     same frames run eagerly are right; compiled, the frame then traces the stack's kernels
-    alone, as when compiled level 3 was measured right.  The fault is not isolated
-    (docs/contract.md §7; BENCHMARKS.md, "The glue on kernels").  Under ``opaque_operators`` a
-    trace keeps the operators whole, calls of the eager kernels, and takes them."""
+    alone, as when compiled level 3 was measured right.  The fault is not isolated: on an H100
+    each operator's traced kernels gave right forces (``repro/traced_conv_kernels.py``;
+    docs/contract.md §7; BENCHMARKS.md, "The glue on kernels").  Under ``opaque_operators`` a
+    trace keeps the operators whole, calls of the eager kernels, and takes them; under a
+    ``kernel_target`` (a package for a GPU) it records them, and the package compiles their kernels."""
     level = levels.get_level()
     if level == 0 or not config.conv_kernels_enabled():
         return 0
-    if _targeted():          # a trace for a GPU package: the reference formulas, by design, silently
-        return 0
-    if not kernels_can_run(t):
-        warn_once(f"no-kernels:{t.device.type}", f"mixstack: level {level} runs the reference: {no_kernels_reason(t)}")
-        return 0
-    if tracing(t) and not _opaque_trace():
-        return 0
+    if not _targeted():      # a trace for a GPU package records the operators, whose kernels it compiles
+        if not kernels_can_run(t):
+            warn_once(f"no-kernels:{t.device.type}", f"mixstack: level {level} runs the reference: {no_kernels_reason(t)}")
+            return 0
+        if tracing(t) and not _opaque_trace():
+            return 0
     reason = conv_unsupported_reason(channels, t.dtype)
     if reason is not None:
         warn_once(f"conv-unsupported:{reason}", f"mixstack: falling back to the reference: {reason}")

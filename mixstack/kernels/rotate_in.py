@@ -43,7 +43,7 @@ features' gradient over the edges grouped by source atom, in a fixed order.
 import triton
 import triton.language as tl
 
-from .rotation import edge_tile, lanes, rotate_degree, store_subtiles, wigner_grad_degree
+from .rotation import edge_tile, lanes, node_rows, rotate_degree, store_subtiles, wigner_grad_degree
 
 # The linear radial layer's products run on tensor cores as three TF32 products (a split of
 # each float32 operand into a TF32 head and tail; the tail x tail product is dropped): about
@@ -216,7 +216,8 @@ def rotate_in_kernel(x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr, ew_ptr, u_pt
     NRAD: tl.constexpr = 3 * LMAX + 2 if HAS_SCALAR else 2 * LMAX + 1
     N0: tl.constexpr = LMAX + 1
     K: tl.constexpr = N0 * N0 + LMAX * LMAX
-    e, e_mask, mask, x_rows, w_rows = edge_tile(src_ptr, E, BLOCK_E, CW, CP, S)
+    e, e_mask, mask, w_rows = edge_tile(E, BLOCK_E, CW, CP, S)
+    x_rows = node_rows(src_ptr, e, e_mask, CW, S)
     lane, stream, chan, lane_mask = lanes(C, CW, CP)
     ew, h, hid, j = edge_inputs(ew_ptr, h_ptr, hid_ptr, e, e_mask, mask, lane, HAS_EW, HAS_SCALAR, LINEAR, C, H, HP)
     if MIX > 0:
@@ -288,7 +289,8 @@ def rotate_in_grad_kernel(gu_ptr, x_ptr, w_ptr, rad_ptr, src_ptr, h_ptr, sw_ptr,
     N0: tl.constexpr = LMAX + 1
     K: tl.constexpr = N0 * N0 + LMAX * LMAX
     NS = NF * (CW // C)                     # the streams: looped over, or carried by the lanes
-    e, e_mask, mask, x_rows, w_rows = edge_tile(src_ptr, E, BLOCK_E, CW, CP, S)
+    e, e_mask, mask, w_rows = edge_tile(E, BLOCK_E, CW, CP, S)
+    x_rows = node_rows(src_ptr, e, e_mask, CW, S)
     lane, stream, chan, lane_mask = lanes(C, CW, CP)
     ew, h, hid, j = edge_inputs(ew_ptr, h_ptr, hid_ptr, e, e_mask, mask, lane, HAS_EW, HAS_SCALAR, LINEAR, C, H, HP)
     ew_acc = tl.zeros((BLOCK_E, CP), dtype=tl.float32)

@@ -27,6 +27,7 @@ from .rotation import (
     edge_tile,
     edge_weights,
     lanes,
+    node_rows,
     rotate_degree,
     store_edge_weight_grad,
     store_subtiles,
@@ -43,7 +44,8 @@ def rotate_out_grad_kernel(ga_ptr, w_ptr, dst_ptr, ew_ptr, ys_ptr, grad_ys_ptr, 
                            GRAD_YS: tl.constexpr, GRAD_W: tl.constexpr, GRAD_EW: tl.constexpr,
                            BLOCK_E: tl.constexpr):
     S: tl.constexpr = (LMAX + 1) * (LMAX + 1)
-    e, e_mask, mask, ga_rows, w_rows = edge_tile(dst_ptr, E, BLOCK_E, CW, CP, S)
+    e, e_mask, mask, w_rows = edge_tile(E, BLOCK_E, CW, CP, S)
+    ga_rows = node_rows(dst_ptr, e, e_mask, CW, S)
     lane, stream, chan, lane_mask = lanes(C, CW, CP)
     if EW > 0:
         ew = edge_weights(ew_ptr, e, e_mask, stream, chan, mask, EW, HEADS, NG, C)

@@ -47,16 +47,22 @@ def lanes(C: tl.constexpr, CW: tl.constexpr, CP: tl.constexpr):
 
 
 @triton.jit
-def edge_tile(index_ptr, E, BLOCK_E: tl.constexpr, CW: tl.constexpr, CP: tl.constexpr, S: tl.constexpr):
-    """This program's block of edges: ``(e, e_mask, mask, rows, w_rows)`` with ``rows`` the int64
-    element offsets of the node rows ``index[e]`` in ``(N, S, CW)`` features, ``w_rows`` those of
-    the edges' packed Wigner rows, ``mask`` ``(BLOCK_E, CP)`` over the edges and channels."""
+def edge_tile(E, BLOCK_E: tl.constexpr, CW: tl.constexpr, CP: tl.constexpr, S: tl.constexpr):
+    """This program's block of edges: ``(e, e_mask, mask, w_rows)``, ``w_rows`` the int64 element
+    offsets of the edges' packed Wigner rows, ``mask`` ``(BLOCK_E, CP)`` over the edges and
+    channels.  No pointer comes in: torch's mutation analysis would count a pointer argument of a
+    call whose results address a store as written, and a compiled graph would copy it."""
     pid = tl.program_id(0).to(tl.int64)
     e = pid * BLOCK_E + tl.arange(0, BLOCK_E).to(tl.int64)
     e_mask = e < E
     mask = e_mask[:, None] & (tl.arange(0, CP) < CW)[None, :]
-    rows = tl.load(index_ptr + e, mask=e_mask, other=0).to(tl.int64) * (S * CW)
-    return e, e_mask, mask, rows, e * (3 * S)
+    return e, e_mask, mask, e * (3 * S)
+
+
+@triton.jit
+def node_rows(index_ptr, e, e_mask, CW: tl.constexpr, S: tl.constexpr):
+    """The int64 element offsets of the node rows ``index[e]`` in ``(N, S, CW)`` features."""
+    return tl.load(index_ptr + e, mask=e_mask, other=0).to(tl.int64) * (S * CW)
 
 
 @triton.jit
