@@ -139,8 +139,10 @@ def test_the_edge_wigner_rows_and_their_backward_write_only_their_outputs(record
     assert {"edge_wigner_kernel", "edge_wigner_grad_kernel"} <= names, names
 
 
-@pytest.mark.parametrize("level", [2, 3])
-def test_the_stacks_kernels_write_only_their_outputs(recorded, monkeypatch, level):
+@pytest.mark.parametrize("level, twice", [(2, False), (3, False), (2, True)])
+def test_the_stacks_kernels_write_only_their_outputs(recorded, monkeypatch, level, twice):
+    """The stack's forward, backward and weight gradients at levels 2 and 3, and (``twice``) the
+    double backward of force training."""
     import importlib
 
     import helpers
@@ -153,7 +155,12 @@ def test_the_stacks_kernels_write_only_their_outputs(recorded, monkeypatch, leve
     with mixstack.use_level(level):
         out = mixstack.mixing_stack(u0, alpha, w0, w1, gw, lmax=case.lmax, focus_dim=case.Cf)
         cot = torch.randn(out.shape)
-        torch.autograd.grad(out, leaves, cot)
+        if twice:
+            (g,) = torch.autograd.grad(out, [u0], cot, create_graph=True)
+            torch.autograd.grad(g.square().sum(), leaves, allow_unused=True)
+        else:
+            torch.autograd.grad(out, leaves, cot)
     _check(recorded, [u0, alpha, w0, w1, gw, cot])
     names = {k.fn.__name__ for k, _ in recorded.launches}
-    assert {"gate_kernel", "gate_backward_kernel"} <= names, names
+    assert {"gate_kernel", "gate_backward_kernel", "wgrad_kernel"} <= names, names
+    assert not twice or "tangent_kernel" in names, names
