@@ -81,9 +81,8 @@ def tangent_kernel(
     ROW: tl.constexpr = row_width(LMAX, CF)
     G: tl.constexpr = LMAX * CF
     R: tl.constexpr = CF // GC
-    f, e, e_in, row_ptrs, z_rows, w_offset = gate_operands(layer, E, F, LMAX, CF, BLOCK_M)    # z_rows: z and d_z
-    gw_base = gw_ptr + w_offset
-    unused = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    f, e, e_in, row_ptrs, z_rows, gw_base, _, _, unused, _ = gate_operands(       # z_rows: z and d_z
+        z_ptr, gw_ptr, gw_ptr, gw_ptr, layer, E, F, LMAX, CF, GC, BLOCK_M, False, False)
     mask = e_in[:, None]
     rows = row_ptrs[:, None]
     z2 = z_rows[:, None]

@@ -105,23 +105,17 @@ def gate_sigmoids(s_rows, mask, s_down, s_up, gw_base, gwlo_base, w_up, gcol,
 
 
 @triton.jit
-def gate_operands(layer, E, F, LMAX: tl.constexpr, CF: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Where a gate kernel works (program axes: edge tile, focus): ``(f, e, e_in, rows, z_rows,
-    w_offset)``, this program's edges, their offsets in a focus-major ``(F, E, ROW)`` surface and
-    in layer ``layer`` of the saved ``z``, and the offset of the layer's gate weights.  No pointer
-    comes in: torch's mutation analysis counts a call's pointer arguments as written where its
-    results address a store, and a compiled graph would copy them."""
+def gate_operands(z_ptr, gw_ptr, gwlo_ptr, gwup_ptr, layer, E, F, LMAX: tl.constexpr, CF: tl.constexpr,
+                  GC: tl.constexpr, BLOCK_M: tl.constexpr, COMPENSATED: tl.constexpr, SCALES: tl.constexpr):
+    """What a gate kernel starts from (program axes: edge tile, focus): ``(f, e, e_in, rows,
+    z_rows, gw_base, gwlo_base, w_up, s_down, s_up)``, this program's edges, their offsets in a
+    focus-major ``(F, E, ROW)`` surface and in layer ``layer`` of the saved ``z``, the layer's
+    gate weights (level 3: split head, tail and scale) and, with ``SCALES`` at level 3, the
+    rows' scales of ``s`` (``gate_row_scales``); placeholders where unused."""
     ROW: tl.constexpr = row_width(LMAX, CF)
     f, e, e_in = edge_tile(E, BLOCK_M)
     z_rows = ((layer * F + f) * E + e) * ROW     # int64 before the multiply by E
-    return f, e, e_in, (f * E + e) * ROW, z_rows, (layer * F + f) * (CF * LMAX * CF)
-
-
-@triton.jit
-def gate_scales(z_ptr, gwup_ptr, layer, F, f, z_rows, e_in, CF: tl.constexpr, GC: tl.constexpr,
-                BLOCK_M: tl.constexpr, COMPENSATED: tl.constexpr, SCALES: tl.constexpr):
-    """``(w_up, s_down, s_up)``: at level 3 the layer's gate-weight scale and, with ``SCALES``, the
-    rows' scales of ``s`` (``gate_row_scales``); placeholders where unused."""
+    w_offset = (layer * F + f) * (CF * LMAX * CF)
     s_down = tl.zeros((BLOCK_M,), dtype=tl.float32)
     s_up = s_down
     w_up = 1.0
@@ -129,7 +123,7 @@ def gate_scales(z_ptr, gwup_ptr, layer, F, f, z_rows, e_in, CF: tl.constexpr, GC
         w_up = tl.load(gwup_ptr + layer * F + f)
         if SCALES:
             s_down, s_up = gate_row_scales(z_ptr + z_rows, e_in[:, None], GC, CF // GC, BLOCK_M)
-    return w_up, s_down, s_up
+    return f, e, e_in, (f * E + e) * ROW, z_rows, gw_ptr + w_offset, gwlo_ptr + w_offset, w_up, s_down, s_up
 
 
 @triton.jit(do_not_specialize=["layer"])
@@ -141,10 +135,8 @@ def gate_kernel(
 ):
     G: tl.constexpr = LMAX * CF
     R: tl.constexpr = CF // GC
-    f, e, e_in, row_offs, z_rows, w_offset = gate_operands(layer, E, F, LMAX, CF, BLOCK_M)
-    w_up, s_down, s_up = gate_scales(z_ptr, gwup_ptr, layer, F, f, z_rows, e_in, CF, GC, BLOCK_M, COMPENSATED, True)
-    gw_base = gw_ptr + w_offset
-    gwlo_base = gwlo_ptr + w_offset
+    f, e, e_in, row_offs, z_rows, gw_base, gwlo_base, w_up, s_down, s_up = gate_operands(
+        z_ptr, gw_ptr, gwlo_ptr, gwup_ptr, layer, E, F, LMAX, CF, GC, BLOCK_M, COMPENSATED, True)
     cg = tl.arange(0, GC)
     mask = e_in[:, None]                         # chunks never cross Cf: rows are the only mask
     rows = row_offs[:, None]
@@ -183,11 +175,8 @@ def gate_backward_kernel(
 ):
     G: tl.constexpr = LMAX * CF
     R: tl.constexpr = CF // GC
-    f, e, e_in, row_offs, z_rows, w_offset = gate_operands(layer, E, F, LMAX, CF, BLOCK_M)
-    w_up, s_down, s_up = gate_scales(z_ptr, gwup_ptr, layer, F, f, z_rows, e_in, CF, GC, BLOCK_M, COMPENSATED,
-                                     RECOMPUTE_SG)
-    gw_base = gw_ptr + w_offset
-    gwlo_base = gwlo_ptr + w_offset
+    f, e, e_in, row_offs, z_rows, gw_base, gwlo_base, w_up, s_down, s_up = gate_operands(
+        z_ptr, gw_ptr, gwlo_ptr, gwup_ptr, layer, E, F, LMAX, CF, GC, BLOCK_M, COMPENSATED, RECOMPUTE_SG)
     cg = tl.arange(0, GC)
     c = tl.arange(0, CP)
     c_mask = c < CF
