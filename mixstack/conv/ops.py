@@ -38,6 +38,7 @@ from torch.library import triton_op
 
 from ..core import config
 from ..core.layout import StackLayout
+from ..core.tracing import shapes_only
 from ..dispatch.guards import conv_unsupported_reason, kernels_can_run
 from ..dispatch.log import record
 from . import launchers as cl
@@ -228,9 +229,7 @@ def reference_grads(forward, inputs, needs, cotangent, create_graph: bool, in_au
             got = torch.autograd.grad(chosen_forward(*chosen), chosen, cotangent, create_graph=create_graph,
                                       allow_unused=True)
         got = [torch.zeros_like(t) if g is None else g for t, g in zip(chosen, got)]
-    elif is_fake(cotangent):
-        # a trace's fake pass through the body wants shapes alone; functorch's vjp over symbolic
-        # fake tensors fails (a CPU trace for a GPU package)
+    elif shapes_only(cotangent):      # functorch's vjp fails on symbolic fake tensors
         got = [torch.empty_like(t) for t in chosen]
     else:
         _, vjp = torch.func.vjp(chosen_forward, *chosen)

@@ -22,9 +22,9 @@ import functools
 
 import torch
 from torch import Tensor
-from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
+from ..core.tracing import shapes_only
 from ..dispatch.guards import kernels_can_run
 from ..dispatch.log import record
 from ..kernels import wigner as kw
@@ -129,7 +129,7 @@ def reference_grad(grad_w: Tensor, vec: Tensor, lmax: int, create_graph: bool = 
             (g,) = torch.autograd.grad(edge_wigner_reference(vec, lmax, convention=convention), vec, grad_w,
                                        create_graph=True)
         return g
-    if is_fake(grad_w):      # a trace's fake pass wants the shape alone (vjp fails on symbolic fakes)
+    if shapes_only(grad_w):      # the shape alone: functorch's vjp fails on symbolic fake tensors
         return torch.empty_like(vec)
     # torch.func.vjp, not torch.autograd.grad: an operator's body runs below autograd, where
     # requires_grad builds no graph; functorch's transform brings its own

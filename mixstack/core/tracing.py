@@ -16,3 +16,11 @@ def tracing(t: torch.Tensor) -> bool:
         return True
     modes = torch._C._TorchDispatchModeKey
     return any(torch._C._get_dispatch_mode(m) is not None for m in (modes.FAKE, modes.PROXY))
+
+
+def shapes_only(t: torch.Tensor) -> bool:
+    """Whether an operator's body is being called for shapes alone: on fake tensors with no trace
+    recording the body (the operator's fake implementation, while a trace records the operator
+    itself).  A trace that records the body (a decomposition) needs its formulas."""
+    from torch._subclasses.fake_tensor import is_fake
+    return is_fake(t) and torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is None
