@@ -7,9 +7,11 @@ the convolution's operators recorded (``guards.kernel_target``), the compile sto
 its eager and its Inductor metadata differ).  This probe makes the same steps on a small model,
 prints, for each Triton kernel call that Inductor's decomposition rejects, the kernel, the
 tensors it clones and their eager and Inductor shapes and strides, and says whether the compile
-passed (no package is loaded).
+passed and which mixstack kernels the package holds; with ``--load`` it loads the package (its C++
+runtime private) and compares its energy, forces and virial with the exported graph run on the GPU
+and with the CPU trace.
 
-    python repro/pt2_conv_kernels.py [--config water] [--skip rotate_out_sum,...]    # a CUDA GPU
+    python repro/pt2_conv_kernels.py [--config water] [--skip rotate_out_sum,...] [--load]    # a CUDA GPU
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ def main(argv=None) -> int:
     ap.add_argument("--level", type=int, default=2)
     ap.add_argument("--skip", default="", help="conv operators traced as their reference formulas: "
                     "rotate_in, rotate_out_sum, edge_wigner (comma-separated)")
+    ap.add_argument("--load", action="store_true", help="compile with a private C++ runtime, load the "
+                    "package and compare its outputs with the exported graph run on the GPU and on the CPU")
     args = ap.parse_args(argv)
 
     from deepmd.pt.entrypoints import freeze_pt2
@@ -73,6 +77,7 @@ def main(argv=None) -> int:
     from torch.export.passes import move_to_device_pass
 
     import mixstack
+    from mixstack import cxx_runtime
     from mixstack.conv import functional
     from mixstack.deepmd import accelerate
     from mixstack.deepmd.configs import build_model, perturb
@@ -108,14 +113,43 @@ def main(argv=None) -> int:
     freeze_pt2._strip_shape_assertions(exported.graph_module)
     exported = move_to_device_pass(exported, torch.device("cuda"))
     options = freeze_pt2.build_inductor_compile_options(inference=True)      # deepmd-kit's own
-    try:
-        with tempfile.TemporaryDirectory() as tmp, inductor_config.patch({**options, "triton.max_tiles": 1}):
-            aoti_compile_and_package(exported, package_path=f"{tmp}/probe.pt2")
-        print("compile: passed", flush=True)
-    except Exception as exc:
-        print(f"compile: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}; "
-              f"rejected kernels {rejected}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/probe.pt2"
+        try:
+            with inductor_config.patch({**options, "triton.max_tiles": 1}), cxx_runtime.private_runtime(args.load):
+                aoti_compile_and_package(exported, package_path=path)
+            print("compile: passed; kernels:", package_kernels(path), flush=True)
+        except Exception as exc:
+            print(f"compile: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}; "
+                  f"rejected kernels {rejected}", flush=True)
+            return 0
+        if args.load:
+            compare(torch._inductor.aoti_load_package(path), exported, traced, inputs)
     return 0
+
+
+def package_kernels(path: str) -> list:
+    """The mixstack kernels a package holds (``mixstack info --package``'s reading)."""
+    from mixstack.packages import package_kernels as listed
+    return sorted(listed(path).mixstack)
+
+
+def compare(package, exported, traced, inputs) -> None:
+    """The package's outputs against the exported graph run eagerly on the GPU (mixstack's kernels)
+    and the CPU trace run on the CPU (the operators' reference branch)."""
+    cuda = tuple(t.cuda() if isinstance(t, torch.Tensor) else t for t in inputs)
+    got = package(*cuda)
+    eager = exported.module()(*cuda)
+    with torch.no_grad():
+        cpu = traced(*inputs)
+    for key in ("energy", "energy_derv_r", "energy_derv_c_redu"):
+        if key not in cpu:
+            continue
+        ref = cpu[key].double()
+        scale = ref.abs().max().item() or 1.0
+        print(f"{key}: package vs GPU graph {(got[key].double().cpu() - eager[key].double().cpu()).abs().max().item() / scale:.2e}, "
+              f"vs CPU reference {(got[key].double().cpu() - ref).abs().max().item() / scale:.2e} (relative to the largest)",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -93,17 +93,7 @@ note() { summary+=("$*"); echo "== $*"; }
 signal() { (( $1 > 128 )) && echo " (signal $(( $1 - 128 )): $(kill -l $(( $1 - 128 )) 2>/dev/null))"; }
 
 if [ -n "${LAMMPS_CARRY:-}" ] && [ -f "$LAMMPS_CARRY" ]; then
-  root=/tmp/lammps-runtime-deepmd
-  rm -rf "$root" && mkdir -p "$root" && tar -xJf "$LAMMPS_CARRY" -C "$root"
-  site=$(echo "$root"/prefix/lib/python3*/site-packages)
-  # deepmd-kit loads libmpi from where the mpich file list names it (the wheel's own layout,
-  # mpich-X.data/data/lib/libmpi.so.12); the carry keeps it in prefix/lib, its fabric libraries in
-  # prefix/lib/mpich (libmpi's RUNPATH $ORIGIN/mpich): that folder is linked in whole
-  for info in "$site"/mpich-*.dist-info; do
-    mkdir -p "${info%.dist-info}.data/data" && ln -sfn "$root/prefix/lib" "${info%.dist-info}.data/data/lib"
-  done
-  export PYTHONPATH=$site:$PYTHONPATH PATH=$root/prefix/bin:$PATH
-  echo "LAMMPS runtime from $LAMMPS_CARRY: $(head -n 1 "$root/MANIFEST.txt")"
+  source scripts/lammps_runtime_env.sh "$LAMMPS_CARRY"
 fi
 if [ -z "$DEVICE_ARG" ]; then
   DEVICE_ARG=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")

@@ -47,6 +47,9 @@
 #   variants 0c,1,1b,1bn): one forward + backward of the stack kernel by kernel, under $OUT/stackprobe.
 #   "deepmdprobe": scripts/deepmd_probe.py (DEEPMD_PROBE_ARGS, default --variants ms3cg; the wheels of .whl/):
 #   a deepmd-kit frame's kernels, a graphed variant's memory by pool and its eager peak, under $OUT/deepmdprobe.
+#   "pt2conv": repro/pt2_conv_kernels.py (PT2CONV_ARGS, default --load; the wheels of .whl/ and the LAMMPS
+#   carry's MPICH): deepmd-kit's freeze steps on a one-block accelerated model with the convolution's
+#   operators recorded, the kernels AOTInductor refuses, the package's kernels and outputs, ~2 min.
 #   "convprobe": scripts/conv_probe.py (CONVPROBE_ARGS): rotate-in forward and backward at the
 #   frame's shape per edge-kernel launch config, then `ncu` on one NCU_KERNEL launch (default
 #   rotate_in_grad_kernel), under $OUT/convprobe.
@@ -254,6 +257,17 @@ part_deepmdprobe() {
     | tee "$OUT/deepmdprobe.log" | grep -v -e Autotuning -e DP_INFER | tail -n 60
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("deepmd probe rc=$r")
 }
+part_pt2conv() {
+  # repro/pt2_conv_kernels.py (PT2CONV_ARGS, default --load): deepmd-kit's freeze steps on a one-block
+  # accelerated model, the kernels AOTInductor refuses, the package's kernels and outputs
+  # (the wheels of .whl/ and the LAMMPS carry's MPICH, which deepmd-kit's op library loads)
+  if [ -f "${DEEPMD_LAMMPS_CARRY:-.lammps-carry/lammps-runtime-deepmd.tar.xz}" ]; then
+    source scripts/lammps_runtime_env.sh "${DEEPMD_LAMMPS_CARRY:-.lammps-carry/lammps-runtime-deepmd.tar.xz}"
+  fi
+  timeout "$(left)" python3 repro/pt2_conv_kernels.py ${PT2CONV_ARGS:---load} 2>&1 | tee "$OUT/pt2conv.log" \
+    | grep -v -e Warning -e warnings.warn -e "To get the best" | tail -n 20
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("pt2conv rc=$r: $(grep -m1 '^compile:' "$OUT/pt2conv.log")")
+}
 part_convprobe() {
   # rotate-in's forward and backward at the frame's shape per edge-kernel launch config, then
   # Nsight Compute on one backward kernel (CONVPROBE_ARGS, NCU_KERNEL)
@@ -440,10 +454,10 @@ part_deepmdlammps() {
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|stackprobe|deepmdprobe|convprobe|train|lammps|scaling|tma|tmaprobe|gluonprobe|aoti|pt2|deepmd|deepmdlammps)
+    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|stackprobe|deepmdprobe|pt2conv|convprobe|train|lammps|scaling|tma|tmaprobe|gluonprobe|aoti|pt2|deepmd|deepmdlammps)
       "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, stackprobe, deepmdprobe, convprobe, train, lammps, scaling, tma, tmaprobe, gluonprobe, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, stackprobe, deepmdprobe, pt2conv, convprobe, train, lammps, scaling, tma, tmaprobe, gluonprobe, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
