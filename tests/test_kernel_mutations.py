@@ -18,6 +18,7 @@ import torch
 from conv_cases import InCase, OutCase, in_inputs, out_inputs
 
 import mixstack
+from mixstack import tuning
 from mixstack.core import config
 
 pytestmark = pytest.mark.skipif(config.triton_interpret(), reason="the analysis reads compiled kernels' TTIR")
@@ -161,7 +162,9 @@ def test_the_stacks_kernels_write_only_their_outputs(recorded, monkeypatch, leve
     case = helpers.Case(F=2, E=40, Cf=16, lmax=2, n_layers=2, apply_alpha=True)
     u0, alpha, w0, w1, gw = helpers.make_inputs(case)
     leaves = [t.requires_grad_() for t in (u0, alpha, w0, w1, gw)]
-    with mixstack.use_level(level):
+    key = tuning.shape_key(focus_dim=case.Cf, lmax=case.lmax, n_focus=case.F, apply_alpha=case.apply_alpha)
+    comp = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}     # level 3's entry: compensated
+    with mixstack.use_level(level), tuning.registration("stack_compensated", key, comp):
         out = mixstack.mixing_stack(u0, alpha, w0, w1, gw, lmax=case.lmax, focus_dim=case.Cf)
         cot = torch.randn(out.shape)
         if twice:
@@ -173,3 +176,21 @@ def test_the_stacks_kernels_write_only_their_outputs(recorded, monkeypatch, leve
     names = {k.fn.__name__ for k, _ in recorded.launches}
     assert {"gate_kernel", "gate_backward_kernel", "wgrad_kernel"} <= names, names
     assert not twice or "tangent_kernel" in names, names
+    assert level < 3 or {"split_weights_kernel", "row_amax_kernel"} & names, names      # the compensated path
+
+
+def test_rotate_in_with_a_linear_radial_layer_writes_only_its_outputs(recorded):
+    case = InCase(N=5, E=20, F=2, C=16, lmax=2, radial=None, mix=None, streams=False)
+    inp = in_inputs(case)
+    g = torch.Generator().manual_seed(5)
+    hidden = torch.randn(case.E, 16, generator=g).requires_grad_()
+    weight = torch.randn(case.F, 2 * case.lmax + 1, case.C, 16, generator=g)
+    bias = torch.randn(case.F, 2 * case.lmax + 1, case.C, generator=g)
+    x, wigner = (inp[k].requires_grad_() for k in ("x", "wigner"))
+    with mixstack.use_level(2):
+        u = mixstack.rotate_in(x, wigner, mixstack.LinearRadial(hidden, weight, bias), inp["src"])
+        cot = torch.randn(u.shape)
+        torch.autograd.grad(u, [x, wigner, hidden], cot)
+    _check(recorded, [x, wigner, hidden, weight, bias, inp["src"], cot])
+    linear = {k.fn.__name__ for k, kw in recorded.launches if kw.get("LINEAR")}
+    assert linear == {"rotate_in_kernel", "rotate_in_grad_kernel"}, linear
