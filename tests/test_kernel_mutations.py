@@ -23,7 +23,8 @@ from mixstack.core import config
 
 pytestmark = pytest.mark.skipif(config.triton_interpret(), reason="the analysis reads compiled kernels' TTIR")
 
-LAUNCH_MODULES = ("mixstack.conv.launchers", "mixstack.conv.wigner_ops")
+LAUNCH_MODULES = ("mixstack.conv.launchers", "mixstack.conv.wigner_ops", "mixstack.stack.launchers",
+                  "mixstack.stack.gemm", "mixstack.stack.training")
 
 
 class _Recorder:
@@ -48,7 +49,8 @@ class _Grid:
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """The convolution's operators taking their kernel branch on CPU tensors, each launch recorded."""
+    """The convolution's and the stack's operators taking their kernel branch on CPU tensors, each
+    launch recorded."""
     import importlib
 
     import triton
@@ -67,7 +69,7 @@ def recorded(monkeypatch):
     recorder = _Recorder()
     for name in LAUNCH_MODULES:
         monkeypatch.setattr(importlib.import_module(name), "wrap_triton", recorder)
-    importlib.import_module("mixstack.stack.ops")
+    importlib.import_module("mixstack.stack.ops")                # holds kernels_can_run by name
     original = guards.kernels_can_run
     for module in list(sys.modules.values()):              # wherever a module holds it by name
         if getattr(module, "__name__", "").startswith("mixstack") and \
@@ -88,9 +90,9 @@ def _written(kernel, kwargs) -> set:
     return {n for n in names if n in tensors}
 
 
-# Known, and small: the gate kernels (and the double backward's tangent kernel) pass the layer's gate weights (Cf x lmax*Cf, a few KiB) into
-# ``gate_operands``, whose results address their stores, so a compiled graph copies them before
-# each launch.  Moving them out changes the kernels' code and so voids every shipped tuning entry
+# Known, and small: the gate kernels (and the double backward's tangent kernel) pass the layer's
+# gate weights (Cf x lmax*Cf, a few KiB) into ``gate_operands``, whose results address their
+# stores, so a compiled graph copies them before each launch.  Moving them out changes the kernels' code and so voids every shipped tuning entry
 # of the stack's families (``tuning.kernel_hash``): it waits for the tables' next tuning.
 KNOWN = {"gate_kernel": {"gw_ptr", "gwlo_ptr", "gwup_ptr"}, "gate_backward_kernel": {"gw_ptr", "gwlo_ptr", "gwup_ptr"},
          "tangent_kernel": {"gw_ptr"}}
@@ -150,15 +152,11 @@ def test_the_edge_wigner_rows_and_their_backward_write_only_their_outputs(record
 
 
 @pytest.mark.parametrize("level, twice", [(2, False), (3, False), (2, True)])
-def test_the_stacks_kernels_write_only_their_outputs(recorded, monkeypatch, level, twice):
+def test_the_stacks_kernels_write_only_their_outputs(recorded, level, twice):
     """The stack's forward, backward and weight gradients at levels 2 and 3, and (``twice``) the
     double backward of force training."""
-    import importlib
-
     import helpers
 
-    for name in ("mixstack.stack.launchers", "mixstack.stack.gemm", "mixstack.stack.training"):
-        monkeypatch.setattr(importlib.import_module(name), "wrap_triton", recorded)
     case = helpers.Case(F=2, E=40, Cf=16, lmax=2, n_layers=2, apply_alpha=True)
     u0, alpha, w0, w1, gw = helpers.make_inputs(case)
     leaves = [t.requires_grad_() for t in (u0, alpha, w0, w1, gw)]

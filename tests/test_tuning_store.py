@@ -222,3 +222,23 @@ def test_the_code_of_a_kernel_module_is_its_text_without_comments_and_docstrings
     source = (b'"""Module doc."""\n\nimport triton  # why\n\n\n@triton.jit\ndef f(x):\n'
               b'    """Doc of f,\n    two lines."""\n    y = x + 1   # a comment\n    return "#not a comment"\n')
     assert kernel_hash.code_of(source) == b'import triton\n@triton.jit\ndef f(x):\n    y = x + 1\n    return "#not a comment"'
+
+
+def test_every_shipped_entry_was_measured_on_the_kernels_as_they_are():
+    """An edit to a kernel that a family's roots reach voids that family's shipped entries
+    (``tuning.kernel_hash``): the package would ship tables a GPU ignores.  Such an edit waits
+    for the tables' next tuning, or comes with it."""
+    import glob
+    from importlib import resources
+
+    # the package's own tables (this module's fixture points store.BUILTIN_DIR at an empty folder)
+    tables = glob.glob(os.path.join(str(resources.files("mixstack") / "tables"), "*.json"))
+    stale = []
+    for path in tables:
+        with open(path) as fh:
+            doc = json.load(fh)
+        for name, entries in doc.get("entries", {}).items():
+            current = validity.kernel_source_hash(family=name)
+            stale += [f"{os.path.basename(path)} {name} {key}" for key, e in entries.items()
+                      if e.get("kernel_hash") not in (None, current)]
+    assert tables and not stale, stale[:5]

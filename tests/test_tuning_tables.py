@@ -241,26 +241,3 @@ def test_the_fused_candidates_at_cf64_start_with_spill_free_16_row_tiles():
     assert [c["BLOCK_M"] for c in wide[:4]] == [16] * 4 and len(wide) == len(narrow) + 4
     assert all(c["BLOCK_M"] >= 32 for c in narrow)
 
-
-def test_every_shipped_entry_was_measured_on_the_kernels_as_they_are():
-    """An edit to a kernel that a family's roots reach voids that family's shipped entries
-    (``tuning.kernel_hash``): the package would ship tables a GPU ignores.  Such an edit waits
-    for the tables' next tuning, or comes with it."""
-    import glob
-    import json
-    import os
-
-    import mixstack
-    from mixstack.tuning import families
-    from mixstack.tuning.kernel_hash import kernel_hash
-
-    tables = glob.glob(os.path.join(os.path.dirname(mixstack.__file__), "tables", "*.json"))
-    stale = []
-    for path in tables:
-        with open(path) as fh:
-            doc = json.load(fh)
-        for name, entries in doc.get("entries", {}).items():
-            current = kernel_hash(families.family(name).kernels)
-            stale += [f"{os.path.basename(path)} {name} {key}" for key, e in entries.items()
-                      if e.get("kernel_hash") not in (None, current)]
-    assert tables and not stale, stale[:5]
