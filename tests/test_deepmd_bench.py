@@ -125,16 +125,18 @@ def test_progress_times_steps_writes_around_them_and_stops_at_the_budget():
     assert record["failed"] == {"step": "two", "error": "ValueError: bad"} and "running" not in record
 
 
-@pytest.mark.parametrize("key, parsed", [("dp0", ("dp", 0, False, False, False)),
-                                         ("ms3g", ("ms", 3, False, False, True)),
-                                         ("dp2c", ("dp", 2, True, False, False)),
-                                         ("dp2ct", ("dp", 2, True, True, False)),
-                                         ("ms3cg", ("ms", 3, True, False, True))])
+@pytest.mark.parametrize("key, parsed", [("dp0", ("dp", 0, False, False, False, False)),
+                                         ("ms3g", ("ms", 3, False, False, True, False)),
+                                         ("dp2c", ("dp", 2, True, False, False, False)),
+                                         ("dp2ct", ("dp", 2, True, True, False, False)),
+                                         ("ms3cg", ("ms", 3, True, False, True, False)),
+                                         ("ms3cpg", ("ms", 3, True, False, True, True))])
 def test_variant_names(key, parsed):
     assert bench.parse_variant(key) == parsed
 
 
-@pytest.mark.parametrize("key", ["ms4", "xx2", "dp", "ms2gg", "ms2gc", "dp2tc", "ms2x"])
+@pytest.mark.parametrize("key", ["ms4", "xx2", "dp", "ms2gg", "ms2gc", "dp2tc", "ms2x",
+                                 "dp3cp", "ms3p", "ms3pc"])
 def test_a_bad_variant_is_named(key):
     with pytest.raises(ValueError, match=repr(key)):
         bench.parse_variant(key)

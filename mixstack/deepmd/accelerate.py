@@ -76,7 +76,8 @@ def _needs_full_wigner(conv) -> bool:
     return not getattr(type(conv), "_mixstack", False) and not conv.edge_cartesian
 
 
-def accelerate(model: torch.nn.Module, *, level: int | None = None) -> AccelerationReport:
+def accelerate(model: torch.nn.Module, *, level: int | None = None,
+               rest_products: str = "exact") -> AccelerationReport:
     """Run every SeZM (DPA4) SO(2) convolution of ``model`` that mixstack reproduces exactly on
     mixstack's operators, in place; return the report (per convolution: where it runs and, if on
     deepmd-kit, the one option mixstack does not reproduce).
@@ -86,11 +87,17 @@ def accelerate(model: torch.nn.Module, *, level: int | None = None) -> Accelerat
     its PT-expt backend (``deepmd.pt_expt.model.get_model``, the DPA4 models ``dp --pt-expt``
     trains and freezes).
     ``level`` pins mixstack's level for these convolutions (``None``: the active level at each
-    call, ``mixstack.set_level`` / ``use_level`` / ``MIXSTACK_LEVEL``).  Calling it again
-    re-checks every convolution and sets the new level."""
+    call, ``mixstack.set_level`` / ``use_level`` / ``MIXSTACK_LEVEL``).  ``rest_products``:
+    ``"exact"`` leaves the rest of the model's products to deepmd-kit (fp32); ``"compensated"``
+    makes deepmd-kit's compiled inference (``DP_COMPILE_INFER=1``, ``FrameRunner(compile=True)``)
+    run its float32 products as compensated fp16 tensor-core products, level 3's arithmetic
+    (``rest_products``; eager frames are unchanged).  Calling it again re-checks every convolution
+    and sets the new level and products."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     level = _check_level(level)
+    if rest_products not in compiled.REST_PRODUCTS:
+        raise ValueError(f"rest_products must be one of {', '.join(compiled.REST_PRODUCTS)}, got {rest_products!r}")
     from .backends import present
     from .options import unsupported_reason
 
@@ -122,7 +129,7 @@ def accelerate(model: torch.nn.Module, *, level: int | None = None) -> Accelerat
         if saved and not module._need_full_wigner:
             skipped.append(name or type(module).__name__)
 
-    compiled.mark(model, any(c.runs_on == MIXSTACK for c in convs))
+    compiled.mark(model, any(c.runs_on == MIXSTACK for c in convs), products=rest_products)
     _forget_compiled(model)
     report = AccelerationReport(level, tuple(convs), tuple(skipped))
     logger.debug("%s", report)

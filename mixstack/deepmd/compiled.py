@@ -11,18 +11,25 @@ convolutions on mixstack) runs it inside ``opaque_operators`` in evaluation on a
 CPU (where mixstack's convolution runs its reference formulas anyway, and the context would change
 how deepmd-kit's own Triton operators compile) and for every other model deepmd-kit's own runs
 unchanged.
+A model marked with ``products="compensated"`` (``accelerate(..., rest_products=...)``) compiles
+the rest of its float32 products as compensated fp16 ones (``rest_products``): the trace happens at
+the first compiled frame, inside this wrapper.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
 
 from ..dispatch.guards import opaque_operators
+from .rest_products import compensated_products
 
 _MARK = "_mixstack_opaque_trace"
+_PRODUCTS = "_mixstack_rest_products"
 _WRAPPED = "_mixstack_opaque"
+REST_PRODUCTS = ("exact", "compensated")
 
 
 def marked(model: torch.nn.Module) -> bool:
@@ -30,9 +37,19 @@ def marked(model: torch.nn.Module) -> bool:
     return bool(model.__dict__.get(_MARK, False))
 
 
-def mark(model: torch.nn.Module, on: bool) -> None:
+def rest_products(model: torch.nn.Module) -> str:
+    """How a marked model's compiled inference runs the rest of the model's float32 products:
+    ``"exact"`` (fp32, deepmd-kit's own) or ``"compensated"`` (``rest_products``)."""
+    return model.__dict__.get(_PRODUCTS, "exact")
+
+
+def mark(model: torch.nn.Module, on: bool, *, products: str = "exact") -> None:
     """Mark (``on``) or unmark every deepmd-kit SeZM model in ``model`` (the modules with
-    ``forward_common_lower``); their classes' ``forward_common_lower`` wrapped (``install``)."""
+    ``forward_common_lower``); their classes' ``forward_common_lower`` wrapped (``install``).
+    ``products``: how the marked models' compiled inference runs the rest of their float32
+    products (``REST_PRODUCTS``)."""
+    if products not in REST_PRODUCTS:
+        raise ValueError(f"products must be one of {', '.join(REST_PRODUCTS)}, got {products!r}")
     for module in model.modules():
         if not callable(getattr(type(module), "forward_common_lower", None)) or \
                 not callable(getattr(type(module), "trace_and_compile", None)):
@@ -40,8 +57,10 @@ def mark(model: torch.nn.Module, on: bool) -> None:
         if on:
             install(type(module))
             module.__dict__[_MARK] = True
+            module.__dict__[_PRODUCTS] = products
         else:
             module.__dict__.pop(_MARK, None)
+            module.__dict__.pop(_PRODUCTS, None)
 
 
 def _on_cuda(model: torch.nn.Module) -> bool:
@@ -63,7 +82,8 @@ def install(cls: type) -> None:
     def forward_common_lower(self, *args, **kwargs):
         if self.training or not marked(self) or not _on_cuda(self):
             return original(self, *args, **kwargs)
-        with opaque_operators():
+        products = compensated_products() if rest_products(self) == "compensated" else contextlib.nullcontext()
+        with opaque_operators(), products:
             return original(self, *args, **kwargs)
 
     setattr(forward_common_lower, _WRAPPED, True)

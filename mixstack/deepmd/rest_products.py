@@ -1,0 +1,136 @@
+"""Level 3 for the rest of deepmd-kit's model: its float32 products as compensated fp16 products
+inside deepmd-kit's compiled inference.
+
+In an accelerated SeZM frame the stack's products are mixstack's kernels, but deepmd-kit's own
+layers (radial and grid MLPs, the S2-grid transforms, attention projections, their gradients)
+run as exact fp32 products on cuBLAS at the FFMA rate.  Here each of those products becomes
+three fp16 tensor-core products with fp32 accumulation, the arithmetic of level 3's stack
+kernels (``kernels.compensated``; docs/contract.md §3):
+
+    a @ b  ~=  (a_hi @ b_hi + a_hi @ b_lo + a_lo @ b_hi) * s_a * s_b
+
+``a``'s rows and ``b``'s columns are first brought into [1, 2) by exact powers of two ``s`` (the
+largest magnitude along the contraction), so fp16's range costs nothing; ``x_hi`` is ``x``
+rounded to fp16's 11 significant bits by integer arithmetic on its fp32 bits and ``x_lo = x -
+x_hi`` (exact), held in fp16: together ~22 bits, each product ~2^-22 of ``|a| |b|``, the dropped
+tail-tail product below that.  Values far below their row's largest (2^-14 and under) fall into
+fp16's subnormals, where their error stays under 2^-25 of that largest value.  NaN and Inf
+propagate.  The three products are one GEMM over the contraction laid out three times,
+``[a_hi | a_hi | a_lo] @ [b_hi ; b_lo ; b_hi]``, with a float32 result (``mm`` / ``bmm`` with
+``out_dtype``).  The head comes from bit arithmetic, not from a cast and back, so no compiler
+can fold ``x - fp16(x)`` to zero (as Inductor does to that form in ATen ops).
+
+The rewrite is a decomposition: ``compensated_products()`` adds entries for ``aten.mm``,
+``aten.bmm`` and ``aten.addmm`` to the table deepmd-kit hands AOTAutograd
+(``torch._inductor.decomposition.select_decomp_table``, looked up at each compile), so the
+lowered graph holds the split as elementwise work that Inductor fuses into its producers, and the
+products as cuBLAS fp16 GEMMs.  Only float32 products on a GPU whose contraction is at least
+``MIN_K`` and whose output is at least ``MIN_SIDE`` on both sides take it (a tiny product is not
+worth a split); every other product is left to the table's own entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+aten = torch.ops.aten
+
+MIN_K = 16          # contraction length below which a product stays exact fp32
+MIN_SIDE = 16       # output rows / columns below which a product stays exact fp32
+_EXPONENT = 0x7F800000
+_HALF_ULP11 = 0x1000     # half a unit in the 11th significant bit of an fp32 value
+_KEEP11 = -0x2000        # 0xFFFFE000: sign, exponent and the top 10 stored mantissa bits
+
+
+def _pow2_floor(amax: torch.Tensor) -> torch.Tensor:
+    """The power of two at or below each ``amax`` (its exponent bits alone), 1 where ``amax`` is
+    0 or subnormal: dividing by it is exact and brings the largest value into [1, 2)."""
+    up = (amax.view(torch.int32) & _EXPONENT).view(torch.float32)
+    return torch.where(up == 0, torch.ones_like(up), up)
+
+
+def split(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(hi, lo, scale)``: ``x / scale == hi + lo`` to within 2^-22 of the largest magnitude along
+    ``dim`` (which ``scale``, a power of two, brings into [1, 2)); ``hi`` and ``lo`` in fp16."""
+    scale = _pow2_floor(x.abs().amax(dim=dim, keepdim=True))
+    y = x / scale
+    hi = ((y.view(torch.int32) + _HALF_ULP11) & _KEEP11).view(torch.float32)
+    return hi.to(torch.float16), (y - hi).to(torch.float16), scale
+
+
+def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for float32 ``a (..., M, K)`` and ``b (..., K, N)`` (2-D or 3-D alike) as one
+    fp16 GEMM over the split operands with a float32 result (see the module's doc)."""
+    a_hi, a_lo, a_scale = split(a, -1)
+    b_hi, b_lo, b_scale = split(b, -2)
+    a3 = torch.cat((a_hi, a_hi, a_lo), dim=-1)
+    b3 = torch.cat((b_hi, b_lo, b_hi), dim=-2)
+    if a.device.type == "cpu":      # no fp16 GEMM with an fp32 result there: the same products, summed in fp64
+        raw = (a3.double() @ b3.double()).float()
+    elif a.dim() == 2:
+        raw = aten.mm.dtype(a3, b3, torch.float32)
+    else:
+        raw = aten.bmm.dtype(a3, b3, torch.float32)
+    return raw * a_scale * b_scale
+
+
+def _static(n) -> int | None:
+    return n if isinstance(n, int) else None
+
+
+def eligible(a: torch.Tensor, b: torch.Tensor, *, cpu: bool = False) -> bool:
+    """Whether ``a @ b`` takes the compensated form: both float32 on a GPU (or the CPU where
+    ``cpu``), a static contraction of at least ``MIN_K``, and no static output side under
+    ``MIN_SIDE`` (a symbolic side, an edge or atom count, counts as long)."""
+    if a.dtype != torch.float32 or b.dtype != torch.float32:
+        return False
+    if a.device.type != "cuda" and not (cpu and a.device.type == "cpu"):
+        return False
+    k = _static(a.shape[-1])
+    if k is None or k < MIN_K:
+        return False
+    return all(side is None or side >= MIN_SIDE for side in (_static(a.shape[-2]), _static(b.shape[-1])))
+
+
+def _decompositions(table: dict, *, cpu: bool = False) -> dict:
+    """``table`` with compensated ``mm``, ``bmm`` and ``addmm``; an ineligible product goes to
+    ``table``'s own entry for it, or stays as it is."""
+    def fallback(op, *args, **kwargs):
+        own = table.get(op)
+        return own(*args, **kwargs) if own is not None else NotImplemented
+
+    def mm(a, b):
+        return product(a, b) if eligible(a, b, cpu=cpu) else fallback(aten.mm.default, a, b)
+
+    def bmm(a, b):
+        return product(a, b) if eligible(a, b, cpu=cpu) else fallback(aten.bmm.default, a, b)
+
+    def addmm(bias, a, b, *, beta=1, alpha=1):
+        if not eligible(a, b, cpu=cpu):
+            return fallback(aten.addmm.default, bias, a, b, beta=beta, alpha=alpha)
+        out = product(a, b)
+        out = out if alpha == 1 else out * alpha
+        return out + (bias if beta == 1 else bias * beta)
+
+    return {**table, aten.mm.default: mm, aten.bmm.default: bmm, aten.addmm.default: addmm}
+
+
+@contextlib.contextmanager
+def compensated_products(*, cpu: bool = False):
+    """Inside: Inductor's decomposition table (``select_decomp_table``, as deepmd-kit's compiled
+    inference reads it at each compile) turns eligible float32 products into compensated ones.
+    ``cpu`` lets CPU products take it too (the tests' check of the rewrite)."""
+    from torch._inductor import decomposition
+
+    original = decomposition.select_decomp_table
+
+    def select_decomp_table():
+        return _decompositions(original(), cpu=cpu)
+
+    decomposition.select_decomp_table = select_decomp_table
+    try:
+        yield
+    finally:
+        decomposition.select_decomp_table = original
