@@ -139,7 +139,8 @@ part_tests() {
   # GPU_TESTS: the test files or node ids to run (default: every GPU test); GPU_TESTS_K: a -k filter.
   # deepmd-kit's inference switches, set for another part of the call, are not the tests' (a model
   # built under DP_TRITON_INFER cannot be deep-copied, which the tests do)
-  env -u DP_TRITON_INFER -u DP_COMPILE_INFER -u DP_TF32_INFER timeout "$(left)" python3 -m pytest ${GPU_TESTS:-tests/gpu} -m gpu -q -p no:cacheprovider -rs --durations=15 \
+  # -v: each test named as it ends, so a run the budget cuts off shows where it stood
+  env -u DP_TRITON_INFER -u DP_COMPILE_INFER -u DP_TF32_INFER timeout "$(left)" python3 -m pytest ${GPU_TESTS:-tests/gpu} -m gpu -v -p no:cacheprovider -rs --durations=15 \
     ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} --deselect tests/gpu/test_gpu_freeze.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 32
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("gpu tests rc=$r: $(tail -n 1 "$OUT/gpu_tests.log")")
   if [ "${FREEZE:-1}" = 0 ]; then summary+=("gpu freeze tests skipped (FREEZE=0)"); return; fi

@@ -308,6 +308,38 @@ def test_an_accelerated_models_compiled_inference_traces_mixstacks_operators_who
     assert not compiled.marked(fast)
 
 
+@pytest.mark.parametrize("products", ["exact", "compensated"])
+def test_a_model_marked_compensated_compiles_inside_the_compensated_decompositions(model, monkeypatch, products):
+    """``accelerate(..., rest_products=)``: deepmd-kit's ``forward_common_lower`` (where its compiled
+    inference traces and lowers) reads Inductor's decomposition table with the compensated products
+    for a model marked so, and deepmd-kit's own table otherwise; a bad value is named."""
+    from torch._inductor import decomposition
+
+    from mixstack.deepmd import compiled
+    from mixstack.deepmd.convolution import MixstackSO2Convolution
+
+    original, seen = decomposition.select_decomp_table, []
+    forward = MixstackSO2Convolution.forward
+
+    def spy(self, *args, **kwargs):
+        seen.append(decomposition.select_decomp_table is original)
+        return forward(self, *args, **kwargs)
+
+    coord, atype, box = _frame(seed=4)
+    fast = copy.deepcopy(model)
+    with pytest.raises(ValueError, match="rest_products"):
+        accelerate(fast, level=0, rest_products="tf32")
+    accelerate(fast, level=0, rest_products=products)
+    assert compiled.rest_products(fast) == products
+    monkeypatch.setattr(compiled, "_on_cuda", lambda _model: True)
+    monkeypatch.setattr(MixstackSO2Convolution, "forward", spy)
+    fast.forward_common_lower(*edge_inputs(fast, coord, atype, box), use_compile=False)
+    assert seen and all(flag is (products == "exact") for flag in seen)
+    assert decomposition.select_decomp_table is original
+    restore(fast)
+    assert compiled.rest_products(fast) == "exact"
+
+
 @pytest.mark.slow
 def test_compiled_inference_with_mixstacks_operators_inside_matches_the_eager_frame(monkeypatch):
     """``FrameRunner(compile=True)``: deepmd-kit's ``DP_COMPILE_INFER`` path (``core_compute`` traced

@@ -77,29 +77,34 @@ def test_the_batched_product_matches_each_batch():
 
 
 def test_which_products_take_the_form():
-    f32, gen = torch.float32, torch.Generator().manual_seed(2)
-    a, b = torch.randn(40, 32, generator=gen), torch.randn(32, 24, generator=gen)
+    gen = torch.Generator().manual_seed(2)
+    a, b = torch.randn(160, 32, generator=gen), torch.randn(32, 144, generator=gen)
     assert not eligible(a, b)                               # a CPU product stays as it is
     assert eligible(a, b, cpu=True)
     assert not eligible(a.double(), b.double(), cpu=True)
     assert not eligible(a[:, :8], b[:8], cpu=True)          # a short contraction
-    assert not eligible(a, b[:, :4], cpu=True)              # a narrow output
-    assert not eligible(a[:4], b, cpu=True)
-    assert a.dtype == f32
+    assert not eligible(a, b[:, :64], cpu=True)             # rows used too few times to pay for the split
+    assert not eligible(a[:100], b, cpu=True)
+    with torch._subclasses.FakeTensorMode(shape_env=torch.fx.experimental.symbolic_shapes.ShapeEnv()) as mode:
+        edges = mode.shape_env.create_unbacked_symint()
+        rows = torch.empty(edges, 32)
+        assert eligible(rows, torch.empty(32, 144), cpu=True)       # edge rows, each used 144 times
+        assert not eligible(rows, torch.empty(32, 64), cpu=True)
+        assert not eligible(torch.empty(27, 32), torch.empty(32, edges), cpu=True)
 
 
 class _Layers(torch.nn.Module):
     def __init__(self):
         super().__init__()
         gen = torch.Generator().manual_seed(3)
-        self.w1 = torch.nn.Parameter(torch.randn(32, 48, generator=gen) * 0.2)
-        self.b1 = torch.nn.Parameter(torch.randn(48, generator=gen))
-        self.w2 = torch.nn.Parameter(torch.randn(4, 48, 24, generator=gen) * 0.2)
-        self.w3 = torch.nn.Parameter(torch.randn(48, 2, generator=gen))      # too narrow: stays fp32
+        self.w1 = torch.nn.Parameter(torch.randn(27, 144, generator=gen) * 0.2)       # padded to 32
+        self.b1 = torch.nn.Parameter(torch.randn(144, generator=gen))
+        self.w2 = torch.nn.Parameter(torch.randn(1, 144, 136, generator=gen) * 0.2)
+        self.w3 = torch.nn.Parameter(torch.randn(144, 2, generator=gen))      # too narrow: stays fp32
 
     def forward(self, x):
         h = torch.tanh(torch.addmm(self.b1, x, self.w1))
-        g = torch.bmm(h.reshape(4, -1, 48), self.w2)
+        g = torch.bmm(h.reshape(1, -1, 144), self.w2)
         return g.sum() + (h @ self.w3).sum(), g
 
 
@@ -112,7 +117,7 @@ def test_the_decomposition_rewrites_a_lowered_graph_and_the_result_keeps_the_bou
     from torch.fx.experimental.proxy_tensor import make_fx
 
     module = _Layers()
-    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(160, 27, generator=torch.Generator().manual_seed(4))
     traced = make_fx(module)(x)
     graphs = []
 
@@ -126,17 +131,40 @@ def test_the_decomposition_rewrites_a_lowered_graph_and_the_result_keeps_the_bou
         compiled = aot_module_simplified(traced, [x], fw_compiler=compiler, inference_compiler=compiler,
                                          decompositions=table)
     assert decomposition.select_decomp_table is select_decomp_table, "the table is restored on exit"
-    targets = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
     float32_products = [n for n in graphs[0].graph.nodes if n.op == "call_function"
                         and n.target in (torch.ops.aten.mm.default, torch.ops.aten.bmm.default,
                                          torch.ops.aten.addmm.default)
                         and n.meta["val"].dtype == torch.float32 and n.args[0].meta["val"].dtype == torch.float32]
     # the narrow product stays fp32; the two others became the split and an fp64 sum (the CPU's form)
     assert len(float32_products) == 1 and float32_products[0].args[1].meta["val"].shape[-1] == 2
-    assert targets.count(torch.ops.aten.cat.default) >= 4
+    cats = [n for n in graphs[0].graph.nodes if n.target == torch.ops.aten.cat.default]
+    assert len(cats) >= 4 and all(n.meta["val"].shape[n.args[1]] % 8 == 0 for n in cats), "aligned thirds"
     _, g = compiled(x)
     with torch.no_grad():
         h = torch.tanh(torch.addmm(module.b1, x, module.w1))
-        g_exact = torch.bmm(h.double().reshape(4, -1, 48), module.w2.double())
-        cond = h.double().abs().reshape(4, -1, 48) @ module.w2.double().abs()
+        g_exact = torch.bmm(h.double().reshape(1, -1, 144), module.w2.double())
+        cond = h.double().abs().reshape(1, -1, 144) @ module.w2.double().abs()
     assert ((g.double() - g_exact).abs() / cond).max().item() <= 4 * BOUND
+
+
+def test_a_freezes_target_and_the_setting_choose_the_decompositions(monkeypatch):
+    from torch._inductor import compile_fx, decomposition
+
+    from mixstack.core import config
+    from mixstack.deepmd.rest_products import for_target
+
+    original = decomposition.select_decomp_table
+    with for_target("cuda", "compensated"):
+        assert decomposition.select_decomp_table is not original
+        assert compile_fx.select_decomp_table is decomposition.select_decomp_table   # AOTInductor's too
+    assert decomposition.select_decomp_table is compile_fx.select_decomp_table is original
+    for device, products in (("cpu", "compensated"), ("cuda", "exact")):
+        with for_target(device, products):
+            assert decomposition.select_decomp_table is original
+    monkeypatch.delenv("MIXSTACK_DEEPMD_REST_PRODUCTS", raising=False)
+    assert config.deepmd_rest_products() == "exact"
+    monkeypatch.setenv("MIXSTACK_DEEPMD_REST_PRODUCTS", "compensated")
+    assert config.deepmd_rest_products() == "compensated"
+    monkeypatch.setenv("MIXSTACK_DEEPMD_REST_PRODUCTS", "tf32")
+    with pytest.raises(ValueError, match="MIXSTACK_DEEPMD_REST_PRODUCTS"):
+        config.deepmd_rest_products()

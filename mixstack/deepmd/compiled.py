@@ -23,13 +23,14 @@ import functools
 
 import torch
 
+from ..core import config
 from ..dispatch.guards import opaque_operators
 from .rest_products import compensated_products
 
 _MARK = "_mixstack_opaque_trace"
 _PRODUCTS = "_mixstack_rest_products"
 _WRAPPED = "_mixstack_opaque"
-REST_PRODUCTS = ("exact", "compensated")
+REST_PRODUCTS = config.REST_PRODUCTS
 
 
 def marked(model: torch.nn.Module) -> bool:

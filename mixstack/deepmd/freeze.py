@@ -22,6 +22,10 @@ graph to its target device (``deepmd.pt_expt.utils.env.DEVICE``).  ``install_exp
 ``_trace_and_export``, which both its ``.pt2`` and ``.pte`` writers call: for a CUDA target, the
 same model's keys first go to ``tune``, then the trace runs inside the kernel target.
 
+With ``MIXSTACK_DEEPMD_REST_PRODUCTS=compensated`` a CUDA target's package runs the rest of the
+model's float32 products as compensated fp16 products (``rest_products``; the decomposition is in
+place while AOTInductor lowers the exported graph).
+
 With ``MIXSTACK_PRIVATE_CXX_RUNTIME=1`` both routes compile their ``.pt2`` with a private, hidden
 copy of libstdc++ (``mixstack.cxx_runtime``).
 
@@ -38,8 +42,10 @@ import sys
 import torch
 
 from .. import cxx_runtime
+from ..core import config
 from ..dispatch import guards, levels
 from ..export import check_level3, stack_keys, tune_for_freeze
+from . import rest_products
 
 logger = logging.getLogger("deepmd.mixstack")
 
@@ -86,7 +92,9 @@ def install() -> None:
     def freeze_sezm_to_pt2(ckpt_path, out_path, *, device=None, **kwargs):
         from deepmd.pt.utils.env import DEVICE
 
-        with target(device if device is not None else DEVICE), cxx_runtime.private_runtime():
+        where = device if device is not None else DEVICE
+        with target(where), cxx_runtime.private_runtime(), \
+                rest_products.for_target(where, config.deepmd_rest_products()):
             return freeze(ckpt_path, out_path, device=device, **kwargs)
 
     @functools.wraps(tune_tables)
@@ -180,7 +188,7 @@ def install_expt() -> None:
             model = _expt_model(data)
             if model is not None:
                 tune(model, device)
-        with target(device):
+        with target(device), rest_products.for_target(device, config.deepmd_rest_products()):
             return trace(data, *args, **kwargs)
 
     @functools.wraps(write_pt2)

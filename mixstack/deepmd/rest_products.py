@@ -23,10 +23,18 @@ can fold ``x - fp16(x)`` to zero (as Inductor does to that form in ATen ops).
 The rewrite is a decomposition: ``compensated_products()`` adds entries for ``aten.mm``,
 ``aten.bmm`` and ``aten.addmm`` to the table deepmd-kit hands AOTAutograd
 (``torch._inductor.decomposition.select_decomp_table``, looked up at each compile), so the
-lowered graph holds the split as elementwise work that Inductor fuses into its producers, and the
-products as cuBLAS fp16 GEMMs.  Only float32 products on a GPU whose contraction is at least
-``MIN_K`` and whose output is at least ``MIN_SIDE`` on both sides take it (a tiny product is not
-worth a split); every other product is left to the table's own entry.
+lowered graph holds the split as elementwise work that Inductor fuses where it can, and the
+products as cuBLAS fp16 GEMMs.  Each third of the contraction is zero-padded to a multiple of
+``ALIGN`` (fp16 GEMMs on tensor cores want 16-byte rows; an unaligned one fell back to a slow
+sm_75 kernel on an H100).  The split reads the larger operand twice (its row maxima, then the
+split) and writes it three times at half the width, so only products that reuse each of its rows
+many times can pay: a float32 product on a GPU takes the form when its contraction is at least
+``MIN_K`` and the output side that the larger operand does not span is at least ``MIN_REUSE``
+(with the larger operand's own rows symbolic, an edge or atom count, or both sides at least
+``MIN_REUSE``); every other product is left to the table's own entry.  Measured against the exact
+products on an H100 (BENCHMARKS.md, "The rest of the model's products, compensated"): slower in
+the water frame before these two rules; opt-in (``accelerate(..., rest_products=)``) until a
+measurement says otherwise.
 """
 
 from __future__ import annotations
@@ -38,7 +46,8 @@ import torch
 aten = torch.ops.aten
 
 MIN_K = 16          # contraction length below which a product stays exact fp32
-MIN_SIDE = 16       # output rows / columns below which a product stays exact fp32
+MIN_REUSE = 128     # uses of each of the larger operand's rows below which the split does not pay
+ALIGN = 8           # fp16 elements in 16 bytes: each third of the contraction padded to a multiple
 _EXPONENT = 0x7F800000
 _HALF_ULP11 = 0x1000     # half a unit in the 11th significant bit of an fp32 value
 _KEEP11 = -0x2000        # 0xFFFFE000: sign, exponent and the top 10 stored mantissa bits
@@ -65,6 +74,10 @@ def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     fp16 GEMM over the split operands with a float32 result (see the module's doc)."""
     a_hi, a_lo, a_scale = split(a, -1)
     b_hi, b_lo, b_scale = split(b, -2)
+    pad = -a.shape[-1] % ALIGN
+    if pad:                                     # zero columns of a and rows of b add nothing
+        a_hi, a_lo = (torch.nn.functional.pad(t, (0, pad)) for t in (a_hi, a_lo))
+        b_hi, b_lo = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (b_hi, b_lo))
     a3 = torch.cat((a_hi, a_hi, a_lo), dim=-1)
     b3 = torch.cat((b_hi, b_lo, b_hi), dim=-2)
     if a.device.type == "cpu":      # no fp16 GEMM with an fp32 result there: the same products, summed in fp64
@@ -82,8 +95,8 @@ def _static(n) -> int | None:
 
 def eligible(a: torch.Tensor, b: torch.Tensor, *, cpu: bool = False) -> bool:
     """Whether ``a @ b`` takes the compensated form: both float32 on a GPU (or the CPU where
-    ``cpu``), a static contraction of at least ``MIN_K``, and no static output side under
-    ``MIN_SIDE`` (a symbolic side, an edge or atom count, counts as long)."""
+    ``cpu``), a static contraction of at least ``MIN_K``, and each row of the larger operand used
+    at least ``MIN_REUSE`` times (see the module's doc; a symbolic side counts as the larger)."""
     if a.dtype != torch.float32 or b.dtype != torch.float32:
         return False
     if a.device.type != "cuda" and not (cpu and a.device.type == "cpu"):
@@ -91,7 +104,12 @@ def eligible(a: torch.Tensor, b: torch.Tensor, *, cpu: bool = False) -> bool:
     k = _static(a.shape[-1])
     if k is None or k < MIN_K:
         return False
-    return all(side is None or side >= MIN_SIDE for side in (_static(a.shape[-2]), _static(b.shape[-1])))
+    m, n = _static(a.shape[-2]), _static(b.shape[-1])
+    if m is None and n is None:
+        return False
+    if m is None or n is None:              # the symbolic side is the larger operand's rows
+        return (n if m is None else m) >= MIN_REUSE
+    return min(m, n) >= MIN_REUSE
 
 
 def _decompositions(table: dict, *, cpu: bool = False) -> dict:
@@ -120,17 +138,29 @@ def _decompositions(table: dict, *, cpu: bool = False) -> dict:
 @contextlib.contextmanager
 def compensated_products(*, cpu: bool = False):
     """Inside: Inductor's decomposition table (``select_decomp_table``, as deepmd-kit's compiled
-    inference reads it at each compile) turns eligible float32 products into compensated ones.
-    ``cpu`` lets CPU products take it too (the tests' check of the rewrite)."""
-    from torch._inductor import decomposition
+    inference reads it at each compile and AOTInductor's ``compile_fx`` for a frozen package)
+    turns eligible float32 products into compensated ones.  ``cpu`` lets CPU products take it too
+    (the tests' check of the rewrite)."""
+    from torch._inductor import compile_fx, decomposition
 
     original = decomposition.select_decomp_table
 
     def select_decomp_table():
         return _decompositions(original(), cpu=cpu)
 
-    decomposition.select_decomp_table = select_decomp_table
+    owners = [m for m in (decomposition, compile_fx) if getattr(m, "select_decomp_table", None) is original]
+    for owner in owners:
+        owner.select_decomp_table = select_decomp_table
     try:
         yield
     finally:
-        decomposition.select_decomp_table = original
+        for owner in owners:
+            owner.select_decomp_table = original
+
+
+def for_target(device, products: str) -> contextlib.AbstractContextManager:
+    """``compensated_products()`` where ``products`` is ``"compensated"`` and ``device`` a GPU (a
+    freeze's target); nothing otherwise."""
+    if products == "compensated" and torch.device(device).type == "cuda":
+        return compensated_products()
+    return contextlib.nullcontext()
