@@ -4,21 +4,23 @@ inside deepmd-kit's compiled inference.
 In an accelerated SeZM frame the stack's products are mixstack's kernels, but deepmd-kit's own
 layers (radial and grid MLPs, the S2-grid transforms, attention projections, their gradients)
 run as exact fp32 products on cuBLAS at the FFMA rate.  Here each of those products becomes
-three fp16 tensor-core products with fp32 accumulation, the arithmetic of level 3's stack
-kernels (``kernels.compensated``; docs/contract.md §3):
+three fp16 tensor-core products with fp32 accumulation, the split of level 3's stack kernels
+(``kernels.compensated``; docs/contract.md §3):
 
-    a @ b  ~=  (a_hi @ b_hi + a_hi @ b_lo + a_lo @ b_hi) * s_a * s_b
+    a @ b  ~=  (a_hi @ b_hi + 2^-11 (a_hi @ b_lo + a_lo @ b_hi)) * s_a * s_b
 
 ``a``'s rows and ``b``'s columns are first brought into [1, 2) by exact powers of two ``s`` (the
 largest magnitude along the contraction), so fp16's range costs nothing; ``x_hi`` is ``x``
-rounded to fp16's 11 significant bits by integer arithmetic on its fp32 bits and ``x_lo = x -
-x_hi`` (exact), held in fp16: together ~22 bits, each product ~2^-22 of ``|a| |b|``, the dropped
-tail-tail product below that.  Values far below their row's largest (2^-14 and under) fall into
-fp16's subnormals, where their error stays under 2^-25 of that largest value.  NaN and Inf
-propagate.  The three products are one GEMM over the contraction laid out three times,
-``[a_hi | a_hi | a_lo] @ [b_hi ; b_lo ; b_hi]``, with a float32 result (``mm`` / ``bmm`` with
-``out_dtype``).  The head comes from bit arithmetic, not from a cast and back, so no compiler
-can fold ``x - fp16(x)`` to zero (as Inductor does to that form in ATen ops).
+rounded to fp16's 11 significant bits by integer arithmetic on its fp32 bits and ``x_lo`` the
+rest scaled by 2^11, in fp16: together ~22 bits, each product ~2^-22 of ``|a| |b|``, the
+dropped tail-tail product below that.  Values far below their row's largest fall into fp16's
+subnormals, where their error stays under 2^-25 of that largest value.  NaN and Inf propagate.
+The three products are one GEMM over the contraction laid out three times,
+``[a_hi | a_hi | a_lo] @ [2^11 b_hi ; b_lo ; b_hi]`` (``2^11 b_hi`` is exact in fp16), with a
+float32 result (``mm`` / ``bmm`` with ``out_dtype``) that the scales times 2^-11 undo; unlike
+level 3's kernels, head and tails share one accumulator.  The head comes from bit arithmetic,
+not from a cast and back, so no compiler can fold ``x - fp16(x)`` to zero (as Inductor does to
+that form in ATen ops).
 
 The rewrite is a decomposition: ``compensated_products()`` adds entries for ``aten.mm``,
 ``aten.bmm`` and ``aten.addmm`` to the table deepmd-kit hands AOTAutograd
@@ -51,6 +53,7 @@ ALIGN = 8           # fp16 elements in 16 bytes: each third of the contraction p
 _EXPONENT = 0x7F800000
 _HALF_ULP11 = 0x1000     # half a unit in the 11th significant bit of an fp32 value
 _KEEP11 = -0x2000        # 0xFFFFE000: sign, exponent and the top 10 stored mantissa bits
+TAIL_SCALE = 2048.0      # 2^11: a tail in fp16 keeps its 11 bits down to 2^-25 of the row's largest
 
 
 def _pow2_floor(amax: torch.Tensor) -> torch.Tensor:
@@ -61,12 +64,13 @@ def _pow2_floor(amax: torch.Tensor) -> torch.Tensor:
 
 
 def split(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(hi, lo, scale)``: ``x / scale == hi + lo`` to within 2^-22 of the largest magnitude along
-    ``dim`` (which ``scale``, a power of two, brings into [1, 2)); ``hi`` and ``lo`` in fp16."""
+    """``(hi, lo, scale)``: ``x / scale == hi + lo / 2^11`` to within 2^-22 of the largest
+    magnitude along ``dim`` (which ``scale``, a power of two, brings into [1, 2)); ``hi`` and
+    ``lo`` in fp16."""
     scale = _pow2_floor(x.abs().amax(dim=dim, keepdim=True))
     y = x / scale
     hi = ((y.view(torch.int32) + _HALF_ULP11) & _KEEP11).view(torch.float32)
-    return hi.to(torch.float16), (y - hi).to(torch.float16), scale
+    return hi.to(torch.float16), ((y - hi) * TAIL_SCALE).to(torch.float16), scale
 
 
 def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -79,14 +83,14 @@ def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         a_hi, a_lo = (torch.nn.functional.pad(t, (0, pad)) for t in (a_hi, a_lo))
         b_hi, b_lo = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (b_hi, b_lo))
     a3 = torch.cat((a_hi, a_hi, a_lo), dim=-1)
-    b3 = torch.cat((b_hi, b_lo, b_hi), dim=-2)
+    b3 = torch.cat((b_hi * TAIL_SCALE, b_lo, b_hi), dim=-2)
     if a.device.type == "cpu":      # no fp16 GEMM with an fp32 result there: the same products, summed in fp64
         raw = (a3.double() @ b3.double()).float()
     elif a.dim() == 2:
         raw = aten.mm.dtype(a3, b3, torch.float32)
     else:
         raw = aten.bmm.dtype(a3, b3, torch.float32)
-    return raw * a_scale * b_scale
+    return raw * (a_scale * (1.0 / TAIL_SCALE)) * b_scale
 
 
 def _static(n) -> int | None:
