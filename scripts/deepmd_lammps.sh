@@ -32,7 +32,8 @@
 #   the remaining parts (an existing plain.pt2 / accel.pt2 is not frozen again; FREEZE_AGAIN=1 does);
 #   FREEZE_THREADS=N: the freezes' OMP_NUM_THREADS (default 1 for a PT-expt freeze to a CPU target,
 #   where torch 2.11's C++ Inductor fails on the with-comm graph with more; else unset).
-#   --freezes "plain accel" (default) picks the freezes (two AOTInductor compiles each: the main graph and
+#   --freezes "plain accel" (default) picks the freezes ("accelp": accel with the rest of the model's
+#   products compensated, MIXSTACK_DEEPMD_REST_PRODUCTS=compensated) (two AOTInductor compiles each: the main graph and
 #   deepmd-kit's multi-rank with-comm graph), so that a 10-minute call can hold one of them;
 #   FREEZE_PARALLEL=1 runs them side by side, the next one started when the one before has tuned
 #   (its log reaches deepmd-kit's "Tracing the lower graph"), so that two freezes' compiles overlap.
@@ -148,7 +149,8 @@ fi
 
 # -- 2. the two freezes ---------------------------------------------------------------------------
 freeze() {           # NAME MIXSTACK_DEEPMD
-  local name=$1 on=$2 t0 how
+  local name=$1 on=$2 t0 how products=exact
+  [ "$name" = accelp ] && products=compensated
   if [ -f "$WORK/$name.pt2" ] && [ "${FREEZE_AGAIN:-0}" != 1 ]; then
     note "freeze $name: $WORK/$name.pt2 kept from an earlier call"; return
   fi
@@ -159,13 +161,14 @@ freeze() {           # NAME MIXSTACK_DEEPMD
   else how=(--pt-expt freeze -c model.pt -o "$name.pt2" --lower-kind graph); fi
   (cd "$WORK" && { [ -z "$FREEZE_THREADS" ] \
      || export OMP_NUM_THREADS=$FREEZE_THREADS DP_INTRA_OP_PARALLELISM_THREADS=$FREEZE_THREADS; } \
-     && MIXSTACK_DEEPMD=$on timeout "$(left)" "${DP[@]}" "${how[@]}") > "$OUT/freeze-$name.log" 2>&1
+     && MIXSTACK_DEEPMD=$on MIXSTACK_DEEPMD_REST_PRODUCTS=$products timeout "$(left)" "${DP[@]}" "${how[@]}") \
+    > "$OUT/freeze-$name.log" 2>&1
   r=$?; rc=$(( rc || r ))
   # a failed PT-expt freeze leaves its main archive without deepmd-kit's metadata: set aside, so that
   # the later parts (and calls) do not take it for a package
   [ "$r" = 0 ] || { [ -f "$WORK/$name.pt2" ] && mv "$WORK/$name.pt2" "$WORK/$name.pt2.failed"; }
   grep -E "DEEPMD (INFO|WARNING|ERROR)|Error|error:|^  " "$OUT/freeze-$name.log" | grep -v -e "^  return" -e "@article" -e " = {" -e "Thank you" | tail -n 14
-  note "freeze $name (dp $DPB, MIXSTACK_DEEPMD=$on, target $DEVICE_ARG${FREEZE_THREADS:+, $FREEZE_THREADS thread(s)}) rc=$r$(signal "$r") in $(( $(date +%s) - t0 )) s:" \
+  note "freeze $name (dp $DPB, MIXSTACK_DEEPMD=$on, rest products $products, target $DEVICE_ARG${FREEZE_THREADS:+, $FREEZE_THREADS thread(s)}) rc=$r$(signal "$r") in $(( $(date +%s) - t0 )) s:" \
     "$(ls -l "$WORK/$name.pt2"* 2>/dev/null | awk '{printf "%.1f MiB", $5 / 2^20}')" \
     "$(grep -o 'Compiling the [a-zA-Z -]*' "$OUT/freeze-$name.log" | sed -n '$p')"
 }
@@ -174,7 +177,7 @@ freeze() {           # NAME MIXSTACK_DEEPMD
 # a float64 atomic_add scatter into a [1, 1] buffer, vectorized; one thread takes the scalar path), so
 # that freeze traces and compiles with one (the package's CPU kernels then run on one thread)
 FREEZE_THREADS=${FREEZE_THREADS-$([ "$BACKEND$DEVICE_ARG" = pt_exptcpu ] && echo 1)}
-freeze_flag() { case "$1" in plain) echo 0 ;; accel) echo 1 ;; *) echo "--freezes: plain and/or accel, not $1" >&2; return 1 ;; esac; }
+freeze_flag() { case "$1" in plain) echo 0 ;; accel|accelp) echo 1 ;; *) echo "--freezes: plain, accel and/or accelp, not $1" >&2; return 1 ;; esac; }
 if has freeze && [ "${FREEZE_PARALLEL:-0}" = 1 ]; then
   # side by side: each freeze in a subshell (its note and rc through files), the next one started
   # once the one before has tuned (its log reaches the trace), so that no two tunings time the GPU
@@ -206,7 +209,7 @@ fi
 
 # -- 3. what each .pt2 holds ----------------------------------------------------------------------
 pt2s=()
-for name in plain accel; do [ -f "$WORK/$name.pt2" ] && pt2s+=("$WORK/$name.pt2"); done
+for name in plain accel accelp; do [ -f "$WORK/$name.pt2" ] && pt2s+=("$WORK/$name.pt2"); done
 if has inspect && [ "${#pt2s[@]}" -gt 0 ]; then
   "$PY" "$HELP" inspect "${pt2s[@]}" --json "$OUT/kernels.json" 2> "$OUT/inspect.err" | tee "$OUT/inspect.log"
   r=${PIPESTATUS[0]}; rc=$(( rc || r ))
@@ -242,7 +245,7 @@ if has deeppot; then
   if [ "$BACKEND" = pt ]; then ref=deeppot; else ref=eager; fi
   deeppot ckpt-plain model.pt 0 "$ref"
   deeppot ckpt-accel model.pt 1 "$ref"
-  for name in plain accel; do [ -f "$WORK/$name.pt2" ] && deeppot "pt2-$name" "$name.pt2" 0; done
+  for name in plain accel accelp; do [ -f "$WORK/$name.pt2" ] && deeppot "pt2-$name" "$name.pt2" 0; done
 fi
 
 # -- 5. LAMMPS ------------------------------------------------------------------------------------
@@ -250,7 +253,7 @@ if has lammps; then
   # MPICH's mpirun from the mpich package (the one liblammps.so's libmpi.so.12 comes from), else PATH's
   MPIRUN=$("$PY" -c "from mixstack.lammps.runtime import mpi_tool; print(mpi_tool('mpirun') or '')" 2>/dev/null)
   CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)      # nproc reads OMP_NUM_THREADS
-  for name in plain accel; do
+  for name in plain accel accelp; do
     [ -f "$WORK/$name.pt2" ] || continue
     for n in $RANKS; do
       tag=lmp$n-$name
