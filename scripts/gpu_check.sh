@@ -50,6 +50,8 @@
 #   "pt2conv": repro/pt2_conv_kernels.py (PT2CONV_ARGS, default --load; the wheels of .whl/ and the LAMMPS
 #   carry's MPICH): deepmd-kit's freeze steps on a one-block accelerated model with the convolution's
 #   operators recorded, the kernels AOTInductor refuses, the package's kernels and outputs, ~2 min.
+#   "restprobe": scripts/rest_products_probe.py (RESTPROBE_ARGS): deepmd-kit's products at the water and 2-stream
+#   configs' shapes, exact fp32 against the compensated form eager and compiled, under $OUT/restprobe, ~2 min.
 #   "convprobe": scripts/conv_probe.py (CONVPROBE_ARGS): rotate-in forward and backward at the
 #   frame's shape per edge-kernel launch config, then `ncu` on one NCU_KERNEL launch (default
 #   rotate_in_grad_kernel), under $OUT/convprobe.
@@ -269,6 +271,13 @@ part_pt2conv() {
     | grep -v -e Warning -e warnings.warn -e "To get the best" | tail -n 20
   r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("pt2conv rc=$r: $(grep -m1 '^compile:' "$OUT/pt2conv.log")")
 }
+part_restprobe() {
+  # deepmd-kit's products one at a time: exact fp32 against mixstack.deepmd.rest_products (RESTPROBE_ARGS)
+  mkdir -p "$OUT/restprobe"
+  timeout "$(left)" python3 scripts/rest_products_probe.py ${RESTPROBE_ARGS:-} --out "$OUT/restprobe" 2>&1 \
+    | tee "$OUT/restprobe.log" | tail -n 16
+  r=${PIPESTATUS[0]}; rc=$(( rc || r )); summary+=("rest products probe rc=$r")
+}
 part_convprobe() {
   # rotate-in's forward and backward at the frame's shape per edge-kernel launch config, then
   # Nsight Compute on one backward kernel (CONVPROBE_ARGS, NCU_KERNEL)
@@ -455,10 +464,10 @@ part_deepmdlammps() {
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|stackprobe|deepmdprobe|pt2conv|convprobe|train|lammps|scaling|tma|tmaprobe|gluonprobe|aoti|pt2|deepmd|deepmdlammps)
+    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|stackprobe|deepmdprobe|pt2conv|restprobe|convprobe|train|lammps|scaling|tma|tmaprobe|gluonprobe|aoti|pt2|deepmd|deepmdlammps)
       "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, stackprobe, deepmdprobe, pt2conv, convprobe, train, lammps, scaling, tma, tmaprobe, gluonprobe, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, stackprobe, deepmdprobe, pt2conv, restprobe, convprobe, train, lammps, scaling, tma, tmaprobe, gluonprobe, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
