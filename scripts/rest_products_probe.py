@@ -1,6 +1,7 @@
 """The rest of deepmd-kit's model's products, one at a time: exact fp32 (cuBLAS, TF32 off) against
 ``mixstack.deepmd.rest_products.product`` run eagerly (its split as separate passes) and compiled
-by Inductor (the split fused, as in deepmd-kit's compiled inference), at the shapes of the water
+by Inductor (the split fused, as in deepmd-kit's compiled inference), and against
+``product_kernel`` (one Triton kernel, ``A`` split in registers) at two row tiles, at the shapes of the water
 and 2-stream configs' products at ~4,000 atoms (mixstack's stack excluded).  Interleaved CUDA-event
 medians, the error of each against float64 relative to ``|a| @ |b|``, and whether
 ``rest_products.eligible`` takes the product.
@@ -68,7 +69,7 @@ def main(argv=None) -> int:
     compiled = None if args.no_compile else torch.compile(rest_products.product, dynamic=False)
     rows = []
     print(f"{'shape':26} {'B,M,K,N':>26} {'eligible':>8} {'fp32 ms':>9} {'eager x':>8} {'compiled x':>10} "
-          f"{'err fp32':>9} {'err comp':>9}")
+          f"{'kernel x (64/128)':>18} {'err fp32':>9} {'err comp':>9} {'err kern':>9}")
     for name in args.shape or SHAPES:
         batch, m, k, n, grows = SHAPES[name]
         m, n = (max(16, int(m * args.scale)), n) if grows == "M" else (m, max(16, int(n * args.scale)))
@@ -77,15 +78,22 @@ def main(argv=None) -> int:
         variants = {"fp32": lambda: a @ b, "eager": lambda: rest_products.product(a, b)}
         if compiled is not None:
             variants["compiled"] = lambda: compiled(a, b)
+        if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+            variants["kernel64"] = lambda: rest_products.product_kernel(a, b, block_m=64)
+            variants["kernel128"] = lambda: rest_products.product_kernel(a, b, block_m=128)
         samples = time_interleaved(variants, rounds=args.rounds, warmup=2, clock=clock_for(device))
         med = {key: s.median * 1e3 for key, s in samples.items()}
         errors = {"fp32": relative_error(a @ b, a, b), "compensated": relative_error(rest_products.product(a, b), a, b)}
+        if "kernel64" in variants:
+            errors["kernel"] = relative_error(rest_products.product_kernel(a, b), a, b)
         rows.append({"shape": name, "batch": batch, "m": m, "k": k, "n": n, "eligible": eligible, "ms": med,
                      "error": errors})
         ratio = {key: med["fp32"] / v for key, v in med.items()}
+        nan = float("nan")
+        kernels = f"{ratio.get('kernel64', nan):.2f}/{ratio.get('kernel128', nan):.2f}"
         print(f"{name:26} {f'{batch},{m},{k},{n}':>26} {str(eligible):>8} {med['fp32']:9.3f} {ratio['eager']:8.2f} "
-              f"{ratio.get('compiled', float('nan')):10.2f} {errors['fp32']:9.1e} {errors['compensated']:9.1e}",
-              flush=True)
+              f"{ratio.get('compiled', nan):10.2f} {kernels:>18} {errors['fp32']:9.1e} {errors['compensated']:9.1e} "
+              f"{errors.get('kernel', nan):9.1e}", flush=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "rest_products_probe.json"), "w") as f:
