@@ -125,18 +125,19 @@ def test_progress_times_steps_writes_around_them_and_stops_at_the_budget():
     assert record["failed"] == {"step": "two", "error": "ValueError: bad"} and "running" not in record
 
 
-@pytest.mark.parametrize("key, parsed", [("dp0", ("dp", 0, False, False, False, False)),
-                                         ("ms3g", ("ms", 3, False, False, True, False)),
-                                         ("dp2c", ("dp", 2, True, False, False, False)),
-                                         ("dp2ct", ("dp", 2, True, True, False, False)),
-                                         ("ms3cg", ("ms", 3, True, False, True, False)),
-                                         ("ms3cpg", ("ms", 3, True, False, True, True))])
+@pytest.mark.parametrize("key, parsed", [("dp0", ("dp", 0, False, False, False, "exact")),
+                                         ("ms3g", ("ms", 3, False, False, True, "exact")),
+                                         ("dp2c", ("dp", 2, True, False, False, "exact")),
+                                         ("dp2ct", ("dp", 2, True, True, False, "exact")),
+                                         ("ms3cg", ("ms", 3, True, False, True, "exact")),
+                                         ("ms3cpg", ("ms", 3, True, False, True, "compensated")),
+                                         ("ms3ckg", ("ms", 3, True, False, True, "kernel"))])
 def test_variant_names(key, parsed):
     assert bench.parse_variant(key) == parsed
 
 
 @pytest.mark.parametrize("key", ["ms4", "xx2", "dp", "ms2gg", "ms2gc", "dp2tc", "ms2x",
-                                 "dp3cp", "ms3p", "ms3pc"])
+                                 "dp3cp", "ms3p", "ms3pc", "ms3cpk", "dp2ck"])
 def test_a_bad_variant_is_named(key):
     with pytest.raises(ValueError, match=repr(key)):
         bench.parse_variant(key)

@@ -308,7 +308,7 @@ def test_an_accelerated_models_compiled_inference_traces_mixstacks_operators_who
     assert not compiled.marked(fast)
 
 
-@pytest.mark.parametrize("products", ["exact", "compensated"])
+@pytest.mark.parametrize("products", ["exact", "compensated", "kernel"])
 def test_a_model_marked_compensated_compiles_inside_the_compensated_decompositions(model, monkeypatch, products):
     """``accelerate(..., rest_products=)``: deepmd-kit's ``forward_common_lower`` (where its compiled
     inference traces and lowers) reads Inductor's decomposition table with the compensated products

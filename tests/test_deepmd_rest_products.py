@@ -108,13 +108,18 @@ class _Layers(torch.nn.Module):
         return g.sum() + (h @ self.w3).sum(), g
 
 
-def test_the_decomposition_rewrites_a_lowered_graph_and_the_result_keeps_the_bound():
+@pytest.mark.parametrize("form", ["aten", "kernel"])
+def test_the_decomposition_rewrites_a_lowered_graph_and_the_result_keeps_the_bound(form):
     """As deepmd-kit's compiled inference lowers its trace: AOTAutograd with the decomposition table
-    read inside ``compensated_products``, Inductor compiling the result (C++ here)."""
+    read inside ``compensated_products``, Inductor compiling the result (C++ here); the kernel form
+    as the operator, kept whole as ``opaque_operators`` keeps mixstack's operators (its body on a
+    CPU: the same split, the BLAS's sums)."""
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
+
+    from mixstack.dispatch.guards import opaque_operators
 
     module = _Layers()
     x = torch.randn(160, 27, generator=torch.Generator().manual_seed(4))
@@ -125,7 +130,7 @@ def test_the_decomposition_rewrites_a_lowered_graph_and_the_result_keeps_the_bou
         graphs.append(gm)
         return compile_fx_inner(gm, inputs)
 
-    with compensated_products(cpu=True), torch.no_grad():
+    with compensated_products(cpu=True, form=form), opaque_operators(), torch.no_grad():
         from torch._inductor import decomposition
         table = decomposition.select_decomp_table()
         compiled = aot_module_simplified(traced, [x], fw_compiler=compiler, inference_compiler=compiler,
@@ -135,10 +140,16 @@ def test_the_decomposition_rewrites_a_lowered_graph_and_the_result_keeps_the_bou
                         and n.target in (torch.ops.aten.mm.default, torch.ops.aten.bmm.default,
                                          torch.ops.aten.addmm.default)
                         and n.meta["val"].dtype == torch.float32 and n.args[0].meta["val"].dtype == torch.float32]
-    # the narrow product stays fp32; the two others became the split and an fp64 sum (the CPU's form)
+    # the narrow product stays fp32; the two others became the split and an fp64 sum (the CPU's
+    # form), or two calls of the operator
     assert len(float32_products) == 1 and float32_products[0].args[1].meta["val"].shape[-1] == 2
+    operators = [n for n in graphs[0].graph.nodes if n.target == torch.ops.mixstack.compensated_product.default]
     cats = [n for n in graphs[0].graph.nodes if n.target == torch.ops.aten.cat.default]
-    assert len(cats) >= 4 and all(n.meta["val"].shape[n.args[1]] % 8 == 0 for n in cats), "aligned thirds"
+    if form == "kernel":
+        assert len(operators) == 2 and not cats
+    else:
+        assert not operators
+        assert len(cats) >= 4 and all(n.meta["val"].shape[n.args[1]] % 8 == 0 for n in cats), "aligned thirds"
     _, g = compiled(x)
     with torch.no_grad():
         h = torch.tanh(torch.addmm(module.b1, x, module.w1))
@@ -161,6 +172,10 @@ def test_a_freezes_target_and_the_setting_choose_the_decompositions(monkeypatch)
     for device, products in (("cpu", "compensated"), ("cuda", "exact")):
         with for_target(device, products):
             assert decomposition.select_decomp_table is original
+    with pytest.raises(ValueError, match="form"):
+        with rest_products.compensated_products(form="tf32"):
+            pass
+    assert decomposition.select_decomp_table is original
     monkeypatch.delenv("MIXSTACK_DEEPMD_REST_PRODUCTS", raising=False)
     assert config.deepmd_rest_products() == "exact"
     monkeypatch.setenv("MIXSTACK_DEEPMD_REST_PRODUCTS", "compensated")

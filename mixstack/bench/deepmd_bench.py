@@ -65,27 +65,29 @@ SYSTEMS = {"water": (systems.water, ["O", "H"]), "rocksalt": (systems.rocksalt, 
 
 class Variant(NamedTuple):
     """A parsed variant name: who runs the value path (``"dp"`` or ``"ms"``), the level, and the
-    suffixes ``c`` (compiled inference), ``p`` (the rest of the model's products compensated,
-    ``ms`` compiled only), ``t`` (TF32 inference), ``g`` (``FrameRunner``)."""
+    suffixes ``c`` (compiled inference), ``p`` / ``k`` (the rest of the model's products compensated
+    in ATen operations / by mixstack's kernel, ``ms`` compiled only), ``t`` (TF32 inference), ``g``
+    (``FrameRunner``)."""
 
     who: str
     level: int
     compiled: bool = False
     tf32: bool = False
     graphed: bool = False
-    compensated: bool = False
+    products: str = "exact"
 
 
-_VARIANT = re.compile(r"(dp|ms)([0-3])(c?)(p?)(t?)(g?)")
+_VARIANT = re.compile(r"(dp|ms)([0-3])(c?)([pk]?)(t?)(g?)")
+_PRODUCTS = {"": "exact", "p": "compensated", "k": "kernel"}
 
 
 def parse_variant(key: str) -> Variant:
     """``"ms3cg"`` -> ``Variant("ms", 3, compiled=True, graphed=True)``."""
     m = _VARIANT.fullmatch(key) if isinstance(key, str) else None
     if m is None or m[4] and (m[1] != "ms" or not m[3]):
-        raise ValueError(f"variant must be dpN or msN (N in 0..3) with optional suffixes c, p, t, g in that "
-                         f"order (p: ms with c only), got {key!r}")
-    return Variant(m[1], int(m[2]), bool(m[3]), bool(m[5]), bool(m[6]), bool(m[4]))
+        raise ValueError(f"variant must be dpN or msN (N in 0..3) with optional suffixes c, p or k, t, g in that "
+                         f"order (p, k: ms with c only), got {key!r}")
+    return Variant(m[1], int(m[2]), bool(m[3]), bool(m[5]), bool(m[6]), _PRODUCTS[m[4]])
 
 
 @contextlib.contextmanager
@@ -115,7 +117,7 @@ def build_variant(key: str, config: dict, state: dict, device, rest_level: int):
     if v.who == "dp":
         return model, None
     from ..deepmd.accelerate import accelerate
-    return model, accelerate(model, level=v.level, rest_products="compensated" if v.compensated else "exact")
+    return model, accelerate(model, level=v.level, rest_products=v.products)
 
 
 def _frame(model, inputs):

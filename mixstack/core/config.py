@@ -7,7 +7,7 @@
 | ``MIXSTACK_CONV_KERNELS`` | ``0``: the convolution's operators run their reference at every level | — |
 | ``MIXSTACK_PRODUCTS`` | ``auto`` (default): the exact products of the keys the device's grid chose run on the BLAS; ``blas`` / ``triton``: every key's | ``mixstack.tuning.products.use_products`` |
 | ``MIXSTACK_DEEPMD`` | ``1``: deepmd-kit's commands run SeZM (DPA4) models through ``mixstack.deepmd`` | ``mixstack.deepmd.accelerate`` |
-| ``MIXSTACK_DEEPMD_REST_PRODUCTS`` | ``exact`` (default) or ``compensated``: how deepmd-kit's compiled graphs of an accelerated model (its compiled inference, ``dp --pt freeze`` / ``--pt-expt freeze`` to a GPU) run the rest of its float32 products | ``mixstack.deepmd.accelerate(..., rest_products=)`` |
+| ``MIXSTACK_DEEPMD_REST_PRODUCTS`` | ``exact`` (default), ``compensated`` or ``kernel``: how deepmd-kit's compiled graphs of an accelerated model (its compiled inference, ``dp --pt freeze`` / ``--pt-expt freeze`` to a GPU) run the rest of its float32 products | ``mixstack.deepmd.accelerate(..., rest_products=)`` |
 | ``MIXSTACK_FREEZE_TUNE_SECONDS`` | the freeze-time tuning's budget in seconds (default 300; ``0``: no tuning) | ``mixstack.export.tune_for_freeze(..., seconds=)`` |
 | ``MIXSTACK_FREEZE_SINGLE_RANK`` | ``1``: deepmd-kit's freezes write no multi-rank (with-comm) artifact: one AOTInductor compile, a package for one LAMMPS rank | ``mixstack.deepmd.freeze.single_rank`` |
 | ``MIXSTACK_PRIVATE_CXX_RUNTIME`` | ``1``: a frozen package is linked with its own hidden copy of libstdc++ (``mixstack.cxx_runtime``) | ``freeze(..., private_cxx_runtime=True)`` |
@@ -83,11 +83,11 @@ def deepmd_enabled() -> bool:
     return _switch_on("MIXSTACK_DEEPMD")
 
 
-REST_PRODUCTS = ("exact", "compensated")
+REST_PRODUCTS = ("exact", "compensated", "kernel")
 
 
 def deepmd_rest_products() -> str:
-    """``MIXSTACK_DEEPMD_REST_PRODUCTS``: ``exact`` (unset) or ``compensated``
+    """``MIXSTACK_DEEPMD_REST_PRODUCTS``: ``exact`` (unset), ``compensated`` or ``kernel``
     (``mixstack.deepmd.rest_products``)."""
     raw = os.environ.get("MIXSTACK_DEEPMD_REST_PRODUCTS", "").strip() or "exact"
     if raw not in REST_PRODUCTS:

@@ -90,8 +90,9 @@ def accelerate(model: torch.nn.Module, *, level: int | None = None,
     call, ``mixstack.set_level`` / ``use_level`` / ``MIXSTACK_LEVEL``).  ``rest_products``:
     ``"exact"`` leaves the rest of the model's products to deepmd-kit (fp32); ``"compensated"``
     makes deepmd-kit's compiled inference (``DP_COMPILE_INFER=1``, ``FrameRunner(compile=True)``)
-    run its float32 products as compensated fp16 tensor-core products, level 3's arithmetic
-    (``rest_products``; eager frames are unchanged).  Calling it again re-checks every convolution
+    run its float32 products as compensated fp16 tensor-core products, level 3's split, in ATen
+    operations; ``"kernel"`` the same by mixstack's kernel (``rest_products``; eager frames are
+    unchanged).  Calling it again re-checks every convolution
     and sets the new level and products."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")

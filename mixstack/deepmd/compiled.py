@@ -11,21 +11,20 @@ convolutions on mixstack) runs it inside ``opaque_operators`` in evaluation on a
 CPU (where mixstack's convolution runs its reference formulas anyway, and the context would change
 how deepmd-kit's own Triton operators compile) and for every other model deepmd-kit's own runs
 unchanged.
-A model marked with ``products="compensated"`` (``accelerate(..., rest_products=...)``) compiles
-the rest of its float32 products as compensated fp16 ones (``rest_products``): the trace happens at
+A model marked with ``products="compensated"`` or ``"kernel"`` (``accelerate(..., rest_products=...)``)
+compiles the rest of its float32 products as compensated fp16 ones (``rest_products``): the trace happens at
 the first compiled frame, inside this wrapper.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
 
 from ..core import config
 from ..dispatch.guards import opaque_operators
-from .rest_products import compensated_products
+from .rest_products import for_model
 
 _MARK = "_mixstack_opaque_trace"
 _PRODUCTS = "_mixstack_rest_products"
@@ -40,7 +39,7 @@ def marked(model: torch.nn.Module) -> bool:
 
 def rest_products(model: torch.nn.Module) -> str:
     """How a marked model's compiled inference runs the rest of the model's float32 products:
-    ``"exact"`` (fp32, deepmd-kit's own) or ``"compensated"`` (``rest_products``)."""
+    ``"exact"`` (fp32, deepmd-kit's own), ``"compensated"`` or ``"kernel"`` (``rest_products``)."""
     return model.__dict__.get(_PRODUCTS, "exact")
 
 
@@ -83,8 +82,7 @@ def install(cls: type) -> None:
     def forward_common_lower(self, *args, **kwargs):
         if self.training or not marked(self) or not _on_cuda(self):
             return original(self, *args, **kwargs)
-        products = compensated_products() if rest_products(self) == "compensated" else contextlib.nullcontext()
-        with opaque_operators(), products:
+        with opaque_operators(), for_model(rest_products(self)):
             return original(self, *args, **kwargs)
 
     setattr(forward_common_lower, _WRAPPED, True)

@@ -44,8 +44,14 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
+from torch.library import triton_op
+
+from ..core import config
+from ..dispatch.guards import kernels_can_run
 
 aten = torch.ops.aten
+FORMS = ("aten", "kernel")
 
 MIN_K = 16          # contraction length below which a product stays exact fp32
 MIN_REUSE = 128     # uses of each of the larger operand's rows below which the split does not pay
@@ -101,6 +107,7 @@ def product_kernel(a: torch.Tensor, b: torch.Tensor, *, block_m: int = 64, block
     (``(b^T a^T)^T`` where ``b`` is the wider).  Float32 2-D or 3-D operands on a GPU, or on the
     CPU under ``TRITON_INTERPRET=1``."""
     import triton
+    from torch.library import wrap_triton
 
     from ..kernels.product import compensated_product_kernel
 
@@ -116,10 +123,21 @@ def product_kernel(a: torch.Tensor, b: torch.Tensor, *, block_m: int = 64, block
     block_n = min(128, max(16, triton.next_power_of_2(n)))
     num_warps = num_warps or (8 if block_m * block_n > 64 * 64 else 4)    # two fp32 accumulators a program
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), batch)
-    compensated_product_kernel[grid](a3, hi, lo, up, out, m, n, *a3.stride(), *hi.stride(), *out.stride(),
+    wrap_triton(compensated_product_kernel)[grid](a3, hi, lo, up, out, m, n, *a3.stride(), *hi.stride(), *out.stride(),
                                      K=k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                                      num_warps=num_warps, num_stages=num_stages)
     return out[0] if flat else out
+
+
+@triton_op("mixstack::compensated_product", mutates_args=())
+def compensated_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The operator of the kernel form (``rest_products="kernel"``): ``product_kernel`` where
+    mixstack's kernels run (a GPU, or the interpreter outside a trace), ``product`` elsewhere (the
+    same split, its products summed by the BLAS).  Kept whole in deepmd-kit's compiled inference
+    (``guards.opaque_operators``); traced into a package's graph under a kernel target."""
+    if kernels_can_run(a) and not (config.triton_interpret() and is_fake(a)):
+        return product_kernel(a, b)
+    return product(a, b)
 
 
 def _static(n) -> int | None:
@@ -145,23 +163,28 @@ def eligible(a: torch.Tensor, b: torch.Tensor, *, cpu: bool = False) -> bool:
     return min(m, n) >= MIN_REUSE
 
 
-def _decompositions(table: dict, *, cpu: bool = False) -> dict:
-    """``table`` with compensated ``mm``, ``bmm`` and ``addmm``; an ineligible product goes to
-    ``table``'s own entry for it, or stays as it is."""
+def _decompositions(table: dict, *, cpu: bool = False, form: str = "aten") -> dict:
+    """``table`` with compensated ``mm``, ``bmm`` and ``addmm`` (``form``: ``"aten"``, the split
+    and one fp16 GEMM in ATen operations, or ``"kernel"``, the ``mixstack::compensated_product``
+    operator); an ineligible product goes to ``table``'s own entry for it, or stays as it is."""
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {', '.join(FORMS)}, got {form!r}")
+    compensated = product if form == "aten" else torch.ops.mixstack.compensated_product
+
     def fallback(op, *args, **kwargs):
         own = table.get(op)
         return own(*args, **kwargs) if own is not None else NotImplemented
 
     def mm(a, b):
-        return product(a, b) if eligible(a, b, cpu=cpu) else fallback(aten.mm.default, a, b)
+        return compensated(a, b) if eligible(a, b, cpu=cpu) else fallback(aten.mm.default, a, b)
 
     def bmm(a, b):
-        return product(a, b) if eligible(a, b, cpu=cpu) else fallback(aten.bmm.default, a, b)
+        return compensated(a, b) if eligible(a, b, cpu=cpu) else fallback(aten.bmm.default, a, b)
 
     def addmm(bias, a, b, *, beta=1, alpha=1):
         if not eligible(a, b, cpu=cpu):
             return fallback(aten.addmm.default, bias, a, b, beta=beta, alpha=alpha)
-        out = product(a, b)
+        out = compensated(a, b)
         out = out if alpha == 1 else out * alpha
         return out + (bias if beta == 1 else bias * beta)
 
@@ -169,17 +192,18 @@ def _decompositions(table: dict, *, cpu: bool = False) -> dict:
 
 
 @contextlib.contextmanager
-def compensated_products(*, cpu: bool = False):
+def compensated_products(*, cpu: bool = False, form: str = "aten"):
     """Inside: Inductor's decomposition table (``select_decomp_table``, as deepmd-kit's compiled
     inference reads it at each compile and AOTInductor's ``compile_fx`` for a frozen package)
-    turns eligible float32 products into compensated ones.  ``cpu`` lets CPU products take it too
-    (the tests' check of the rewrite)."""
+    turns eligible float32 products into compensated ones of ``form`` (``FORMS``).  ``cpu`` lets
+    CPU products take it too (the tests' check of the rewrite)."""
     from torch._inductor import compile_fx, decomposition
 
     original = decomposition.select_decomp_table
+    _decompositions({}, form=form)          # a bad form is named before anything is patched
 
     def select_decomp_table():
-        return _decompositions(original(), cpu=cpu)
+        return _decompositions(original(), cpu=cpu, form=form)
 
     owners = [m for m in (decomposition, compile_fx) if getattr(m, "select_decomp_table", None) is original]
     for owner in owners:
@@ -191,9 +215,14 @@ def compensated_products(*, cpu: bool = False):
             owner.select_decomp_table = original
 
 
+def for_model(products: str) -> contextlib.AbstractContextManager:
+    """The decompositions for a model's ``rest_products`` setting: ``"exact"`` none,
+    ``"compensated"`` the ATen form, ``"kernel"`` the operator."""
+    if products == "exact":
+        return contextlib.nullcontext()
+    return compensated_products(form="aten" if products == "compensated" else "kernel")
+
+
 def for_target(device, products: str) -> contextlib.AbstractContextManager:
-    """``compensated_products()`` where ``products`` is ``"compensated"`` and ``device`` a GPU (a
-    freeze's target); nothing otherwise."""
-    if products == "compensated" and torch.device(device).type == "cuda":
-        return compensated_products()
-    return contextlib.nullcontext()
+    """``for_model(products)`` where ``device`` is a GPU (a freeze's target); nothing otherwise."""
+    return for_model(products) if torch.device(device).type == "cuda" else contextlib.nullcontext()

@@ -51,3 +51,8 @@ def test_a_kernel_without_its_tails_fails_the_bound(monkeypatch):
         return hi, torch.zeros_like(lo), scale
     monkeypatch.setattr(rest_products, "split", heads_only)
     assert _relative(product_kernel(a, b, block_m=32, block_k=16), a, b) > 100 * BOUND
+
+
+def test_the_operator_runs_the_kernel_where_kernels_run():
+    a, b = _operands((40, 32), (32, 24), seed=3)
+    assert torch.equal(torch.ops.mixstack.compensated_product(a, b), product_kernel(a, b))
