@@ -24,7 +24,7 @@ from mixstack.core import config
 pytestmark = pytest.mark.skipif(config.triton_interpret(), reason="the analysis reads compiled kernels' TTIR")
 
 LAUNCH_MODULES = ("mixstack.conv.launchers", "mixstack.conv.wigner_ops", "mixstack.stack.launchers",
-                  "mixstack.stack.gemm", "mixstack.stack.training")
+                  "mixstack.stack.gemm", "mixstack.stack.training", "mixstack.deepmd.rest_products")
 
 
 class _Recorder:
@@ -192,3 +192,11 @@ def test_rotate_in_with_a_linear_radial_layer_writes_only_its_outputs(recorded):
     _check(recorded, [x, wigner, hidden, weight, bias, inp["src"], cot])
     linear = {k.fn.__name__ for k, kw in recorded.launches if kw.get("LINEAR")}
     assert linear == {"rotate_in_kernel", "rotate_in_grad_kernel"}, linear
+
+
+@pytest.mark.parametrize("shapes", [((40, 27), (27, 24)), ((2, 24, 32), (2, 32, 90))], ids=["plain", "wider-b"])
+def test_the_compensated_product_writes_only_its_output(recorded, shapes):
+    a, b = torch.randn(shapes[0]), torch.randn(shapes[1])
+    torch.ops.mixstack.compensated_product(a, b)
+    _check(recorded, [a, b])
+    assert {k.fn.__name__ for k, _ in recorded.launches} == {"compensated_product_kernel"}

@@ -45,7 +45,7 @@ import contextlib
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
-from torch.library import triton_op
+from torch.library import triton_op, wrap_triton
 
 from ..core import config
 from ..dispatch.guards import kernels_can_run
@@ -107,7 +107,6 @@ def product_kernel(a: torch.Tensor, b: torch.Tensor, *, block_m: int = 64, block
     (``(b^T a^T)^T`` where ``b`` is the wider).  Float32 2-D or 3-D operands on a GPU, or on the
     CPU under ``TRITON_INTERPRET=1``."""
     import triton
-    from torch.library import wrap_triton
 
     from ..kernels.product import compensated_product_kernel
 
