@@ -33,10 +33,13 @@ split) and writes it three times at half the width, so only products that reuse 
 many times can pay: a float32 product on a GPU takes the form when its contraction is at least
 ``MIN_K`` and the output side that the larger operand does not span is at least ``MIN_REUSE``
 (with the larger operand's own rows symbolic, an edge or atom count, or both sides at least
-``MIN_REUSE``); every other product is left to the table's own entry.  Measured against the exact
-products on an H100 (BENCHMARKS.md, "The rest of the model's products, compensated"): slower in
-the water frame before these two rules; opt-in (``accelerate(..., rest_products=)``) until a
-measurement says otherwise.
+``MIN_REUSE``); every other product is left to the table's own entry.  With ``form="kernel"``
+each eligible product is instead the ``mixstack::compensated_product`` operator
+(``product_kernel``, ``kernels.product``): the larger operand split in registers, never written
+in another form, head and tails in separate accumulators.  Measured against the exact products
+on an H100 (BENCHMARKS.md, "The rest of the model's products, compensated"): the ATen form was
+slower in the water frame before the padding and the reuse rule; both forms are opt-in
+(``accelerate(..., rest_products=)``) until a measurement says otherwise.
 """
 
 from __future__ import annotations
