@@ -1,7 +1,8 @@
 """The rest of deepmd-kit's model's products, one at a time: exact fp32 (cuBLAS, TF32 off) against
 ``mixstack.deepmd.rest_products.product`` run eagerly (its split as separate passes) and compiled
 by Inductor (the split fused, as in deepmd-kit's compiled inference), and against
-``product_kernel`` (one Triton kernel, ``A`` split in registers) at two row tiles, at the shapes of the water
+``product_kernel`` (one Triton kernel, ``A`` split in registers) at each of ``--kernel-config``'s
+launch configs, at the shapes of the water
 and 2-stream configs' products at ~4,000 atoms (mixstack's stack excluded).  Interleaved CUDA-event
 medians, the error of each against float64 relative to ``|a| @ |b|``, and whether
 ``rest_products.eligible`` takes the product.
@@ -62,14 +63,23 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--device", default="cuda")
     p.add_argument("--no-compile", action="store_true", help="skip the Inductor-compiled form")
+    p.add_argument("--kernel-config", action="append", default=None, metavar="BM,BK,STAGES",
+                   help="a launch config of the kernel form (repeatable; default 64,32,3 128,32,3 64,64,3 128,64,2)")
     p.add_argument("--out", default=None, help="folder for rest_products_probe.json")
     args = p.parse_args(argv)
+    try:
+        configs = [tuple(int(v) for v in c.split(",")) for c in (args.kernel_config or
+                                                                   ["64,32,3", "128,32,3", "64,64,3", "128,64,2"])]
+        if any(len(c) != 3 for c in configs):
+            raise ValueError
+    except ValueError:
+        p.error("--kernel-config takes BM,BK,STAGES, e.g. 64,32,3")
     device = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = False
     compiled = None if args.no_compile else torch.compile(rest_products.product, dynamic=False)
     rows = []
     print(f"{'shape':26} {'B,M,K,N':>26} {'eligible':>8} {'fp32 ms':>9} {'eager x':>8} {'compiled x':>10} "
-          f"{'kernel x (64/128)':>18} {'err fp32':>9} {'err comp':>9} {'err kern':>9}")
+          f"{'best kernel x':>14} {'config':>10} {'err fp32':>9} {'err comp':>9} {'err kern':>9}")
     for name in args.shape or SHAPES:
         batch, m, k, n, grows = SHAPES[name]
         m, n = (max(16, int(m * args.scale)), n) if grows == "M" else (m, max(16, int(n * args.scale)))
@@ -79,20 +89,23 @@ def main(argv=None) -> int:
         if compiled is not None:
             variants["compiled"] = lambda: compiled(a, b)
         if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-            variants["kernel64"] = lambda: rest_products.product_kernel(a, b, block_m=64)
-            variants["kernel128"] = lambda: rest_products.product_kernel(a, b, block_m=128)
+            for bm, bk, stages in configs:
+                variants[f"kernel-{bm}-{bk}-{stages}"] = (
+                    lambda bm=bm, bk=bk, stages=stages: rest_products.product_kernel(
+                        a, b, block_m=bm, block_k=bk, num_stages=stages))
         samples = time_interleaved(variants, rounds=args.rounds, warmup=2, clock=clock_for(device))
         med = {key: s.median * 1e3 for key, s in samples.items()}
         errors = {"fp32": relative_error(a @ b, a, b), "compensated": relative_error(rest_products.product(a, b), a, b)}
-        if "kernel64" in variants:
+        if any(key.startswith("kernel") for key in variants):
             errors["kernel"] = relative_error(rest_products.product_kernel(a, b), a, b)
         rows.append({"shape": name, "batch": batch, "m": m, "k": k, "n": n, "eligible": eligible, "ms": med,
                      "error": errors})
         ratio = {key: med["fp32"] / v for key, v in med.items()}
         nan = float("nan")
-        kernels = f"{ratio.get('kernel64', nan):.2f}/{ratio.get('kernel128', nan):.2f}"
+        best = max((key for key in ratio if key.startswith("kernel")), key=ratio.get, default=None)
+        kernels = f"{ratio[best]:14.2f} {best[7:]:>10}" if best else f"{nan:14.2f} {'-':>10}"
         print(f"{name:26} {f'{batch},{m},{k},{n}':>26} {str(eligible):>8} {med['fp32']:9.3f} {ratio['eager']:8.2f} "
-              f"{ratio.get('compiled', nan):10.2f} {kernels:>18} {errors['fp32']:9.1e} {errors['compensated']:9.1e} "
+              f"{ratio.get('compiled', nan):10.2f} {kernels} {errors['fp32']:9.1e} {errors['compensated']:9.1e} "
               f"{errors.get('kernel', nan):9.1e}", flush=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
