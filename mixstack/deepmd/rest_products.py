@@ -54,7 +54,7 @@ from ..core import config
 from ..dispatch.guards import kernels_can_run
 
 aten = torch.ops.aten
-FORMS = ("aten", "kernel")
+FORMS = tuple(p for p in config.REST_PRODUCTS if p != "exact")     # "compensated" (ATen operations), "kernel"
 
 MIN_K = 16          # contraction length below which a product stays exact fp32
 MIN_REUSE = 128     # uses of each of the larger operand's rows below which the split does not pay
@@ -165,13 +165,12 @@ def eligible(a: torch.Tensor, b: torch.Tensor, *, cpu: bool = False) -> bool:
     return min(m, n) >= MIN_REUSE
 
 
-def _decompositions(table: dict, *, cpu: bool = False, form: str = "aten") -> dict:
-    """``table`` with compensated ``mm``, ``bmm`` and ``addmm`` (``form``: ``"aten"``, the split
-    and one fp16 GEMM in ATen operations, or ``"kernel"``, the ``mixstack::compensated_product``
-    operator); an ineligible product goes to ``table``'s own entry for it, or stays as it is."""
-    if form not in FORMS:
-        raise ValueError(f"form must be one of {', '.join(FORMS)}, got {form!r}")
-    compensated = product if form == "aten" else torch.ops.mixstack.compensated_product
+def _decompositions(table: dict, *, cpu: bool, form: str) -> dict:
+    """``table`` with compensated ``mm``, ``bmm`` and ``addmm`` (``form``: ``"compensated"``, the
+    split and one fp16 GEMM in ATen operations, or ``"kernel"``, the
+    ``mixstack::compensated_product`` operator); an ineligible product goes to ``table``'s own
+    entry for it, or stays as it is."""
+    compensated = product if form == "compensated" else torch.ops.mixstack.compensated_product
 
     def fallback(op, *args, **kwargs):
         own = table.get(op)
@@ -194,15 +193,16 @@ def _decompositions(table: dict, *, cpu: bool = False, form: str = "aten") -> di
 
 
 @contextlib.contextmanager
-def compensated_products(*, cpu: bool = False, form: str = "aten"):
+def compensated_products(*, cpu: bool = False, form: str = "compensated"):
     """Inside: Inductor's decomposition table (``select_decomp_table``, as deepmd-kit's compiled
     inference reads it at each compile and AOTInductor's ``compile_fx`` for a frozen package)
     turns eligible float32 products into compensated ones of ``form`` (``FORMS``).  ``cpu`` lets
     CPU products take it too (the tests' check of the rewrite)."""
     from torch._inductor import compile_fx, decomposition
 
+    if form not in FORMS:                   # named before anything is patched
+        raise ValueError(f"form must be one of {', '.join(FORMS)}, got {form!r}")
     original = decomposition.select_decomp_table
-    _decompositions({}, form=form)          # a bad form is named before anything is patched
 
     def select_decomp_table():
         return _decompositions(original(), cpu=cpu, form=form)
@@ -220,9 +220,7 @@ def compensated_products(*, cpu: bool = False, form: str = "aten"):
 def for_model(products: str) -> contextlib.AbstractContextManager:
     """The decompositions for a model's ``rest_products`` setting: ``"exact"`` none,
     ``"compensated"`` the ATen form, ``"kernel"`` the operator."""
-    if products == "exact":
-        return contextlib.nullcontext()
-    return compensated_products(form="aten" if products == "compensated" else "kernel")
+    return contextlib.nullcontext() if products == "exact" else compensated_products(form=products)
 
 
 def for_target(device, products: str) -> contextlib.AbstractContextManager:

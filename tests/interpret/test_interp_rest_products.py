@@ -7,16 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from rest_products_cases import BOUND, relative_error
 
 from mixstack.deepmd import rest_products
 from mixstack.deepmd.rest_products import product_kernel
-
-BOUND = 2.0 ** -20
-
-
-def _relative(out, a, b):
-    exact = a.double() @ b.double()
-    return ((out.double() - exact).abs() / (a.double().abs() @ b.double().abs())).max().item()
 
 
 def _operands(shape_a, shape_b, seed=0):
@@ -33,7 +27,7 @@ def test_the_kernel_is_as_close_to_float64_as_a_float32_product(shape_a, shape_b
     a, b = _operands(shape_a, shape_b)
     out = product_kernel(a, b, block_m=32, block_k=16)
     assert out.shape == (a @ b).shape and out.dtype == torch.float32
-    assert _relative(out, a, b) <= BOUND
+    assert relative_error(out, a, b) <= BOUND
 
 
 def test_strided_operands_give_the_contiguous_result():
@@ -50,7 +44,7 @@ def test_a_kernel_without_its_tails_fails_the_bound(monkeypatch):
         hi, lo, scale = split_whole(x, dim)
         return hi, torch.zeros_like(lo), scale
     monkeypatch.setattr(rest_products, "split", heads_only)
-    assert _relative(product_kernel(a, b, block_m=32, block_k=16), a, b) > 100 * BOUND
+    assert relative_error(product_kernel(a, b, block_m=32, block_k=16), a, b) > 100 * BOUND
 
 
 def test_the_operator_runs_the_kernel_where_kernels_run():
