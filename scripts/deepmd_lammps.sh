@@ -32,8 +32,9 @@
 #   the remaining parts (an existing plain.pt2 / accel.pt2 is not frozen again; FREEZE_AGAIN=1 does);
 #   FREEZE_THREADS=N: the freezes' OMP_NUM_THREADS (default 1 for a PT-expt freeze to a CPU target,
 #   where torch 2.11's C++ Inductor fails on the with-comm graph with more; else unset).
-#   --freezes "plain accel" (default) picks the freezes ("accelp": accel with the rest of the model's
-#   products compensated, MIXSTACK_DEEPMD_REST_PRODUCTS=compensated) (two AOTInductor compiles each: the main graph and
+#   --freezes "plain accel" (default; or plain,accel: commas pass through gpu_check's unquoted
+#   DEEPMD_LAMMPS_ARGS) picks the freezes ("accelp": accel with the rest of the model's products
+#   compensated, MIXSTACK_DEEPMD_REST_PRODUCTS=compensated) (two AOTInductor compiles each: the main graph and
 #   deepmd-kit's multi-rank with-comm graph), so that a 10-minute call can hold one of them;
 #   FREEZE_PARALLEL=1 runs them side by side, the next one started when the one before has tuned
 #   (its log reaches deepmd-kit's "Tracing the lower graph"), so that two freezes' compiles overlap.
@@ -65,7 +66,7 @@ while [ $# -gt 0 ]; do
     --steps) STEPS=$2; shift 2 ;;
     --ranks) RANKS=$2; shift 2 ;;
     --parts) PARTS=$2; shift 2 ;;
-    --freezes) FREEZES=$2; shift 2 ;;
+    --freezes) FREEZES=${2//,/ }; shift 2 ;;
     *) echo "unknown argument $1"; exit 2 ;;
   esac
 done

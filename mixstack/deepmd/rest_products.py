@@ -107,28 +107,29 @@ def product_kernel(a: torch.Tensor, b: torch.Tensor, *, block_m: int = 64, block
     """``a @ b`` as ``product`` computes it, by one Triton kernel (``kernels.product``): ``b``
     split here (per-column scales), ``a`` split in registers after a pass over its rows' maxima,
     head and tails in separate accumulators; the larger operand streams as the kernel's rows
-    (``(b^T a^T)^T`` where ``b`` is the wider).  Float32 2-D or 3-D operands on a GPU, or on the
-    CPU under ``TRITON_INTERPRET=1``."""
+    (``(b^T a^T)^T`` where ``b`` is the wider, written through the output's transpose so that the
+    result is contiguous either way, as the operator's fake promises).  Float32 2-D or 3-D
+    operands on a GPU, or on the CPU under ``TRITON_INTERPRET=1``."""
     import triton
 
     from ..kernels.product import compensated_product_kernel
 
-    if b.shape[-1] > a.shape[-2]:
-        return product_kernel(b.mT, a.mT, block_m=block_m, block_k=block_k, num_warps=num_warps,
-                              num_stages=num_stages).mT
     flat = a.dim() == 2
     a3, b3 = (a.unsqueeze(0), b.unsqueeze(0)) if flat else (a, b)
+    result = torch.empty(*a3.shape[:-1], b3.shape[-1], device=a.device, dtype=torch.float32)
+    out = result
+    if b3.shape[-1] > a3.shape[-2]:         # (b^T a^T)^T, written through the transposed view: contiguous
+        a3, b3, out = b3.mT, a3.mT, result.mT
     hi, lo, up = (t.contiguous() for t in split(b3, -2))
     batch, m, k = a3.shape
     n = b3.shape[-1]
-    out = torch.empty(batch, m, n, device=a.device, dtype=torch.float32)
     block_n = min(128, max(16, triton.next_power_of_2(n)))
     num_warps = num_warps or (8 if block_m * block_n > 64 * 64 else 4)    # two fp32 accumulators a program
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), batch)
     wrap_triton(compensated_product_kernel)[grid](a3, hi, lo, up, out, m, n, *a3.stride(), *hi.stride(), *out.stride(),
                                      K=k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                                      num_warps=num_warps, num_stages=num_stages)
-    return out[0] if flat else out
+    return result[0] if flat else result
 
 
 @triton_op("mixstack::compensated_product", mutates_args=())

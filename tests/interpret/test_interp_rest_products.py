@@ -36,6 +36,19 @@ def test_strided_operands_give_the_contiguous_result():
     assert torch.equal(product_kernel(at, bt, block_m=32, block_k=16), product_kernel(a, b, block_m=32, block_k=16))
 
 
+@pytest.mark.parametrize("shape_a, shape_b", [((24, 40), (40, 90)), ((2, 20, 32), (2, 32, 48))])
+def test_the_result_is_contiguous_as_the_operators_fake_says_where_b_is_the_wider(shape_a, shape_b):
+    # a compiled graph asserts the real strides against the fake's: a transposed result failed there
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    a, b = _operands(shape_a, shape_b, seed=4)
+    out = torch.ops.mixstack.compensated_product(a, b)
+    with FakeTensorMode() as mode:
+        fake = torch.ops.mixstack.compensated_product(mode.from_tensor(a), mode.from_tensor(b))
+    assert out.is_contiguous() and out.stride() == fake.stride()
+    assert relative_error(out, a, b) <= BOUND
+
+
 def test_a_kernel_without_its_tails_fails_the_bound(monkeypatch):
     a, b = _operands((70, 27), (27, 40), seed=2)
     split_whole = rest_products.split
