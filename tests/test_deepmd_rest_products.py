@@ -175,3 +175,34 @@ def test_a_freezes_target_and_the_setting_choose_the_decompositions(monkeypatch)
     monkeypatch.setenv("MIXSTACK_DEEPMD_REST_PRODUCTS", "tf32")
     with pytest.raises(ValueError, match="MIXSTACK_DEEPMD_REST_PRODUCTS"):
         config.deepmd_rest_products()
+
+
+def test_a_freezes_batched_products_need_no_bmm_with_out_dtype(monkeypatch):
+    # AOTInductor's C shims have mm with out_dtype but not bmm (a freeze's C++ failed to compile)
+    from torch._inductor import decomposition
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from mixstack.deepmd.rest_products import MAX_PACKAGE_BATCH, for_target
+
+    monkeypatch.setattr(rest_products, "eligible", lambda a, b, cpu=False: True)    # meta operands stand for a GPU's
+
+    def targets(fn, batch):
+        a = torch.empty(batch, 256, 32, device="meta")
+        b = torch.empty(batch, 32, 160, device="meta")
+        return [n.target for n in make_fx(fn)(a, b).graph.nodes if n.op == "call_function"]
+
+    with rest_products.compensated_products(form="compensated"):
+        assert torch.ops.aten.bmm.dtype in targets(decomposition.select_decomp_table()[torch.ops.aten.bmm.default], 3)
+    with for_target("cuda", "compensated"):
+        bmm = decomposition.select_decomp_table()[torch.ops.aten.bmm.default]
+        used = targets(bmm, 3)
+        assert torch.ops.aten.bmm.dtype not in used and used.count(torch.ops.aten.mm.dtype) == 3
+        wide = bmm(torch.empty(MAX_PACKAGE_BATCH + 1, 256, 32, device="meta"),
+                   torch.empty(MAX_PACKAGE_BATCH + 1, 32, 160, device="meta"))
+        assert wide is NotImplemented or wide.dtype == torch.float32 and torch.ops.aten.mm.dtype not in \
+            targets(bmm, MAX_PACKAGE_BATCH + 1)                          # too many batches: left exact
+
+
+def test_a_packages_batched_product_equals_the_batched_form():
+    a, b = torch.randn(3, 40, 24), torch.randn(3, 24, 20)
+    assert torch.equal(rest_products.product(a, b, package=True), rest_products.product(a, b))

@@ -17,7 +17,8 @@ dropped tail-tail product below that.  Values far below their row's largest fall
 subnormals, where their error stays under 2^-25 of that largest value.  NaN and Inf propagate.
 The three products are one GEMM over the contraction laid out three times,
 ``[a_hi | a_hi | a_lo] @ [2^11 b_hi ; b_lo ; b_hi]`` (``2^11 b_hi`` is exact in fp16), with a
-float32 result (``mm`` / ``bmm`` with ``out_dtype``) that the scales times 2^-11 undo; unlike
+float32 result (``mm`` / ``bmm`` with ``out_dtype``; in a frozen package one ``mm`` a batch, as
+AOTInductor's C shims lack ``bmm``'s) that the scales times 2^-11 undo; unlike
 level 3's kernels, head and tails share one accumulator.  The head comes from bit arithmetic,
 not from a cast and back, so no compiler can fold ``x - fp16(x)`` to zero (as Inductor does to
 that form in ATen ops).
@@ -45,6 +46,7 @@ slower in the water frame before the padding and the reuse rule; both forms are 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
@@ -59,6 +61,7 @@ FORMS = tuple(p for p in config.REST_PRODUCTS if p != "exact")     # "compensate
 MIN_K = 16          # contraction length below which a product stays exact fp32
 MIN_REUSE = 128     # uses of each of the larger operand's rows below which the split does not pay
 ALIGN = 8           # fp16 elements in 16 bytes: each third of the contraction padded to a multiple
+MAX_PACKAGE_BATCH = 64   # a package's batched product of the ATen form: one mm a batch, so a few only
 _EXPONENT = 0x7F800000
 _HALF_ULP11 = 0x1000     # half a unit in the 11th significant bit of an fp32 value
 _KEEP11 = -0x2000        # 0xFFFFE000: sign, exponent and the top 10 stored mantissa bits
@@ -82,9 +85,11 @@ def split(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.
     return hi.to(torch.float16), ((y - hi) * TAIL_SCALE).to(torch.float16), scale
 
 
-def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def product(a: torch.Tensor, b: torch.Tensor, *, package: bool = False) -> torch.Tensor:
     """``a @ b`` for float32 ``a (..., M, K)`` and ``b (..., K, N)`` (2-D or 3-D alike) as one
-    fp16 GEMM over the split operands with a float32 result (see the module's doc)."""
+    fp16 GEMM over the split operands with a float32 result (see the module's doc).  ``package``:
+    a batched product as one ``mm`` a batch (AOTInductor's C shims have ``mm`` with ``out_dtype``
+    but not ``bmm``; the batch must be static)."""
     a_hi, a_lo, a_scale = split(a, -1)
     b_hi, b_lo, b_scale = split(b, -2)
     pad = -a.shape[-1] % ALIGN
@@ -97,6 +102,8 @@ def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         raw = (a3.double() @ b3.double()).float()
     elif a.dim() == 2:
         raw = aten.mm.dtype(a3, b3, torch.float32)
+    elif package:
+        raw = torch.stack([aten.mm.dtype(x, y, torch.float32) for x, y in zip(a3.unbind(0), b3.unbind(0))])
     else:
         raw = aten.bmm.dtype(a3, b3, torch.float32)
     return raw * (a_scale * (1.0 / TAIL_SCALE)) * b_scale
@@ -166,12 +173,23 @@ def eligible(a: torch.Tensor, b: torch.Tensor, *, cpu: bool = False) -> bool:
     return min(m, n) >= MIN_REUSE
 
 
-def _decompositions(table: dict, *, cpu: bool, form: str) -> dict:
+def _decompositions(table: dict, *, cpu: bool, form: str, package: bool = False) -> dict:
     """``table`` with compensated ``mm``, ``bmm`` and ``addmm`` (``form``: ``"compensated"``, the
     split and one fp16 GEMM in ATen operations, or ``"kernel"``, the
     ``mixstack::compensated_product`` operator); an ineligible product goes to ``table``'s own
-    entry for it, or stays as it is."""
-    compensated = product if form == "compensated" else torch.ops.mixstack.compensated_product
+    entry for it, or stays as it is.  ``package``: for an AOTInductor package (``product``'s
+    ``package``; a batched product of the ATen form needs a static batch of at most
+    ``MAX_PACKAGE_BATCH``)."""
+    if form == "compensated":
+        compensated = functools.partial(product, package=package)
+    else:
+        compensated = torch.ops.mixstack.compensated_product
+
+    def batched(a, b):
+        if not (package and form == "compensated"):
+            return eligible(a, b, cpu=cpu)
+        batch = _static(a.shape[0])
+        return batch is not None and batch <= MAX_PACKAGE_BATCH and eligible(a, b, cpu=cpu)
 
     def fallback(op, *args, **kwargs):
         own = table.get(op)
@@ -181,7 +199,7 @@ def _decompositions(table: dict, *, cpu: bool, form: str) -> dict:
         return compensated(a, b) if eligible(a, b, cpu=cpu) else fallback(aten.mm.default, a, b)
 
     def bmm(a, b):
-        return compensated(a, b) if eligible(a, b, cpu=cpu) else fallback(aten.bmm.default, a, b)
+        return compensated(a, b) if batched(a, b) else fallback(aten.bmm.default, a, b)
 
     def addmm(bias, a, b, *, beta=1, alpha=1):
         if not eligible(a, b, cpu=cpu):
@@ -194,11 +212,12 @@ def _decompositions(table: dict, *, cpu: bool, form: str) -> dict:
 
 
 @contextlib.contextmanager
-def compensated_products(*, cpu: bool = False, form: str = "compensated"):
+def compensated_products(*, cpu: bool = False, form: str = "compensated", package: bool = False):
     """Inside: Inductor's decomposition table (``select_decomp_table``, as deepmd-kit's compiled
     inference reads it at each compile and AOTInductor's ``compile_fx`` for a frozen package)
     turns eligible float32 products into compensated ones of ``form`` (``FORMS``).  ``cpu`` lets
-    CPU products take it too (the tests' check of the rewrite)."""
+    CPU products take it too (the tests' check of the rewrite); ``package``: the products of an
+    AOTInductor package (a freeze), batched ones without ``bmm``'s ``out_dtype``."""
     from torch._inductor import compile_fx, decomposition
 
     if form not in FORMS:                   # named before anything is patched
@@ -206,7 +225,7 @@ def compensated_products(*, cpu: bool = False, form: str = "compensated"):
     original = decomposition.select_decomp_table
 
     def select_decomp_table():
-        return _decompositions(original(), cpu=cpu, form=form)
+        return _decompositions(original(), cpu=cpu, form=form, package=package)
 
     owners = [m for m in (decomposition, compile_fx) if getattr(m, "select_decomp_table", None) is original]
     for owner in owners:
@@ -218,12 +237,17 @@ def compensated_products(*, cpu: bool = False, form: str = "compensated"):
             owner.select_decomp_table = original
 
 
-def for_model(products: str) -> contextlib.AbstractContextManager:
+def for_model(products: str, *, package: bool = False) -> contextlib.AbstractContextManager:
     """The decompositions for a model's ``rest_products`` setting: ``"exact"`` none,
-    ``"compensated"`` the ATen form, ``"kernel"`` the operator."""
-    return contextlib.nullcontext() if products == "exact" else compensated_products(form=products)
+    ``"compensated"`` the ATen form, ``"kernel"`` the operator (``package``: for a freeze)."""
+    if products == "exact":
+        return contextlib.nullcontext()
+    return compensated_products(form=products, package=package)
 
 
 def for_target(device, products: str) -> contextlib.AbstractContextManager:
-    """``for_model(products)`` where ``device`` is a GPU (a freeze's target); nothing otherwise."""
-    return for_model(products) if torch.device(device).type == "cuda" else contextlib.nullcontext()
+    """A freeze's decompositions: ``for_model(products, package=True)`` where ``device`` is a GPU;
+    nothing otherwise."""
+    if torch.device(device).type != "cuda":
+        return contextlib.nullcontext()
+    return for_model(products, package=True)
