@@ -2,9 +2,10 @@
 ``mixstack.deepmd.rest_products.product`` run eagerly (its split as separate passes) and compiled
 by Inductor (the split fused, as in deepmd-kit's compiled inference), and against
 ``product_kernel`` (one Triton kernel, ``A`` split in registers) at each of ``--kernel-config``'s
-launch configs, at the shapes of the water
-and 2-stream configs' products at ~4,000 atoms (mixstack's stack excluded).  Interleaved CUDA-event
-medians, the error of each against float64 relative to ``|a| @ |b|``, and whether
+launch configs, at the shapes of the water and 2-stream configs' products at ~4,000 atoms
+(mixstack's stack excluded).  Interleaved CUDA-event medians of each variant's CUDA-graph replay
+(the device's time, as in a replayed frame; with ``--eager-calls`` each call as issued, the host's
+launches included), the error of each against float64 relative to ``|a| @ |b|``, and whether
 ``rest_products.eligible`` takes the product.
 
     PYTHONPATH=. python scripts/rest_products_probe.py --out DIR [--shape NAME ...] [--scale 1.0]
@@ -22,7 +23,7 @@ import os
 import torch
 
 from mixstack.deepmd import rest_products
-from mixstack.measure.timing import clock_for, time_interleaved
+from mixstack.measure.timing import clock_for, graph_replay, time_interleaved
 
 EDGES, NODES = 316_554, 4_000       # the water frame at ~4,000 atoms (rcut 6)
 # name: (batch, M, K, N, which of M / N grows with the system); from a dispatch trace of each
@@ -63,6 +64,9 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--device", default="cuda")
     p.add_argument("--no-compile", action="store_true", help="skip the Inductor-compiled form")
+    p.add_argument("--eager-calls", action="store_true",
+                   help="time each call as issued, the host's launches included (default on a GPU: each "
+                        "variant's CUDA-graph replay, as a replayed frame runs it)")
     p.add_argument("--kernel-config", action="append", default=None, metavar="BM,BK,STAGES",
                    help="a launch config of the kernel form (repeatable; default 64,32,3 128,32,3 64,64,3 128,64,2)")
     p.add_argument("--out", default=None, help="folder for rest_products_probe.json")
@@ -76,7 +80,6 @@ def main(argv=None) -> int:
         p.error("--kernel-config takes BM,BK,STAGES, e.g. 64,32,3")
     device = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = False
-    compiled = None if args.no_compile else torch.compile(rest_products.product, dynamic=False)
     rows = []
     print(f"{'shape':26} {'B,M,K,N':>26} {'eligible':>8} {'fp32 ms':>9} {'eager x':>8} {'compiled x':>10} "
           f"{'best kernel x':>14} {'config':>10} {'err fp32':>9} {'err comp':>9} {'err kern':>9}")
@@ -86,13 +89,16 @@ def main(argv=None) -> int:
         a, b = operands(batch, m, k, n, device)
         eligible = rest_products.eligible(a, b, cpu=device.type == "cpu")
         variants = {"fp32": lambda: a @ b, "eager": lambda: rest_products.product(a, b)}
-        if compiled is not None:
+        if not args.no_compile:             # one compile a shape: no recompile limit reached across shapes
+            compiled = torch.compile(rest_products.product, dynamic=False)
             variants["compiled"] = lambda: compiled(a, b)
         if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
             for bm, bk, stages in configs:
                 variants[f"kernel-{bm}-{bk}-{stages}"] = (
                     lambda bm=bm, bk=bk, stages=stages: rest_products.product_kernel(
                         a, b, block_m=bm, block_k=bk, num_stages=stages))
+        if device.type == "cuda" and not args.eager_calls:
+            variants = {key: graph_replay(fn, device) for key, fn in variants.items()}
         samples = time_interleaved(variants, rounds=args.rounds, warmup=2, clock=clock_for(device))
         med = {key: s.median * 1e3 for key, s in samples.items()}
         errors = {"fp32": relative_error(a @ b, a, b), "compensated": relative_error(rest_products.product(a, b), a, b)}
