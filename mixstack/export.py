@@ -122,11 +122,13 @@ def _sweep_reporter(progress):
 def check_level3(keys, device: torch.device, level: int) -> str:
     """At level 3 on CUDA, each key's level-3 plan, the policy's unchecked configs checked against
     float64 first (``stack.level3.check``): a trace makes no eager call, which is where that check
-    otherwise runs, so without this a freeze would trace level 2 at every key no table covers."""
+    otherwise runs, so without this a freeze would trace level 2 at every key no table covers.
+    A key left at level 2 says why."""
     if level < 3 or device.type != "cuda" or not keys:
         return ""
     plans = [(key, level3.check(key, device)) for key in keys]
-    return "; ".join(f"{key.short()}: {'level 2' if p.config is None else p.source}" for key, p in plans)
+    return "; ".join(f"{key.short()}: {p.source if p.config is not None else f'level 2 ({p.reason})'}"
+                     for key, p in plans)
 
 
 @contextlib.contextmanager

@@ -163,3 +163,7 @@ def test_a_freeze_checks_the_policy_config_before_it_traces(tables, monkeypatch)
     assert export.check_level3([key], torch.device("cuda"), 2) == ""
     monkeypatch.setattr(level3, "check", lambda k, d: plan)
     assert export.check_level3([key], torch.device("cuda"), 3) == f"{key.short()}: policy"
+    refused = level3.Plan(None, "table", "the shipped table's entry is level 2")
+    monkeypatch.setattr(level3, "check", lambda k, d: refused)
+    assert export.check_level3([key], torch.device("cuda"), 3) == \
+        f"{key.short()}: level 2 (the shipped table's entry is level 2)"
