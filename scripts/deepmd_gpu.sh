@@ -25,7 +25,8 @@
 #   between calls on a warm machine): a later call's compiled variants then mostly hit them.
 #   ONE_RUN=1 runs every config in one bench (--variants-for from VARIANTS_<config>) into
 #   $OUT/bench-all: the ratios of both configs from one run.  PROCESSES=1|0 (default 1 with ONE_RUN,
-#   else 0): --processes or not.
+#   else 0): --processes or not.  A case's variants hold device memory together: on an 80 GB card
+#   three 2-stream variants fit (~14-17 GiB each, ~22 while building); five ran out of memory.
 set -u
 OUT=${OUT:?set OUT to a results folder}
 mkdir -p "$OUT"
