@@ -25,6 +25,7 @@ import torch
 from mixstack.deepmd import rest_products
 from mixstack.measure.timing import clock_for, graph_replay, time_interleaved
 
+DEFAULT_CONFIGS = ["64,0,32,3", "128,0,32,3", "64,0,64,3", "128,0,64,2", "64,256,32,3", "64,256,64,2"]
 EDGES, NODES = 316_554, 4_000       # the water frame at ~4,000 atoms (rcut 6)
 # name: (batch, M, K, N, which of M / N grows with the system); from a dispatch trace of each
 # config's frame (mixstack's operators whole), counted at 300 atoms and scaled
@@ -67,22 +68,22 @@ def main(argv=None) -> int:
     p.add_argument("--eager-calls", action="store_true",
                    help="time each call as issued, the host's launches included (default on a GPU: each "
                         "variant's CUDA-graph replay, as a replayed frame runs it)")
-    p.add_argument("--kernel-config", action="append", default=None, metavar="BM,BK,STAGES",
-                   help="a launch config of the kernel form (repeatable; default 64,32,3 128,32,3 64,64,3 128,64,2)")
+    p.add_argument("--kernel-config", action="append", default=None, metavar="BM,BN,BK,STAGES",
+                   help="a launch config of the kernel form, BN 0 for the kernel's own column tile (repeatable; "
+                        "default 64,0,32,3 128,0,32,3 64,0,64,3 128,0,64,2 64,256,32,3 64,256,64,2)")
     p.add_argument("--out", default=None, help="folder for rest_products_probe.json")
     args = p.parse_args(argv)
     try:
-        configs = [tuple(int(v) for v in c.split(",")) for c in (args.kernel_config or
-                                                                   ["64,32,3", "128,32,3", "64,64,3", "128,64,2"])]
-        if any(len(c) != 3 for c in configs):
+        configs = [tuple(int(v) for v in c.split(",")) for c in (args.kernel_config or DEFAULT_CONFIGS)]
+        if any(len(c) != 4 for c in configs):
             raise ValueError
     except ValueError:
-        p.error("--kernel-config takes BM,BK,STAGES, e.g. 64,32,3")
+        p.error("--kernel-config takes BM,BN,BK,STAGES, e.g. 64,0,32,3")
     device = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
     print(f"{'shape':26} {'B,M,K,N':>26} {'eligible':>8} {'fp32 ms':>9} {'eager x':>8} {'compiled x':>10} "
-          f"{'best kernel x':>14} {'config':>10} {'err fp32':>9} {'err comp':>9} {'err kern':>9}")
+          f"{'best kernel x':>14} {'config':>14} {'err fp32':>9} {'err comp':>9} {'err kern':>9}")
     for name in args.shape or SHAPES:
         batch, m, k, n, grows = SHAPES[name]
         m, n = (max(16, int(m * args.scale)), n) if grows == "M" else (m, max(16, int(n * args.scale)))
@@ -93,10 +94,10 @@ def main(argv=None) -> int:
             compiled = torch.compile(rest_products.product, dynamic=False)
             variants["compiled"] = lambda: compiled(a, b)
         if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-            for bm, bk, stages in configs:
-                variants[f"kernel-{bm}-{bk}-{stages}"] = (
-                    lambda bm=bm, bk=bk, stages=stages: rest_products.product_kernel(
-                        a, b, block_m=bm, block_k=bk, num_stages=stages))
+            for bm, bn, bk, stages in configs:
+                variants[f"kernel-{bm}-{bn or 'auto'}-{bk}-{stages}"] = (
+                    lambda bm=bm, bn=bn, bk=bk, stages=stages: rest_products.product_kernel(
+                        a, b, block_m=bm, block_n=bn or None, block_k=bk, num_stages=stages))
         if device.type == "cuda" and not args.eager_calls:
             variants = {key: graph_replay(fn, device) for key, fn in variants.items()}
         samples = time_interleaved(variants, rounds=args.rounds, warmup=2, clock=clock_for(device))
@@ -109,7 +110,7 @@ def main(argv=None) -> int:
         ratio = {key: med["fp32"] / v for key, v in med.items()}
         nan = float("nan")
         best = max((key for key in ratio if key.startswith("kernel")), key=ratio.get, default=None)
-        kernels = f"{ratio[best]:14.2f} {best[7:]:>10}" if best else f"{nan:14.2f} {'-':>10}"
+        kernels = f"{ratio[best]:14.2f} {best[7:]:>14}" if best else f"{nan:14.2f} {'-':>14}"
         print(f"{name:26} {f'{batch},{m},{k},{n}':>26} {str(eligible):>8} {med['fp32']:9.3f} {ratio['eager']:8.2f} "
               f"{ratio.get('compiled', nan):10.2f} {kernels} {errors['fp32']:9.1e} {errors['compensated']:9.1e} "
               f"{errors.get('kernel', nan):9.1e}", flush=True)

@@ -110,13 +110,14 @@ def product(a: torch.Tensor, b: torch.Tensor, *, package: bool = False) -> torch
 
 
 def product_kernel(a: torch.Tensor, b: torch.Tensor, *, block_m: int = 64, block_k: int = 32,
-                   num_warps: int | None = None, num_stages: int = 3) -> torch.Tensor:
+                   block_n: int | None = None, num_warps: int | None = None, num_stages: int = 3) -> torch.Tensor:
     """``a @ b`` as ``product`` computes it, by one Triton kernel (``kernels.product``): ``b``
     split here (per-column scales), ``a`` split in registers after a pass over its rows' maxima,
     head and tails in separate accumulators; the larger operand streams as the kernel's rows
     (``(b^T a^T)^T`` where ``b`` is the wider, written through the output's transpose so that the
     result is contiguous either way, as the operator's fake promises).  Float32 2-D or 3-D
-    operands on a GPU, or on the CPU under ``TRITON_INTERPRET=1``."""
+    operands on a GPU, or on the CPU under ``TRITON_INTERPRET=1``.  ``block_n`` (default: the
+    columns' power of two, at most 128) is the column tile."""
     import triton
 
     from ..kernels.product import compensated_product_kernel
@@ -130,7 +131,10 @@ def product_kernel(a: torch.Tensor, b: torch.Tensor, *, block_m: int = 64, block
     hi, lo, up = (t.contiguous() for t in split(b3, -2))
     batch, m, k = a3.shape
     n = b3.shape[-1]
-    block_n = min(128, max(16, triton.next_power_of_2(n)))
+    if block_n is None:                     # each column tile re-reads and re-splits its rows of a
+        block_n = min(128, max(16, triton.next_power_of_2(n)))
+    elif block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two of at least 16, got {block_n}")
     num_warps = num_warps or (8 if block_m * block_n > 64 * 64 else 4)    # two fp32 accumulators a program
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), batch)
     wrap_triton(compensated_product_kernel)[grid](a3, hi, lo, up, out, m, n, *a3.stride(), *hi.stride(), *out.stride(),

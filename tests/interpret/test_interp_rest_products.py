@@ -63,3 +63,11 @@ def test_a_kernel_without_its_tails_fails_the_bound(monkeypatch):
 def test_the_operator_runs_the_kernel_where_kernels_run():
     a, b = _operands((40, 32), (32, 24), seed=3)
     assert torch.equal(torch.ops.mixstack.compensated_product(a, b), product_kernel(a, b))
+
+
+def test_a_wider_column_tile_gives_the_same_bound_and_a_bad_one_is_named():
+    for shape_a, shape_b in (((70, 32), (32, 24)), ((40, 32), (32, 90))):    # one partial tile; b the wider
+        a, b = _operands(shape_a, shape_b, seed=5)
+        assert relative_error(product_kernel(a, b, block_m=32, block_k=16, block_n=64), a, b) <= BOUND
+    with pytest.raises(ValueError, match="block_n"):
+        product_kernel(a, b, block_n=48)
