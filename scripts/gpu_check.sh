@@ -51,7 +51,8 @@
 #   carry's MPICH): deepmd-kit's freeze steps on a one-block accelerated model with the convolution's
 #   operators recorded, the kernels AOTInductor refuses, the package's kernels and outputs, ~2 min.
 #   "restprobe": scripts/rest_products_probe.py (RESTPROBE_ARGS): deepmd-kit's products at the water and 2-stream
-#   configs' shapes, exact fp32 against the compensated form eager and compiled, under $OUT/restprobe, ~2 min.
+#   configs' shapes, exact fp32 against the compensated ATen form (eager, compiled) and the kernel form at six
+#   launch configs, each timed as its CUDA-graph replay, under $OUT/restprobe, ~2-3 min.
 #   "convprobe": scripts/conv_probe.py (CONVPROBE_ARGS): rotate-in forward and backward at the
 #   frame's shape per edge-kernel launch config, then `ncu` on one NCU_KERNEL launch (default
 #   rotate_in_grad_kernel), under $OUT/convprobe.
