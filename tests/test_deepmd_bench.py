@@ -244,3 +244,19 @@ def test_md_throughputs_before_runs_once_after_the_warm_up():
     md_throughput(Counting(sigma=1.0, epsilon=0.01, rc=3.0), atoms, steps=3, warmup=2, dt_fs=0.5, device="cpu",
                   before=lambda: seen.append(Counting.computed))
     assert len(seen) == 1 and 0 < seen[0] < Counting.computed          # after the warm-up, before the timed steps
+
+
+def test_the_md_line_splits_the_captures_host_time():
+    from mixstack.bench.deepmd_bench import _md_line
+
+    md = {"steps_per_s": 12.3, "md_rebuilds": 5, "md_rebuild_s": 0.03, "md_captures": 2, "md_capture_s": 0.30,
+          "md_events": [{"what": "rebuild", "seconds": 0.006},
+                        {"what": "capture", "seconds": 0.16, "before_s": 0.02, "enter_s": 0.01, "record_s": 0.05,
+                         "instantiate_s": 0.08},
+                        {"what": "capture", "seconds": 0.14, "before_s": 0.02, "enter_s": 0.01, "record_s": 0.04,
+                         "instantiate_s": 0.07}]}
+    line = _md_line(md)
+    assert ("2 capture(s) 0.30 s (warm-ups and pools 0.04, entering 0.02, recording 0.09, instantiating 0.15)"
+            in line)
+    del md["md_events"][1:]                                   # a record from before the split: no split
+    assert _md_line(md).endswith("2 capture(s) 0.30 s")

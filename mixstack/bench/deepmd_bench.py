@@ -291,6 +291,12 @@ def _md_line(md: dict) -> str:
     if "md_rebuilds" in md:
         line += (f"; over the timed steps {md['md_rebuilds']} rebuild(s) {md['md_rebuild_s']:.2f} s, "
                  f"{md['md_captures']} capture(s) {md['md_capture_s']:.2f} s")
+        captures = [e for e in md.get("md_events", ()) if e.get("what") == "capture" and "record_s" in e]
+        if captures:
+            parts = {key: sum(e.get(key, 0.0) for e in captures)
+                     for key in ("before_s", "enter_s", "record_s", "instantiate_s")}
+            line += (f" (warm-ups and pools {parts['before_s']:.2f}, entering {parts['enter_s']:.2f}, "
+                     f"recording {parts['record_s']:.2f}, instantiating {parts['instantiate_s']:.2f})")
     return line
 
 

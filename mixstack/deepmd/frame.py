@@ -398,14 +398,22 @@ class FrameRunner:
                 peak, measured = scaled_peak(*self._peak, self._capacities()), False
             pool, seed = presized_pool(pos.device, peak)
         graph = torch.cuda.CUDAGraph()
+        entered = time.perf_counter()
         with torch.cuda.graph(graph, pool=pool, stream=capture_stream(pos.device)):
+            recording = time.perf_counter()
             outputs = self.frame(*static)
+            recorded = time.perf_counter()
+        done = time.perf_counter()
         del seed
         self._graph, self._static = graph, (static, outputs)
         self.captures += 1
-        spent = time.perf_counter() - start
+        spent = done - start
         self.seconds["capture"] += spent
-        event = {"call": self.calls, "what": "capture", "warmups": warmups, "seconds": round(spent, 5)}
+        # where a capture's host time goes: warm-ups and the pool, torch's entry (a synchronisation and
+        # its caches emptied), recording the launches, ending the capture (the graph instantiated)
+        event = {"call": self.calls, "what": "capture", "warmups": warmups, "seconds": round(spent, 5),
+                 "before_s": round(entered - start, 5), "enter_s": round(recording - entered, 5),
+                 "record_s": round(recorded - recording, 5), "instantiate_s": round(done - recorded, 5)}
         if self.presize:
             event["pool"] = "measured" if measured else "scaled"
         self.events.append(event)

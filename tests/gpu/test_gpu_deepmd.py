@@ -147,6 +147,9 @@ def test_an_overflow_recaptures_without_an_eager_frame_and_replays_the_eager_bit
     assert len(frames) == (1 if presize else 2)
     if presize:
         assert runner.events[-1]["what"] == "capture" and runner.events[-1]["pool"] == "scaled"
+    split = runner.events[-1]
+    parts = ("before_s", "enter_s", "record_s", "instantiate_s")
+    assert abs(sum(split[p] for p in parts) - split["seconds"]) < 1e-3 and min(split[p] for p in parts) >= 0
     again = _run(runner, denser)
     eager = _run(FrameRunner(model, graph=False), denser)
     for key in KEYS:
