@@ -86,13 +86,18 @@ def deepmd_enabled() -> bool:
 REST_PRODUCTS = ("exact", "compensated", "kernel")
 
 
+def rest_products_setting(value: str, name: str) -> str:
+    """``value`` if it is one of ``REST_PRODUCTS``; else a ``ValueError`` naming ``name``."""
+    if value not in REST_PRODUCTS:
+        raise ValueError(f"{name} must be one of {', '.join(REST_PRODUCTS)}, got {value!r}")
+    return value
+
+
 def deepmd_rest_products() -> str:
     """``MIXSTACK_DEEPMD_REST_PRODUCTS``: ``exact`` (unset), ``compensated`` or ``kernel``
     (``mixstack.deepmd.rest_products``)."""
     raw = os.environ.get("MIXSTACK_DEEPMD_REST_PRODUCTS", "").strip() or "exact"
-    if raw not in REST_PRODUCTS:
-        raise ValueError(f"MIXSTACK_DEEPMD_REST_PRODUCTS must be one of {', '.join(REST_PRODUCTS)}, got {raw!r}")
-    return raw
+    return rest_products_setting(raw, "MIXSTACK_DEEPMD_REST_PRODUCTS")
 
 
 def private_cxx_runtime() -> bool:

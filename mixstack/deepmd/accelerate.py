@@ -24,6 +24,7 @@ import sys
 
 import torch
 
+from ..core import config
 from . import compiled
 from .report import DEEPMD, MIXSTACK, AccelerationReport, ConvolutionReport
 
@@ -97,8 +98,7 @@ def accelerate(model: torch.nn.Module, *, level: int | None = None,
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     level = _check_level(level)
-    if rest_products not in compiled.REST_PRODUCTS:
-        raise ValueError(f"rest_products must be one of {', '.join(compiled.REST_PRODUCTS)}, got {rest_products!r}")
+    config.rest_products_setting(rest_products, "rest_products")
     from .backends import present
     from .options import unsupported_reason
 

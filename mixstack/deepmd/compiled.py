@@ -29,7 +29,6 @@ from .rest_products import for_model
 _MARK = "_mixstack_opaque_trace"
 _PRODUCTS = "_mixstack_rest_products"
 _WRAPPED = "_mixstack_opaque"
-REST_PRODUCTS = config.REST_PRODUCTS
 
 
 def marked(model: torch.nn.Module) -> bool:
@@ -47,9 +46,8 @@ def mark(model: torch.nn.Module, on: bool, *, products: str = "exact") -> None:
     """Mark (``on``) or unmark every deepmd-kit SeZM model in ``model`` (the modules with
     ``forward_common_lower``); their classes' ``forward_common_lower`` wrapped (``install``).
     ``products``: how the marked models' compiled inference runs the rest of their float32
-    products (``REST_PRODUCTS``)."""
-    if products not in REST_PRODUCTS:
-        raise ValueError(f"products must be one of {', '.join(REST_PRODUCTS)}, got {products!r}")
+    products (``config.REST_PRODUCTS``)."""
+    config.rest_products_setting(products, "products")
     for module in model.modules():
         if not callable(getattr(type(module), "forward_common_lower", None)) or \
                 not callable(getattr(type(module), "trace_and_compile", None)):
