@@ -23,7 +23,8 @@ import os
 import torch
 
 from mixstack.deepmd import rest_products
-from mixstack.measure.timing import clock_for, graph_replay, time_interleaved
+from mixstack.measure.timing import clock_for, time_interleaved
+from mixstack.potential.graphs import graph_replay
 
 DEFAULT_CONFIGS = ["64,0,32,3", "128,0,32,3", "64,0,64,3", "128,0,64,2", "64,256,32,3", "64,256,64,2"]
 EDGES, NODES = 316_554, 4_000       # the water frame at ~4,000 atoms (rcut 6)

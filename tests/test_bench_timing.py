@@ -116,25 +116,3 @@ def test_perf_counter_clock_measures_elapsed_time():
     t = perf_counter_clock()(lambda: time.sleep(0.02))
     assert 0.015 < t < 1.0 and math.isfinite(t)
 
-
-def test_graph_replay_needs_a_cuda_device():
-    from mixstack.measure.timing import graph_replay
-
-    with pytest.raises(ValueError, match="CUDA device"):
-        graph_replay(lambda: None, "cpu")
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
-def test_graph_replay_repeats_the_captured_work():
-    import torch
-
-    from mixstack.measure.timing import graph_replay
-
-    x = torch.zeros(4, device="cuda")
-    replay = graph_replay(lambda: x.add_(1), "cuda", warmup=2)      # 2 eager runs, then the capture
-    assert x.tolist() == [2.0] * 4
-    replay()
-    replay()
-    torch.cuda.synchronize()
-    assert x.tolist() == [4.0] * 4

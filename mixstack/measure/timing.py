@@ -170,25 +170,6 @@ def perf_counter_clock(device=None) -> Clock:
     return clock
 
 
-def graph_replay(fn: Callable[[], object], device, warmup: int = 2) -> Callable[[], None]:
-    """``fn`` captured into a CUDA graph on ``device`` after ``warmup`` runs on a side stream: the
-    graph's replay, to time the device's work without the host's launches (a replayed frame's
-    terms).  ``fn``'s outputs live in the graph's pool and are overwritten by each replay."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        raise ValueError(f"graph_replay needs a CUDA device, got {device}")
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def clock_for(device) -> Clock:
     """CUDA events on a CUDA device, ``perf_counter`` elsewhere."""
     device = torch.device(device)

@@ -141,18 +141,33 @@ def presized_pool(device: torch.device, nbytes: int):
     return pool, seed
 
 
-def run_on_capture_stream(fn: Callable, *inputs: torch.Tensor):
-    """``fn(*inputs)`` eagerly on the capture stream of the inputs' device, ordered after the
-    current stream's work and before its next: a capture's warm-up, or a caller's first call
-    made where the capture will run (so that the stream's one-time state, e.g. its cuBLAS
-    workspace, exists before)."""
-    device = inputs[0].device
+def run_on_capture_stream(fn: Callable, *inputs: torch.Tensor, device: torch.device | None = None):
+    """``fn(*inputs)`` eagerly on the capture stream of the inputs' device (or ``device``),
+    ordered after the current stream's work and before its next: a capture's warm-up, or a
+    caller's first call made where the capture will run (so that the stream's one-time state,
+    e.g. its cuBLAS workspace, exists before)."""
+    device = inputs[0].device if device is None else device
     side = capture_stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         out = fn(*inputs)
     torch.cuda.current_stream(device).wait_stream(side)
     return out
+
+
+def graph_replay(fn: Callable[[], object], device, warmup: int = 2) -> Callable[[], None]:
+    """``fn`` captured into a CUDA graph on ``device`` after ``warmup`` runs, both on the capture
+    stream: the graph's replay, to time the device's work without the host's launches (a replayed
+    frame's terms).  ``fn``'s outputs live in the graph's pool and are overwritten by each replay."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"graph_replay needs a CUDA device, got {device}")
+    for _ in range(warmup):
+        run_on_capture_stream(fn, device=device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=capture_stream(device)):
+        fn()
+    return graph.replay
 
 
 def _all_cuda(inputs) -> bool:
