@@ -245,8 +245,8 @@ def cmd_deeppot(args) -> int:
 
 def _profile(call, path: str, frames: int, rows: int = 40) -> None:
     """``frames`` calls under ``torch.profiler`` into ``path``: the wall time a frame, the device's
-    busy time a frame (the sum of its kernels' and copies' durations: the rest of the wall time is
-    the host's), and the kernels by device time."""
+    busy time a frame (``breakdown.kernel_time``, the bench's: its kernels' and copies' durations;
+    the rest of the wall time is the host's), and the kernels by device time."""
     import torch
 
     cuda = torch.cuda.is_available()
@@ -258,10 +258,13 @@ def _profile(call, path: str, frames: int, rows: int = 40) -> None:
         if cuda:
             torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) / frames
-    device = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    busy = sum(e.time_range.elapsed_us() for e in device) / 1e3 / frames
+    from mixstack.bench.breakdown import kernel_time
+
+    events = prof.events()
+    busy = kernel_time(events) / 1e3 / frames
+    launches = sum(e.device_type == torch.autograd.DeviceType.CUDA for e in events) // max(frames, 1)
     head = (f"{frames} frame(s) under the profiler: wall {1e3 * wall:.1f} ms a frame, device busy {busy:.1f} ms "
-            f"a frame ({len(device) // max(frames, 1)} device events a frame), host-only {max(1e3 * wall - busy, 0):.1f} ms")
+            f"a frame ({launches} device events a frame), host-only {max(1e3 * wall - busy, 0):.1f} ms")
     with open(path, "w") as f:
         f.write(head + "\n\n" + prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows,
                                                           max_name_column_width=90) + "\n")
