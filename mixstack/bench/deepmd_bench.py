@@ -56,7 +56,7 @@ from ..deepmd import configs, systems
 from ..measure import env, report
 from ..measure.timing import Task, clock_for, time_interleaved
 from . import breakdown, deepmd_md
-from .deepmd_ranges import STAGES
+from .deepmd_ranges import KERNEL_STAGES, STAGES
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def _profiled_frame(key: str, built: Built, inputs):
 
 
 def _stage_times(run, model, device, rounds: int) -> dict:
-    from .deepmd_ranges import ranges
+    from .deepmd_ranges import kernel_split, ranges
 
     cuda = torch.device(device).type == "cuda"
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
@@ -169,12 +169,16 @@ def _stage_times(run, model, device, rounds: int) -> dict:
             run()
             if cuda:
                 torch.cuda.synchronize(device)
-    times, _, total = breakdown.attribute(prof.events(), "cuda" if cuda else "cpu")
+    events = prof.events()
+    times, _, total = breakdown.attribute(events, "cuda" if cuda else "cpu")
     per = 1e-3 / rounds
     stages = {s: {f"{p}_ms": times.get((s, p), 0.0) * per for p in breakdown.PASSES}
               for s in (*STAGES, breakdown.OTHER)}
-    return {"device_time": "CUDA kernel time" if cuda else "CPU time of the operators",
-            "busy_ms": total * per, "stages": stages}
+    out = {"device_time": "CUDA kernel time" if cuda else "CPU time of the operators",
+           "busy_ms": total * per, "stages": stages}
+    if cuda:                  # a compiled frame's ranges hold nothing: its kernels by name, every variant alike
+        out["kernels"] = {f"{s}_ms": t * per for s, t in kernel_split(events).items()}
+    return out
 
 
 def _free(device) -> None:
@@ -596,12 +600,26 @@ def _stage_sum(stages, names) -> float | None:
     return None if not stages else sum(stages[s]["forward_ms"] + stages[s]["backward_ms"] for s in names)
 
 
+def _value_path_ms(v: dict) -> float | None:
+    """The Wigner rows to aggregation, forward and backward: the ranges' figure, or where they hold
+    none (a compiled frame), the value path's kernels by name."""
+    b = v.get("breakdown", {})
+    ranged = _stage_sum(b.get("stages"), ("wigner", "value_path"))
+    kernels = b.get("kernels")
+    if not ranged and kernels:
+        return kernels["wigner_ms"] + kernels["value_path_ms"]
+    return ranged
+
+
 def _stage_rows(record: dict) -> list[str]:
     """Where each variant's device time goes: the value path (Wigner rows to aggregation) apart
-    from the rest of the convolution and of the model, forward / backward."""
-    lines = ["", "Device time per stage (ms a frame, forward / backward; `deepmd_ranges`):", "",
-             "| config | system | atoms | variant | edges | wigner | value path | rest of convolution | rest of model |",
-             "|" + "---|" * 9]
+    from the rest of the convolution and of the model, forward / backward; and the same frame's
+    kernels by name (``deepmd_ranges.kernel_split``), which a compiled frame's ranges cannot split."""
+    lines = ["", "Device time per stage (ms a frame; ranges forward / backward, `deepmd_ranges`; kernels by "
+             "name, forward + backward, `deepmd_ranges.kernel_split`):", "",
+             "| config | system | atoms | variant | edges | wigner | value path | rest of convolution | rest of model "
+             "| kernels: wigner | value path | deepmd-kit's products | other |",
+             "|" + "---|" * 13]
     for case in record["cases"]:
         for key, v in case["variants"].items():
             stages = v.get("breakdown", {}).get("stages")
@@ -609,6 +627,8 @@ def _stage_rows(record: dict) -> list[str]:
                 continue
             cells = [f"{stages[s]['forward_ms']:.2f} / {stages[s]['backward_ms']:.2f}"
                      for s in (*STAGES, breakdown.OTHER)]
+            kernels = v["breakdown"].get("kernels")
+            cells += [report.fmt(None if kernels is None else kernels[f"{s}_ms"], ".2f") for s in KERNEL_STAGES]
             lines.append("| " + " | ".join([case["config"], case["system"], str(case["atoms"]), key, *cells]) + " |")
     return lines if len(lines) > 5 else []
 
@@ -698,8 +718,9 @@ def markdown(record: dict) -> str:
                      report.fmt(None if held is None else held / 2 ** 20, ".0f"),
                      report.fmt(acc.get("force_max_abs")), report.fmt(acc.get("energy_rel")),
                      report.fmt(_stage_sum(stages, ("edges",)), ".2f"),
-                     report.fmt(_stage_sum(stages, ("wigner", "value_path")), ".2f"),
-                     report.fmt(_stage_sum(stages, ("convolution", breakdown.OTHER)), ".2f"),
+                     report.fmt(_value_path_ms(v), ".2f"),
+                     report.fmt(None if (vp := _value_path_ms(v)) is None or not v.get("breakdown", {}).get("busy_ms")
+                                else v["breakdown"]["busy_ms"] - vp - (_stage_sum(stages, ("edges",)) or 0), ".2f"),
                      report.fmt(md.get("steps_per_s"), ".2f"), report.fmt(md.get("ns_per_day"), ".3f"),
                      report.fmt(md.get("drift_mev_atom_ps"), ".3g")]
             lines.append("| " + " | ".join(cells) + " |")
@@ -727,6 +748,8 @@ def long_rows(record: dict) -> list[dict]:
                    **{k: val for k, val in v.get("accuracy", {}).items()}, "not_run": not_run_text(v), **cols}
             for stage, t in v.get("breakdown", {}).get("stages", {}).items():
                 row[f"{stage}_forward_ms"], row[f"{stage}_backward_ms"] = t["forward_ms"], t["backward_ms"]
+            for stage, t in v.get("breakdown", {}).get("kernels", {}).items():
+                row[f"kernels_{stage}"] = t
             for field in ("steps_per_s", "ns_per_day", "drift_mev_atom_ps"):
                 row[f"md_{field}"] = v.get("md", {}).get(field)
             rows.append(row)

@@ -17,16 +17,79 @@ backward, to the innermost range it ran in:
 * ``convolution``: the rest of each ``SO2Convolution`` (channel mixes, attention logits and
   gates, grid products, and deepmd-kit's unfused aggregation);
 * everything else is ``other`` (the embedding, the FFNs, the readout, the force scatter).
+
+A compiled frame runs no module's ``forward`` (the trace replaced them), so its ranges hold
+nothing; ``kernel_split`` charges every variant's device kernels by name instead, the same way
+for all: mixstack's value-path kernels and deepmd-kit's (``deepmd.kernels.triton.sezm``'s SO(2)
+modules) to ``value_path``, deepmd-kit's Wigner kernels to ``wigner``, mixstack's compensated
+product to ``products``, every other kernel (Inductor's fused ones, ATen's) to ``other``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
+import pkgutil
 
 import torch
 
 STAGES = ("edges", "wigner", "value_path", "convolution")
+KERNEL_STAGES = ("wigner", "value_path", "products", "other")
+# deepmd-kit's SeZM Triton modules (deepmd.kernels.triton.sezm) by the stage their kernels serve
+DEEPMD_KERNEL_MODULES = {"so2_block_gemm": "value_path", "so2_rotation": "value_path",
+                         "so2_stack_fp16x3": "value_path", "so2_value_path": "value_path",
+                         "flash_atten": "value_path", "radial_mix": "value_path", "wigner_monomials": "wigner"}
+MIXSTACK_PRODUCT_MODULES = ("product",)      # mixstack.kernels modules of deepmd-kit's own products
+
+
+def _jit_names(module) -> set[str]:
+    import triton
+    return {v.__name__ for v in vars(module).values() if isinstance(v, triton.runtime.jit.JITFunction)}
+
+
+@functools.cache
+def kernel_stages() -> dict[str, str]:
+    """Kernel name -> stage (``KERNEL_STAGES``) for the kernels ``kernel_split`` knows by name."""
+    from .. import kernels
+    from ..packages import mixstack_kernel_names
+
+    ours = mixstack_kernel_names()
+    named = {}
+    for info in pkgutil.iter_modules(kernels.__path__):
+        stage = "products" if info.name in MIXSTACK_PRODUCT_MODULES else "value_path"
+        module = importlib.import_module(f"{kernels.__name__}.{info.name}")
+        named.update({name: stage for name in _jit_names(module) & ours})
+    try:
+        from ..deepmd.compat import deepmd_pt
+        deepmd_pt()                        # deepmd-kit's op library, or its stand-in, before its modules
+    except ImportError:
+        return named
+    for name, stage in DEEPMD_KERNEL_MODULES.items():
+        try:
+            module = importlib.import_module(f"deepmd.kernels.triton.sezm.{name}")
+        except Exception:                  # another deepmd-kit: its kernels stay "other"
+            continue
+        named.update({kernel: stage for kernel in _jit_names(module)})
+    return named
+
+
+def kernel_split(events) -> dict[str, float]:
+    """µs of device work in a profiler's ``events()`` by ``KERNEL_STAGES``, kernels charged by
+    name (``kernel_stages``); other device work (copies, memsets) is ``other``."""
+    from torch.autograd import DeviceType
+
+    from .breakdown import kernel_time
+
+    named = kernel_stages()
+    split = dict.fromkeys(KERNEL_STAGES, 0.0)
+    device = [e for e in events if e.device_type == DeviceType.CUDA]
+    for e in device:
+        stage = named.get(e.name)
+        if stage is not None:
+            split[stage] += e.device_time
+    split["other"] = kernel_time(device) - sum(split[s] for s in KERNEL_STAGES if s != "other")
+    return split
 
 
 def _ranged(fn, name: str):
