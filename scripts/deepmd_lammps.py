@@ -243,6 +243,9 @@ def cmd_deeppot(args) -> int:
     return 0
 
 
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+
 def _profile(call, path: str, frames: int, rows: int = 40) -> None:
     """``frames`` calls under ``torch.profiler`` into ``path``: the wall time a frame, the device's
     busy time a frame (``breakdown.kernel_time``, the bench's: its kernels' and copies' durations;
@@ -259,12 +262,20 @@ def _profile(call, path: str, frames: int, rows: int = 40) -> None:
             torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) / frames
     from mixstack.bench.breakdown import kernel_time
+    from mixstack.bench.deepmd_ranges import kernel_split
 
     events = prof.events()
     busy = kernel_time(events) / 1e3 / frames
     launches = sum(e.device_type == torch.autograd.DeviceType.CUDA for e in events) // max(frames, 1)
+    split = kernel_split(events)
+    # the host waits for the device at each of these: where the package's graph reads a size or a value
+    syncs = [e for e in events if e.name in SYNC_CALLS]
+    copies_back = sum(e.name.startswith("Memcpy DtoH") for e in events)
     head = (f"{frames} frame(s) under the profiler: wall {1e3 * wall:.1f} ms a frame, device busy {busy:.1f} ms "
-            f"a frame ({launches} device events a frame), host-only {max(1e3 * wall - busy, 0):.1f} ms")
+            f"a frame ({launches} device events a frame), host-only {max(1e3 * wall - busy, 0):.1f} ms; "
+            f"kernels by name (ms a frame): " + ", ".join(f"{k} {v / 1e3 / frames:.2f}" for k, v in split.items())
+            + f"; host waits {len(syncs) / frames:.1f} a frame ({sum(e.cpu_time_total for e in syncs) / 1e3 / frames:.1f}"
+            f" ms), device-to-host copies {copies_back / frames:.1f} a frame")
     with open(path, "w") as f:
         f.write(head + "\n\n" + prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows,
                                                           max_name_column_width=90) + "\n")
