@@ -27,6 +27,9 @@
 #   $OUT/bench-all: the ratios of both configs from one run.  PROCESSES=1|0 (default 1 with ONE_RUN,
 #   else 0): --processes or not.  A case's variants hold device memory together: on an 80 GB card
 #   three 2-stream variants fit (~14-17 GiB each, ~22 while building); five ran out of memory.
+#   BUILD_AHEAD=1|0 (default 1 with ONE_RUN on a card of at least 120 GiB): --build-ahead, both
+#   configs' variants built at once before either is timed (on an H200 the builds one config after
+#   the other, ~150 s for water's and over 230 s for the 2-stream config's, did not fit one call).
 set -u
 OUT=${OUT:?set OUT to a results folder}
 mkdir -p "$OUT"
@@ -91,6 +94,11 @@ fi
 configs=(${CONFIGS:-water two_stream})
 processes=()
 [ "${PROCESSES:-${ONE_RUN:+1}}" = 1 ] && processes=(--processes)
+if [ -z "${BUILD_AHEAD:-}" ] && [ -n "${ONE_RUN:-}" ]; then      # a card that holds both configs' builds
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1)
+  [ "${mib:-0}" -ge 122880 ] 2>/dev/null && BUILD_AHEAD=1
+fi
+[ "${BUILD_AHEAD:-0}" = 1 ] && [ ${#processes[@]} -gt 0 ] && processes+=(--build-ahead)
 bench() {   # NAME SHARE ARGS...: one `mixstack bench deepmd` into $OUT/bench-NAME within SHARE seconds
   local name=$1 share=$2; shift 2
   # the bench stops starting steps SECONDS_MARGIN s before its share and writes what it has;

@@ -50,7 +50,7 @@ def test_help_version_and_argument_errors_do_not_import_torch():
     assert heavy == []
 
 
-DEEPMD_OPTIONS = ["--atoms", "--configs", "--systems", "--variants", "--variants-for", "--rest-level", "--processes", "--rounds", "--warmup",
+DEEPMD_OPTIONS = ["--atoms", "--configs", "--systems", "--variants", "--variants-for", "--rest-level", "--processes", "--build-ahead", "--rounds", "--warmup",
                   "--breakdown", "--breakdown-rounds", "--md-steps", "--md-warmup", "--md-dt", "--skin", "--rcut", "--seconds", "--seed",
                   "--device", "--out"]
 

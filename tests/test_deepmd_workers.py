@@ -111,3 +111,31 @@ def test_a_worker_keeps_the_current_gpu_unless_its_device_names_one(monkeypatch)
         with pytest.raises(Exception):                # the empty config fails later, on purpose
             bench.build_in_worker("dp0", {}, _payload(device=device), lambda text: None)
     assert chosen == [torch.device("cuda:1")]
+
+
+@pytest.mark.slow
+def test_build_ahead_builds_every_case_before_any_is_timed(tmp_path, monkeypatch, capsys):
+    """Two cases (two sizes): both builds said before the first timing, each case then timed, as
+    without ``--build-ahead``."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("built in the coordinator")
+    monkeypatch.setattr(bench, "build_variant", refuse)
+    argv = [*TINY, "--atoms", "6", "9", "--variants", "dp0", "--processes", "--build-ahead",
+            "--out", str(tmp_path)]
+    assert main(argv) == 0
+    record = json.loads((tmp_path / "deepmd_bench.json").read_text())
+    assert [case["atoms"] for case in record["cases"]] == [6, 9]
+    for case in record["cases"]:
+        for key in ("dp0",):
+            v = case["variants"][key]
+            assert "not_run" not in v, v.get("not_run")
+            assert len(v["time"]["samples_ms"]) == 2 and v["accuracy"]["force_max_abs"] < 1e-4
+    said = capsys.readouterr().out
+    builds = [i for i, line in enumerate(said.splitlines()) if "built + first frame" in line]
+    timings = [i for i, line in enumerate(said.splitlines()) if "timing 2 rounds" in line]
+    assert len(builds) == 2 and len(timings) == 2 and max(builds) < min(timings)
+
+
+def test_build_ahead_needs_processes(capsys):
+    assert main([*TINY, "--variants", "dp0", "--build-ahead"]) != 0
+    assert "--build-ahead builds the variants in processes of their own: add --processes" in capsys.readouterr().err

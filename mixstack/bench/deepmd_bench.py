@@ -515,21 +515,46 @@ def _not_run(case: dict, variants, why: str) -> dict:
     return case
 
 
-def run_case(case: dict, variants, args, device, progress: Progress) -> dict:
-    """One config on one system size (``case``: ``config``, ``system``, ``atoms`` asked for and
-    ``variants``, filled in place, step by step): the float64 reference frame, every variant
-    built with its first frame and peak memory (here, or with ``args.processes`` each in a process
-    of its own, all at once: ``deepmd_workers``), timed, its breakdown, its MD."""
+class Prepared(NamedTuple):
+    """A case made ready to build: its frame, the float64 reference, the model config and weights."""
+
+    config: dict
+    base: object
+    state: dict
+    ref: dict
+    frame: tuple
+    type_map: list
+    inputs: tuple
+
+
+def prepare_case(case: dict, variants, args, device, progress: Progress) -> Prepared | None:
+    """``case``'s frame and float64 reference frame (``None``, the case marked not run, out of time)."""
     make_frame, type_map = SYSTEMS[case["system"]]
     coord, atype, box = frame = make_frame(case["atoms"], seed=args.seed)
     case["atoms"] = int(atype.numel())
     why = progress.out_of_time()
     if why:
-        return _not_run(case, variants, why)
+        _not_run(case, variants, why)
+        return None
     with progress.step("float64 reference frame"):
         config, base, state, ref = _reference(case, type_map, frame, args, device)
     inputs = (coord.float(), atype, None if box is None else box.float())
-    built = _build_all(case, variants, config, state, inputs, ref, args, device, progress)
+    return Prepared(config, base, state, ref, frame, type_map, inputs)
+
+
+def run_case(case: dict, variants, args, device, progress: Progress) -> dict:
+    """One config on one system size (``case``: ``config``, ``system``, ``atoms`` asked for and
+    ``variants``, filled in place, step by step): the float64 reference frame, every variant
+    built with its first frame and peak memory (here, or with ``args.processes`` each in a process
+    of its own, all at once: ``deepmd_workers``), timed, its breakdown, its MD."""
+    prepared = prepare_case(case, variants, args, device, progress)
+    if prepared is not None:
+        run_built(case, prepared, _build_all(case, variants, prepared, args, device, progress), args, device, progress)
+    return case
+
+
+def run_built(case: dict, prepared: Prepared, built: dict, args, device, progress: Progress) -> None:
+    """``case``'s ``built`` variants timed, broken down and run in MD, then closed."""
     try:
         if built:
             clock = next(iter(built.values())).clock
@@ -538,16 +563,14 @@ def run_case(case: dict, variants, args, device, progress: Progress) -> dict:
             for key, b in built.items():
                 _step(progress, f"breakdown {key}", case["variants"][key], "breakdown", b.breakdown)
         if args.md_steps > 0:
-            md_runs(config, base, frame, type_map, case, built, args, progress)
+            md_runs(prepared.config, prepared.base, prepared.frame, prepared.type_map, case, built, args, progress)
     finally:
         for b in built.values():
             b.close()
-    return case
 
 
-def _build_all(case: dict, variants, config: dict, state: dict, inputs, ref, args, device, progress: Progress):
-    """``{key: Local or Remote}``: every variant built (``build_variant_step``), one after another
-    here or, with ``args.processes``, each in a worker of its own at once."""
+def _keys_in_time(case: dict, variants, progress: Progress) -> list:
+    """The variants that may start building: the others marked not run (out of time)."""
     keys = []
     for key in variants:
         entry = case["variants"].setdefault(key, {})
@@ -556,15 +579,78 @@ def _build_all(case: dict, variants, config: dict, state: dict, inputs, ref, arg
             entry["not_run"] = why
         else:
             keys.append(key)
+    return keys
+
+
+def _payload(prepared: Prepared, args, device) -> dict:
+    """What a worker builds a variant of the case from (``build_in_worker``)."""
+    return {"build": build_in_worker, "device": str(device), "args": args, "config": prepared.config,
+            "state": prepared.state, "inputs": prepared.inputs, "ref": {k: v.cpu() for k, v in prepared.ref.items()}}
+
+
+def run_cases_built_ahead(cases: list, args, device, progress: Progress, *, on_case=None) -> None:
+    """``--build-ahead``: every case (``(case, variants, label)``) its float64 reference, then
+    every case's variants building in workers of their own all at once (``deepmd_workers.start``),
+    all of them waited for before any is timed (a build's GPU work would disturb another case's
+    timing), then each case timed, broken down and run in MD in turn.  Every variant of every case
+    holds its memory until its case ends.  ``on_case(label)`` as each case is prepared and as it is
+    timed."""
+    from .deepmd_workers import collect, start
+
+    share = sum(len(variants) for _, variants, _ in cases)
+    labels = {id(case): label for case, _, label in cases}
+    pending = []
+    try:
+        for case, variants, label in cases:
+            if on_case:
+                on_case(f"{label}: reference frame, then its builds start")
+            prepared = prepare_case(case, variants, args, device, progress)
+            if prepared is None:
+                continue
+            keys = _keys_in_time(case, variants, progress)
+            pending.append((case, prepared, start(keys, _payload(prepared, args, device), share=share) if keys else {}))
+    except BaseException:
+        for _, _, workers in pending:
+            for worker in workers.values():
+                worker.close(wait=0)
+        raise
+    ready = []
+    for i, (case, prepared, workers) in enumerate(pending):
+        try:
+            ready.append((case, prepared, collect(workers, case, progress)))
+        except BaseException:
+            for _, _, later in pending[i + 1:]:
+                for worker in later.values():
+                    worker.close(wait=0)
+            for _, _, built in ready:
+                for b in built.values():
+                    b.close()
+            raise
+    for i, (case, prepared, built) in enumerate(ready):
+        if on_case:
+            on_case(labels[id(case)])
+        try:
+            run_built(case, prepared, built, args, device, progress)
+        except BaseException:
+            for _, _, later in ready[i + 1:]:
+                for b in later.values():
+                    b.close()
+            raise
+
+
+def _build_all(case: dict, variants, prepared: Prepared, args, device, progress: Progress):
+    """``{key: Local or Remote}``: every variant built (``build_variant_step``), one after another
+    here or, with ``args.processes``, each in a worker of its own at once."""
+    keys = _keys_in_time(case, variants, progress)
     if getattr(args, "processes", False) and keys:
         from .deepmd_workers import build_all
-        payload = {"build": build_in_worker, "device": str(device), "args": args, "config": config, "state": state,
-                   "inputs": inputs, "ref": {k: v.cpu() for k, v in ref.items()}}
-        return build_all(keys, case, payload, progress)
+        return build_all(keys, case, _payload(prepared, args, device), progress)
     built = {}
+    p = prepared
     for key in keys:
         try:
-            built[key] = _build_local(key, case["variants"][key], config, state, inputs, ref, args, device, progress)
+            built[key] = _build_local(key, case["variants"][key], p.config, p.state, p.inputs, p.ref, args, device,
+                                      progress)
         except Exception:                          # one variant that cannot build leaves the others
             log.warning("variant %s failed", key, exc_info=True)
             _free(device)
@@ -777,14 +863,21 @@ def run_deepmd_bench(args, device, *, command: str, on_case=None, on_step=None, 
               "rest_level": args.rest_level, "rounds": args.rounds, "warmup": args.warmup, "seconds": seconds,
               "cases": []}
     progress = Progress(record, seconds=seconds, start=start, on_step=on_step, on_write=on_write)
+    ahead = []
     for config_name in args.configs:
         for system in args.systems:
             for atoms in args.atoms:
                 case = {"config": config_name, "system": system, "atoms": atoms, "variants": {}}
                 record["cases"].append(case)
+                label = f"{config_name} / {system} / {atoms} atoms"
+                if getattr(args, "build_ahead", False):
+                    ahead.append((case, variants_of(args, config_name), label))
+                    continue
                 if on_case:
-                    on_case(f"{config_name} / {system} / {atoms} atoms")
+                    on_case(label)
                 run_case(case, variants_of(args, config_name), args, device, progress)
+    if ahead:
+        run_cases_built_ahead(ahead, args, device, progress, on_case=on_case)
     return record
 
 

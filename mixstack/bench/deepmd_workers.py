@@ -145,12 +145,29 @@ def build_all(keys, case: dict, payload: dict, progress, *, ctx=None, poll: floa
     filled as each reports; returns ``{key: Remote}`` of those built.  A variant whose build
     failed or whose process died is marked not run with the reason; once ``progress`` is out of
     time, the workers still building are stopped and marked so."""
+    return collect(start(keys, payload, ctx=ctx), case, progress, poll=poll)
+
+
+def start(keys, payload: dict, *, ctx=None, share: int | None = None) -> dict[str, Worker]:
+    """A ``Worker`` building each variant of ``keys`` (see ``build_all``), started now; ``share``:
+    how many workers build at once in all (the compile threads are split among them; default
+    ``len(keys)``), where several cases' builds run together (``--build-ahead``)."""
     workers: dict[str, Worker] = {}
-    built, answered = {}, set()
     try:
-        with _compile_threads(len(keys)):
+        with _compile_threads(share or len(keys)):
             for key in keys:
                 workers[key] = Worker(key, payload, ctx)
+    except BaseException:
+        for worker in workers.values():
+            worker.close(wait=0)
+        raise
+    return workers
+
+
+def collect(workers: dict[str, Worker], case: dict, progress, *, poll: float = POLL_S) -> dict:
+    """``start``'s workers waited for (see ``build_all``): ``{key: Remote}`` of those built."""
+    built, answered = {}, set()
+    try:
         pending = {w.conn: w for w in workers.values()}
         while pending:
             for conn in wait(list(pending), timeout=poll):

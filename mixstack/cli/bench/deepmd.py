@@ -56,6 +56,9 @@ def add_arguments(p) -> None:
                    help="each variant in a process of its own, all built at once (a compiled variant's trace "
                         "takes minutes of one core), then timed one process at a time in the same interleaved "
                         "rounds; every variant's memory is held together")
+    p.add_argument("--build-ahead", action="store_true",
+                   help="with --processes: every case's variants built at once before any case is timed, so that "
+                        "both configs' builds overlap (all their memory held together: a large GPU)")
     p.add_argument("--rounds", type=COUNT, default=10, help="timed rounds, interleaved (default 10)")
     p.add_argument("--warmup", type=COUNT0, default=2, help="untimed warm-up rounds (default 2)")
     p.add_argument("--breakdown", action="store_true", help="device time per stage, forward and backward (profiler)")
@@ -90,6 +93,8 @@ def run(args, argv=None) -> int:
                 deepmd_bench.parse_variant(key)
         except ValueError as exc:
             raise ValueError(f"{option}: {exc}") from None
+    if args.build_ahead and not args.processes:
+        raise ValueError("--build-ahead builds the variants in processes of their own: add --processes")
     unused = sorted(set(args.variants_for) - set(args.configs))
     if unused:
         raise ValueError(f"--variants-for: {', '.join(unused)} is not among --configs ({', '.join(args.configs)})")
