@@ -209,6 +209,10 @@ elif has freeze; then
     on=$(freeze_flag "$name") && freeze "$name" "$on"
   done
 fi
+# the tables the freezes' tuning wrote (its medians say why level 3 kept level 2 at a key, or not)
+if has freeze && [ -n "${MIXSTACK_CACHE_DIR:-}" ] && ls "$MIXSTACK_CACHE_DIR"/*.json > /dev/null 2>&1; then
+  mkdir -p "$OUT/tuning" && cp "$MIXSTACK_CACHE_DIR"/*.json "$OUT/tuning/"
+fi
 
 # -- 3. what each .pt2 holds ----------------------------------------------------------------------
 pt2s=()
