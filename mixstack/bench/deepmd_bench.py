@@ -589,7 +589,7 @@ def _payload(prepared: Prepared, args, device) -> dict:
 
 
 def run_cases_built_ahead(cases: list, args, device, progress: Progress, *, on_case=None) -> None:
-    """``--build-ahead``: every case (``(case, variants, label)``) its float64 reference, then
+    """``--build-ahead``: every case's (``(case, variants, label)``) float64 reference, then
     every case's variants building in workers of their own all at once (``deepmd_workers.start``),
     all of them waited for before any is timed (a build's GPU work would disturb another case's
     timing), then each case timed, broken down and run in MD in turn.  Every variant of every case
@@ -599,14 +599,16 @@ def run_cases_built_ahead(cases: list, args, device, progress: Progress, *, on_c
 
     share = sum(len(variants) for _, variants, _ in cases)
     labels = {id(case): label for case, _, label in cases}
+    references = []                  # every reference first: none shares the device with a build
+    for case, variants, label in cases:
+        if on_case:
+            on_case(f"{label}: the float64 reference")
+        prepared = prepare_case(case, variants, args, device, progress)
+        if prepared is not None:
+            references.append((case, variants, prepared))
     pending = []
     try:
-        for case, variants, label in cases:
-            if on_case:
-                on_case(f"{label}: reference frame, then its builds start")
-            prepared = prepare_case(case, variants, args, device, progress)
-            if prepared is None:
-                continue
+        for case, variants, prepared in references:
             keys = _keys_in_time(case, variants, progress)
             pending.append((case, prepared, start(keys, _payload(prepared, args, device), share=share) if keys else {}))
     except BaseException:
