@@ -113,28 +113,58 @@ def test_a_worker_keeps_the_current_gpu_unless_its_device_names_one(monkeypatch)
     assert chosen == [torch.device("cuda:1")]
 
 
-@pytest.mark.slow
-def test_build_ahead_builds_every_case_before_any_is_timed(tmp_path, monkeypatch, capsys):
-    """Two cases (two sizes): both builds said before the first timing, each case then timed, as
-    without ``--build-ahead``."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("built in the coordinator")
-    monkeypatch.setattr(bench, "build_variant", refuse)
-    argv = [*TINY, "--atoms", "6", "9", "--variants", "dp0", "--processes", "--build-ahead",
-            "--out", str(tmp_path)]
-    assert main(argv) == 0
-    record = json.loads((tmp_path / "deepmd_bench.json").read_text())
-    assert [case["atoms"] for case in record["cases"]] == [6, 9]
-    for case in record["cases"]:
-        for key in ("dp0",):
-            v = case["variants"][key]
-            assert "not_run" not in v, v.get("not_run")
-            assert len(v["time"]["samples_ms"]) == 2 and v["accuracy"]["force_max_abs"] < 1e-4
-    said = capsys.readouterr().out
-    builds = [i for i, line in enumerate(said.splitlines()) if "built + first frame" in line]
-    timings = [i for i, line in enumerate(said.splitlines()) if "timing 2 rounds" in line]
-    assert len(builds) == 2 and len(timings) == 2 and max(builds) < min(timings)
 
+class _Closing:
+    def __init__(self, said, name):
+        self.said, self.name = said, name
+
+    def close(self, wait=None):
+        self.said.append(("close", self.name))
+
+
+def test_build_ahead_builds_every_case_before_any_is_timed(monkeypatch):
+    """Every reference, then every case's builds started, all collected, and only then each case
+    timed; the compile threads shared among all the workers."""
+    said = []
+    cases = [({"variants": {}, "name": name}, ["dp0", "ms0"], name) for name in ("water", "two_stream")]
+
+    def prepare(case, variants, args, device, progress):
+        said.append(("reference", case["name"]))
+        return bench.Prepared({}, None, {}, {}, (), [], ())
+
+    def start(keys, payload, *, share):
+        said.append(("start", tuple(keys), share))
+        return {key: _Closing(said, key) for key in keys}
+
+    def collect(started, case, progress):
+        said.append(("collect", case["name"]))
+        return started
+
+    monkeypatch.setattr(bench, "prepare_case", prepare)
+    monkeypatch.setattr(workers, "start", start)
+    monkeypatch.setattr(workers, "collect", collect)
+    monkeypatch.setattr(bench, "run_built", lambda case, *a: said.append(("timed", case["name"])))
+    bench.run_cases_built_ahead(cases, None, "cpu", bench.Progress({}), on_case=lambda label: None)
+    assert said == [("reference", "water"), ("reference", "two_stream"),
+                    ("start", ("dp0", "ms0"), 4), ("start", ("dp0", "ms0"), 4),
+                    ("collect", "water"), ("collect", "two_stream"), ("timed", "water"), ("timed", "two_stream")]
+
+
+def test_build_ahead_closes_every_worker_when_a_collect_fails(monkeypatch):
+    said = []
+    cases = [({"variants": {}, "name": name}, ["dp0"], name) for name in ("water", "two_stream")]
+    monkeypatch.setattr(bench, "prepare_case", lambda *a: bench.Prepared({}, None, {}, {}, (), [], ()))
+    monkeypatch.setattr(workers, "start", lambda keys, payload, *, share: {k: _Closing(said, k) for k in keys})
+
+    def collect(started, case, progress):
+        if case["name"] == "two_stream":
+            raise KeyboardInterrupt
+        return started
+
+    monkeypatch.setattr(workers, "collect", collect)
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_cases_built_ahead(cases, None, "cpu", bench.Progress({}))
+    assert said == [("close", "dp0")]               # the first case's built worker (a failed collect closes its own)
 
 def test_build_ahead_needs_processes(capsys):
     assert main([*TINY, "--variants", "dp0", "--build-ahead"]) != 0
