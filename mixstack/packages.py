@@ -29,19 +29,22 @@ _BINARY_SUFFIXES = (".cubin", ".so", ".hsaco", ".spv", ".bin")
 _SOURCE_SUFFIXES = (".cpp", ".h", ".py", ".ptx")
 
 
+def jit_function_names(module) -> set[str]:
+    """The names of the Triton functions (``@triton.jit``) defined or imported in ``module``."""
+    import triton
+
+    return {v.__name__ for v in vars(module).values() if isinstance(v, triton.runtime.jit.JITFunction)}
+
+
 @functools.cache
 def mixstack_kernel_names() -> frozenset[str]:
     """The names of mixstack's launched Triton kernels (``mixstack.kernels``)."""
-    import triton
-
     from . import kernels
 
     names = set()
     for info in pkgutil.iter_modules(kernels.__path__):
         module = importlib.import_module(f"{kernels.__name__}.{info.name}")
-        for value in vars(module).values():
-            if isinstance(value, triton.runtime.jit.JITFunction) and value.__name__.endswith("_kernel"):
-                names.add(value.__name__)
+        names.update(name for name in jit_function_names(module) if name.endswith("_kernel"))
     return frozenset(names)
 
 

@@ -128,9 +128,10 @@ def _deepmd_kernel_names() -> frozenset[str]:
     import importlib
     import pkgutil
 
+    from mixstack.packages import jit_function_names
+
     try:
         import deepmd.kernels.triton as root
-        import triton
     except Exception:
         return frozenset()
     names = set()
@@ -139,9 +140,7 @@ def _deepmd_kernel_names() -> frozenset[str]:
             module = importlib.import_module(info.name)
         except Exception:
             continue
-        for value in vars(module).values():
-            if isinstance(value, triton.runtime.jit.JITFunction):
-                names.add(value.__name__)
+        names |= jit_function_names(module)
     return frozenset(names)
 
 

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from torch.autograd import DeviceType
 
 from mixstack.bench import deepmd_bench, deepmd_ranges
+from mixstack.packages import jit_function_names
 
 
 def _kernel(name, us):
@@ -28,7 +29,7 @@ def test_deepmd_kits_sezm_kernels_are_charged_where_it_is_installed():
     import importlib
     named = deepmd_ranges.kernel_stages()
     for module, stage in (("so2_block_gemm", "value_path"), ("wigner_monomials", "wigner")):
-        kernels = deepmd_ranges._jit_names(importlib.import_module(f"deepmd.kernels.triton.sezm.{module}"))
+        kernels = jit_function_names(importlib.import_module(f"deepmd.kernels.triton.sezm.{module}"))
         assert kernels and {named[k] for k in kernels} == {stage}
 
 

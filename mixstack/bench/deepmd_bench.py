@@ -794,6 +794,8 @@ def markdown(record: dict) -> str:
             t = v.get("time")
             acc = v.get("accuracy", {})
             stages = v.get("breakdown", {}).get("stages")
+            busy, value_path = v.get("breakdown", {}).get("busy_ms"), _value_path_ms(v)
+            rest = None if value_path is None or not busy else busy - value_path - (_stage_sum(stages, ("edges",)) or 0)
             md = v.get("md", {})
             peak, held = v.get("peak_memory_bytes"), v.get("device_memory_bytes")
             cells = [case["config"], case["system"], str(case["atoms"]), key,
@@ -801,14 +803,12 @@ def markdown(record: dict) -> str:
                      else f"{t['median_ms']:.2f}",
                      "—" if t is None else f"{t['p20_ms']:.2f}-{t['p80_ms']:.2f}",
                      "—" if t is None or best is None else f"{best[1] / t['median_ms']:.2f}",
-                     report.fmt(v.get("breakdown", {}).get("busy_ms"), ".2f"), report.fmt(_gap(v), ".2f"),
+                     report.fmt(busy, ".2f"), report.fmt(_gap(v), ".2f"),
                      report.fmt(None if peak is None else peak / 2 ** 20, ".0f"),
                      report.fmt(None if held is None else held / 2 ** 20, ".0f"),
                      report.fmt(acc.get("force_max_abs")), report.fmt(acc.get("energy_rel")),
                      report.fmt(_stage_sum(stages, ("edges",)), ".2f"),
-                     report.fmt(_value_path_ms(v), ".2f"),
-                     report.fmt(None if (vp := _value_path_ms(v)) is None or not v.get("breakdown", {}).get("busy_ms")
-                                else v["breakdown"]["busy_ms"] - vp - (_stage_sum(stages, ("edges",)) or 0), ".2f"),
+                     report.fmt(value_path, ".2f"), report.fmt(rest, ".2f"),
                      report.fmt(md.get("steps_per_s"), ".2f"), report.fmt(md.get("ns_per_day"), ".3f"),
                      report.fmt(md.get("drift_mev_atom_ps"), ".3g")]
             lines.append("| " + " | ".join(cells) + " |")

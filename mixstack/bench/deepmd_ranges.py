@@ -43,23 +43,18 @@ DEEPMD_KERNEL_MODULES = {"so2_block_gemm": "value_path", "so2_rotation": "value_
 MIXSTACK_PRODUCT_MODULES = ("product",)      # mixstack.kernels modules of deepmd-kit's own products
 
 
-def _jit_names(module) -> set[str]:
-    import triton
-    return {v.__name__ for v in vars(module).values() if isinstance(v, triton.runtime.jit.JITFunction)}
-
-
 @functools.cache
 def kernel_stages() -> dict[str, str]:
     """Kernel name -> stage (``KERNEL_STAGES``) for the kernels ``kernel_split`` knows by name."""
     from .. import kernels
-    from ..packages import mixstack_kernel_names
+    from ..packages import jit_function_names, mixstack_kernel_names
 
     ours = mixstack_kernel_names()
     named = {}
     for info in pkgutil.iter_modules(kernels.__path__):
         stage = "products" if info.name in MIXSTACK_PRODUCT_MODULES else "value_path"
         module = importlib.import_module(f"{kernels.__name__}.{info.name}")
-        named.update({name: stage for name in _jit_names(module) & ours})
+        named.update({name: stage for name in jit_function_names(module) & ours})
     try:
         from ..deepmd.compat import deepmd_pt
         deepmd_pt()                        # deepmd-kit's op library, or its stand-in, before its modules
@@ -70,7 +65,7 @@ def kernel_stages() -> dict[str, str]:
             module = importlib.import_module(f"deepmd.kernels.triton.sezm.{name}")
         except Exception:                  # another deepmd-kit: its kernels stay "other"
             continue
-        named.update({kernel: stage for kernel in _jit_names(module)})
+        named.update({kernel: stage for kernel in jit_function_names(module)})
     return named
 
 
