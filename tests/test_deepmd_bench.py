@@ -260,3 +260,21 @@ def test_the_md_line_splits_the_captures_host_time():
             in line)
     del md["md_events"][1:]                                   # a record from before the split: no split
     assert _md_line(md).endswith("2 capture(s) 0.30 s")
+
+
+def test_the_drift_is_the_least_squares_slope_with_its_standard_error():
+    import numpy as np
+
+    from mixstack.bench.deepmd_bench import _drift_cell
+    from mixstack.bench.md_bench import drift
+
+    t = np.arange(101) * 5e-4                                  # 100 steps of 0.5 fs, in ps
+    slope, se = drift(t, 2e-6 * t - 400.0)                     # eV/atom: a straight line, 2e-3 meV/atom/ps
+    assert slope == pytest.approx(2e-3, rel=1e-6) and se < 1e-9
+    noisy = 2e-6 * t + np.random.default_rng(0).normal(0.0, 1e-9, t.size)
+    slope, se = drift(t, noisy - 400.0)                        # the offset changes nothing
+    fit, cov = np.polyfit(t, noisy * 1e3, 1, cov=True)         # numpy's own slope and its standard error
+    assert slope == pytest.approx(fit[0], rel=1e-6) and se == pytest.approx(np.sqrt(cov[0, 0]), rel=1e-3)
+    assert se > 0 and all(np.isnan(drift(t[:2], noisy[:2])))
+    assert _drift_cell({"drift_mev_atom_ps": 1.02e-3, "drift_se_mev_atom_ps": 4.1e-5}) == "0.00102 ± 4.1e-05"
+    assert _drift_cell({"drift_mev_atom_ps": 1.02e-3}) == "0.00102"   # a record without the error

@@ -810,7 +810,7 @@ def markdown(record: dict) -> str:
                      report.fmt(_stage_sum(stages, ("edges",)), ".2f"),
                      report.fmt(value_path, ".2f"), report.fmt(rest, ".2f"),
                      report.fmt(md.get("steps_per_s"), ".2f"), report.fmt(md.get("ns_per_day"), ".3f"),
-                     report.fmt(md.get("drift_mev_atom_ps"), ".3g")]
+                     _drift_cell(md)]
             lines.append("| " + " | ".join(cells) + " |")
     notes = [f"- {case['config']} / {case['atoms']} atoms: x fastest dp is against {best[0]} ({best[1]:.2f} ms), "
              f"the fastest deepmd-kit variant whose forces are within {FLOAT32_BAND}x the case's most accurate"
@@ -822,6 +822,14 @@ def markdown(record: dict) -> str:
               f"{p['device_memory_bytes'] / 2 ** 20:.0f} MiB from the device (force max abs {p['force_max_abs']:.1e})"
               for case in record["cases"] for key, v in case["variants"].items() if (p := v.get("other_pool"))]
     return "\n".join(lines + ([""] + notes if notes else []) + _stage_rows(record) + _not_run_section(record)) + "\n"
+
+
+def _drift_cell(md: dict) -> str:
+    """The drift and, where the record has it, its standard error: ``1.02e-03 ± 4.1e-05``."""
+    slope, se = md.get("drift_mev_atom_ps"), md.get("drift_se_mev_atom_ps")
+    if slope is None or se is None:
+        return report.fmt(slope, ".3g")
+    return f"{report.fmt(slope, '.3g')} ± {report.fmt(se, '.2g')}"
 
 
 def long_rows(record: dict) -> list[dict]:
@@ -838,7 +846,7 @@ def long_rows(record: dict) -> list[dict]:
                 row[f"{stage}_forward_ms"], row[f"{stage}_backward_ms"] = t["forward_ms"], t["backward_ms"]
             for stage, t in v.get("breakdown", {}).get("kernels", {}).items():
                 row[f"kernels_{stage}"] = t
-            for field in ("steps_per_s", "ns_per_day", "drift_mev_atom_ps"):
+            for field in ("steps_per_s", "ns_per_day", "drift_mev_atom_ps", "drift_se_mev_atom_ps"):
                 row[f"md_{field}"] = v.get("md", {}).get(field)
             rows.append(row)
     return rows
