@@ -278,3 +278,18 @@ def test_the_drift_is_the_least_squares_slope_with_its_standard_error():
     assert se > 0 and all(np.isnan(drift(t[:2], noisy[:2])))
     assert _drift_cell({"drift_mev_atom_ps": 1.02e-3, "drift_se_mev_atom_ps": 4.1e-5}) == "0.00102 ± 4.1e-05"
     assert _drift_cell({"drift_mev_atom_ps": 1.02e-3}) == "0.00102"   # a record without the error
+
+
+def test_the_drift_notes_tell_a_larger_drift_from_noise():
+    from mixstack.bench.deepmd_bench import _drift_notes
+
+    def case(ms_drift):
+        md = lambda d: {"md": {"drift_mev_atom_ps": d, "drift_se_mev_atom_ps": 1e-5}}   # noqa: E731
+        return {"config": "water", "atoms": 4000,
+                "variants": {"dp2c": md(-0.99e-3), "dp3c": md(0.98e-3), "ms3cpg": md(ms_drift), "ms3ckg": {}}}
+
+    same, larger, smaller = (_drift_notes({"cases": [case(d)]}) for d in (1.0e-3, 1.2e-3, -0.5e-3))
+    assert len(same) == 1 and "against dp3c's 0.00098" in same[0] and same[0].endswith("within two standard errors")
+    assert larger[0].endswith("larger by 15.6 standard errors")
+    assert smaller[0].endswith("no larger")
+    assert _drift_notes({"cases": [{"config": "water", "atoms": 4, "variants": {"ms3cpg": {}}}]}) == []

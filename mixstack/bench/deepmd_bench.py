@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import math
 import os
 import re
 import tempfile
@@ -821,7 +822,33 @@ def markdown(record: dict) -> str:
               f"{'presized' if p['presize'] else 'plain'} pool instead, "
               f"{p['device_memory_bytes'] / 2 ** 20:.0f} MiB from the device (force max abs {p['force_max_abs']:.1e})"
               for case in record["cases"] for key, v in case["variants"].items() if (p := v.get("other_pool"))]
+    notes += _drift_notes(record)
     return "\n".join(lines + ([""] + notes if notes else []) + _stage_rows(record) + _not_run_section(record)) + "\n"
+
+
+def _drift_notes(record: dict) -> list[str]:
+    """Per case, each mixstack variant's |drift| against the smallest of deepmd-kit's variants', in
+    standard errors of their difference: within two of them the two drifts are not told apart."""
+    notes = []
+    for case in record["cases"]:
+        drifts = {key: (md["drift_mev_atom_ps"], md["drift_se_mev_atom_ps"])
+                  for key, v in case["variants"].items() if (md := v.get("md"))
+                  and md.get("drift_mev_atom_ps") is not None and md.get("drift_se_mev_atom_ps") is not None}
+        theirs = [(abs(d), key) for key, (d, _) in drifts.items() if key.startswith("dp")]
+        if not theirs:
+            continue
+        anchor = min(theirs)[1]
+        d0, se0 = drifts[anchor]
+        for key, (d, se) in drifts.items():
+            if key.startswith("dp"):
+                continue
+            excess = (abs(d) - abs(d0)) / max(math.hypot(se, se0), 1e-300)
+            verdict = ("no larger" if excess <= 0 else "larger, within two standard errors" if excess <= 2
+                       else f"larger by {excess:.1f} standard errors")
+            notes.append(f"- {case['config']} / {case['atoms']} atoms: |drift| of {key} {abs(d):.3g} ± {se:.2g} "
+                         f"against {anchor}'s {abs(d0):.3g} ± {se0:.2g} meV/atom/ps (deepmd-kit's smallest): "
+                         f"{verdict}")
+    return notes
 
 
 def _drift_cell(md: dict) -> str:
