@@ -566,8 +566,7 @@ def run_built(case: dict, prepared: Prepared, built: dict, args, device, progres
         if args.md_steps > 0:
             md_runs(prepared.config, prepared.base, prepared.frame, prepared.type_map, case, built, args, progress)
     finally:
-        for b in built.values():
-            b.close()
+        _close_all([built])
 
 
 def _keys_in_time(case: dict, variants, progress: Progress) -> list:
@@ -613,21 +612,15 @@ def run_cases_built_ahead(cases: list, args, device, progress: Progress, *, on_c
             keys = _keys_in_time(case, variants, progress)
             pending.append((case, prepared, start(keys, _payload(prepared, args, device), share=share) if keys else {}))
     except BaseException:
-        for _, _, workers in pending:
-            for worker in workers.values():
-                worker.close(wait=0)
+        _close_all((workers for _, _, workers in pending), wait=0)
         raise
     ready = []
     for i, (case, prepared, workers) in enumerate(pending):
         try:
             ready.append((case, prepared, collect(workers, case, progress)))
         except BaseException:
-            for _, _, later in pending[i + 1:]:
-                for worker in later.values():
-                    worker.close(wait=0)
-            for _, _, built in ready:
-                for b in built.values():
-                    b.close()
+            _close_all((later for _, _, later in pending[i + 1:]), wait=0)
+            _close_all(built for _, _, built in ready)
             raise
     for i, (case, prepared, built) in enumerate(ready):
         if on_case:
@@ -635,10 +628,15 @@ def run_cases_built_ahead(cases: list, args, device, progress: Progress, *, on_c
         try:
             run_built(case, prepared, built, args, device, progress)
         except BaseException:
-            for _, _, later in ready[i + 1:]:
-                for b in later.values():
-                    b.close()
+            _close_all(later for _, _, later in ready[i + 1:])
             raise
+
+
+def _close_all(groups, **kwargs) -> None:
+    """Every worker or built variant in ``groups`` (dicts of them) closed, with ``kwargs``."""
+    for group in groups:
+        for item in group.values():
+            item.close(**kwargs)
 
 
 def _build_all(case: dict, variants, prepared: Prepared, args, device, progress: Progress):
