@@ -120,6 +120,33 @@ def test_where_level3_ran_level2_the_forced_rule_config_gives_the_verdict():
     assert "1.67 (rule)" in text
 
 
+def _shipped_record(cf, lmax, f, l1, l2, l1b, l2b, l3, l3_rule=None):
+    rec = _rule_record(cf, lmax, f, l2, l3, l3_rule) if l3_rule else _record(cf, lmax, f, l2, l3, False)
+    rec["timings"] += [{"variant": v, "pass": "both", "median_ms": t}
+                       for v, t in (("L1", l1), ("L1-blas", l1b), ("L2-blas", l2b)) if t is not None]
+    if "env" not in rec:
+        from mixstack.measure import env
+        rec.update(env=env.collect(torch.device("cpu")), compile={"graphs": 0, "first_call_s": None})
+    return rec
+
+
+def test_the_shipped_view_takes_the_route_and_level3_where_this_runs_verdicts_send_them():
+    recs = [_shipped_record(112, 4, 1, 11.0, 11.0, 10.0, 10.0, 11.0, l3_rule=6.0),   # route wins; L3 engages
+            _shipped_record(80, 2, 1, 9.0, 9.0, 9.5, 9.5, 9.0, l3_rule=8.99),        # Triton stays; L3 does not
+            _shipped_record(32, 3, 2, 8.0, 8.0, None, None, 5.0)]                     # no route measured
+    recs[2]["shape"]["variants"][0]["dispatch"] = {"fwd:compensated": 1}            # level 3 ran them itself
+    shipped = grid.as_shipped(recs)
+    assert shipped["Cf112-l4-F1"] == {"L1": 10.0, "L2": 10.0, "L3": 6.0}
+    assert shipped["Cf80-l2-F1"] == {"L1": 9.0, "L2": 9.0, "L3": 9.0}
+    assert shipped["Cf32-l3-F2"] == {"L1": 8.0, "L2": 8.0, "L3": 5.0}
+    text = grid.markdown(recs)
+    # compiled 10 ms: 10/11 = 0.91 misses the bar on Triton's products, the route's 1.0 does not
+    assert "- L1: more than 5% slower than the compiled reference at 1 keys (Cf112-l4-F1)" in text
+    assert "L1 more than 5% slower than the compiled reference at 0 keys (none)" in text
+    assert "level 3 on compensated kernels at 2 of 3 keys" in text
+    assert "| 1/1/1.67 |" in text
+
+
 def test_the_forced_variant_runs_only_where_level3_would_run_level2():
     cfg = grid.GridConfig(device="cpu")
     unsure, engaged = cfg.shape(80, 3, 1), cfg.shape(128, 3, 1)            # 16-wide K tiles; the rule's region
