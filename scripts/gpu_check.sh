@@ -19,7 +19,8 @@
 #   RETUNE_FROM=DIR (a folder in the repo holding a previous slice's cache/*.json) resumes:
 #   its keys are covered and skipped.  RETUNE_ARGS adds tune options (e.g. --full).
 #   "grid": `mixstack bench grid` into $OUT/grid, bounded by the time left (GRID_SECONDS caps
-#   it); GRID_ARGS picks the subset (e.g. "--focus-dim 80,96,112,128 --lmax 1"); GRID_FROM=DIR
+#   it); GRID_ARGS picks the subset (e.g. "--focus-dim 80,96,112,128 --lmax 1"; several slices, each
+#   with its own levels, separated by " | ", run into the same folder in turn); GRID_FROM=DIR
 #   (a folder in the repo holding a previous slice's grid/keys/*.json) resumes: those keys are
 #   copied in and skipped; GRID_REDO="Cf80-l1 Cf112-l3 ..." measures those (Cf, lmax) groups again.
 #   GRID_PROFILE=1 runs the measuring process under cProfile ($OUT/grid.prof: where a key's
@@ -173,13 +174,20 @@ part_grid() {
   for k in ${GRID_REDO:-}; do rm -f "$OUT/grid/keys/$k"-F*.json; done
   local limit=$(( $(left) - 30 )) t0=$(date +%s)     # room for the outputs and the packing
   if [ -n "${GRID_SECONDS:-}" ] && [ "$GRID_SECONDS" -lt "$limit" ]; then limit=$GRID_SECONDS; fi
-  local prof=()
+  local prof=() sets=() args r
   if [ -n "${GRID_PROFILE:-}" ]; then prof=(-m cProfile -o "$OUT/grid.prof"); fi
-  timeout "$(left)" python3 "${prof[@]}" -m mixstack bench grid ${GRID_ARGS:-} --resume --seconds "$limit" \
-    --warm-workers "${GRID_WARM_WORKERS:-auto}" --out "$OUT/grid" \
-    2>&1 | tee "$OUT/grid.log" | tail -n 40
-  r=${PIPESTATUS[0]}; rc=$(( rc || r ))
-  summary+=("bench grid rc=$r: $(grep -o 'measured [0-9]*, skipped [0-9]* (done before), left [0-9]*' "$OUT/grid.log") in $(( $(date +%s) - t0 )) s; warm-up: $(grep -c '\] warm ' "$OUT/grid.log") batches")
+  # GRID_ARGS may hold several slices separated by " | " (e.g. other levels at the wide keys): each
+  # measured into the same folder in turn, within what is left of the limit
+  IFS='|' read -r -a sets <<< "${GRID_ARGS:- }"
+  : > "$OUT/grid.log"
+  for args in "${sets[@]}"; do
+    limit=$(( t0 + limit - $(date +%s) )); t0=$(date +%s)
+    timeout "$(left)" python3 "${prof[@]}" -m mixstack bench grid $args --resume --seconds "$(( limit > 1 ? limit : 1 ))" \
+      --warm-workers "${GRID_WARM_WORKERS:-auto}" --out "$OUT/grid" \
+      2>&1 | tee -a "$OUT/grid.log" | tail -n 40
+    r=${PIPESTATUS[0]}; rc=$(( rc || r ))
+    summary+=("bench grid ${args:+[${args# }] }rc=$r: $(grep -o 'measured [0-9]*, skipped [0-9]* (done before), left [0-9]*' "$OUT/grid.log" | tail -n 1) in $(( $(date +%s) - t0 )) s; warm-up: $(grep -c '\] warm ' "$OUT/grid.log") batches")
+  done
 }
 part_gridcheck() {
   # the regression guard: a grid (GRIDCHECK_ARGS, default the whole grid at the committed grid's

@@ -171,6 +171,22 @@ def test_the_grid_part_profiles_its_measuring_process_on_request(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_the_grid_part_measures_each_slice_of_grid_args_into_one_folder(tmp_path):
+    from mixstack.cli import parse_args
+    from mixstack.cli.bench import grid as bench_grid
+
+    wide, narrow = "--focus-dim 112 --lmax 4 --levels 0c,1,2,1b,2b", "--focus-dim 16 --lmax 1 --focus 1"
+    calls = [argv[2:] for _, argv in _recorded_commands(tmp_path, "grid", GRID_ARGS=f"{wide} | {narrow}")
+             if argv[2:4] == ["bench", "grid"]]
+    assert len(calls) == 2
+    a, b = (bench_grid.config(parse_args(c)) for c in calls)
+    assert (a.focus_dims, a.lmaxes, a.variants) == ((112,), (4,), ("0c", "1", "2", "1b", "2b"))
+    assert (b.focus_dims, b.lmaxes, b.focus) == ((16,), (1,), (1,))
+    outs = {c[c.index("--out") + 1] for c in calls}
+    assert len(outs) == 1 and all("--resume" in c for c in calls)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
 def test_the_tma_part_benches_level_3_before_and_after_sweeping_the_tma_family_then_tests(tmp_path):
     """``tma``: bench, the sweep of ``stack_compensated_tma`` (level 3's own config first), bench
     again, then the GPU tests that hold the TMA kernel to its twin; every command parses."""
