@@ -174,7 +174,7 @@ part_grid() {
   for k in ${GRID_REDO:-}; do rm -f "$OUT/grid/keys/$k"-F*.json; done
   local limit=$(( $(left) - 30 )) t0=$(date +%s)     # room for the outputs and the packing
   if [ -n "${GRID_SECONDS:-}" ] && [ "$GRID_SECONDS" -lt "$limit" ]; then limit=$GRID_SECONDS; fi
-  local prof=() sets=() args r
+  local prof=() sets=() args r label
   if [ -n "${GRID_PROFILE:-}" ]; then prof=(-m cProfile -o "$OUT/grid.prof"); fi
   # GRID_ARGS may hold several slices separated by " | " (e.g. other levels at the wide keys): each
   # measured into the same folder in turn, within what is left of the limit
@@ -186,7 +186,8 @@ part_grid() {
       --warm-workers "${GRID_WARM_WORKERS:-auto}" --out "$OUT/grid" \
       2>&1 | tee -a "$OUT/grid.log" | tail -n 40
     r=${PIPESTATUS[0]}; rc=$(( rc || r ))
-    summary+=("bench grid ${args:+[${args# }] }rc=$r: $(grep -o 'measured [0-9]*, skipped [0-9]* (done before), left [0-9]*' "$OUT/grid.log" | tail -n 1) in $(( $(date +%s) - t0 )) s; warm-up: $(grep -c '\] warm ' "$OUT/grid.log") batches")
+    label=""; [ "${#sets[@]}" -gt 1 ] && label="[${args# }] "
+    summary+=("bench grid ${label}rc=$r: $(grep -o 'measured [0-9]*, skipped [0-9]* (done before), left [0-9]*' "$OUT/grid.log" | tail -n 1) in $(( $(date +%s) - t0 )) s; warm-up: $(grep -c '\] warm ' "$OUT/grid.log") batches")
   done
 }
 part_gridcheck() {
