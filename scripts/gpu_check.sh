@@ -6,7 +6,7 @@
 # table last.
 #
 #   Usage (repo root): OUT=/some/dir bash scripts/gpu_check.sh [bench args]
-#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,probe,stackprobe,deepmdprobe,train,lammps,scaling,tma,tmaprobe,gluonprobe,aoti,pt2,deepmd,deepmdlammps (default:
+#   PARTS=tests,tune,retune,grid,stack,model,md,breakdown,baseline,probe,stackprobe,deepmdprobe,train,lammps,scaling,tma,tmaprobe,gluonprobe,chainprobe,aoti,pt2,deepmd,deepmdlammps (default:
 #   tests,stack,model) picks what runs, in that order;
 #   "tune" sweeps TUNE_ARGS (default: S1-S4, every family) into $OUT/cache, which
 #   the benches then read (copy $OUT/cache/*.json into mixstack/tables/ to ship it);
@@ -95,6 +95,9 @@
 #   (registers, spills), `compute-sanitizer --tool racecheck` runs one small launch of each config,
 #   then bits against the twin and float64 and interleaved rates at GLUON_ROWS (default 600006);
 #   under $OUT/gluonprobe, ~4 min (40 Gluon compiles, twice with racecheck).
+#   "chainprobe": scripts/gluon_chain_probe.py, design B's product phase (a row tile kept in shared memory
+#   across CHAIN_LAYERS compensated products, default 4) against the one-product twin run layer by layer, the
+#   same steps as "gluonprobe", under $OUT/chainprobe.
 #   "aoti": repro/aoti_loader_crash.py (AOTInductor's loader, every loading path in its own process; the
 #   compiler's libstdc++ preloaded; the package from each other compiler; the package with its own hidden
 #   libstdc++, mixstack.cxx_runtime's way) and a cuda-gdb backtrace of aoti_load_package (AOTI_GDB=0
@@ -416,20 +419,22 @@ part_tmaprobe() {
   done
   summary+=("tma stack probe rc=$r: $(grep -c '"bits_equal": false' "$OUT/tma/stack_probe.log") outputs unequal")
 }
-part_gluonprobe() {
-  mkdir -p "$OUT/gluonprobe"
-  timeout "$(left)" python3 scripts/gluon_gemm_probe.py --offline --out "$OUT/gluonprobe/offline" 2>&1 \
-    | tee "$OUT/gluonprobe/offline.log" | tail -n 4
+gluon_probe() {   # SCRIPT DIR NAME [probe args]: offline build, racecheck, then bits and rates against the twin
+  local script=$1 dir=$OUT/$2 name=$3; shift 3
+  mkdir -p "$dir"
+  timeout "$(left)" python3 "scripts/$script" --offline --out "$dir/offline" 2>&1 | tee "$dir/offline.log" | tail -n 4
   if command -v compute-sanitizer > /dev/null; then
     timeout "$(left)" compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 20 \
-      python3 scripts/gluon_gemm_probe.py --racecheck > "$OUT/gluonprobe/racecheck.txt" 2>&1
-    summary+=("gluon racecheck rc=$?: $(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/gluonprobe/racecheck.txt")")
+      python3 "scripts/$script" --racecheck > "$dir/racecheck.txt" 2>&1
+    summary+=("$name racecheck rc=$?: $(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$dir/racecheck.txt")")
   fi
-  timeout "$(left)" python3 scripts/gluon_gemm_probe.py --rows "${GLUON_ROWS:-600006}" --out "$OUT/gluonprobe" 2>&1 \
-    | tee "$OUT/gluonprobe/probe.log" | tail -n 6
+  timeout "$(left)" python3 "scripts/$script" "$@" --out "$dir" 2>&1 | tee "$dir/probe.log" | tail -n 6
   r=${PIPESTATUS[0]}; rc=$(( rc || r ))
-  summary+=("gluon probe rc=$r: $(grep -c '"bits_equal": true' "$OUT/gluonprobe/probe.log") configs bitwise the twin's")
+  summary+=("$name rc=$r: $(grep -c '"bits_equal": true' "$dir/probe.log") configs bitwise the twin's")
 }
+part_gluonprobe() { gluon_probe gluon_gemm_probe.py gluonprobe "gluon probe" --rows "${GLUON_ROWS:-600006}"; }
+part_chainprobe() { gluon_probe gluon_chain_probe.py chainprobe "chain probe" --rows "${GLUON_ROWS:-600006}" \
+  --layers "${CHAIN_LAYERS:-4}"; }
 part_aoti() {
   # AOTInductor's loader: a packaged nn.Linear loaded every way (each in its own process, faulthandler
   # on), then a backtrace below Python of the first path under cuda-gdb (the machine has no gdb)
@@ -474,10 +479,10 @@ part_deepmdlammps() {
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|stackprobe|deepmdprobe|pt2conv|restprobe|convprobe|train|lammps|scaling|tma|tmaprobe|gluonprobe|aoti|pt2|deepmd|deepmdlammps)
+    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|stackprobe|deepmdprobe|pt2conv|restprobe|convprobe|train|lammps|scaling|tma|tmaprobe|gluonprobe|chainprobe|aoti|pt2|deepmd|deepmdlammps)
       "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, stackprobe, deepmdprobe, pt2conv, restprobe, convprobe, train, lammps, scaling, tma, tmaprobe, gluonprobe, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, stackprobe, deepmdprobe, pt2conv, restprobe, convprobe, train, lammps, scaling, tma, tmaprobe, gluonprobe, chainprobe, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

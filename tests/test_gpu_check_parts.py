@@ -241,19 +241,22 @@ def test_the_gridcheck_part_holds_a_new_grid_to_the_committed_one(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
-def test_the_gluonprobe_part_compiles_offline_then_probes_at_s1s_rows(tmp_path):
-    """``gluonprobe``: the probe offline first (the machine's Triton), then on the GPU at S1's rows,
-    each command parsed by the probe's own parser; with no ``compute-sanitizer`` no racecheck runs."""
+@pytest.mark.parametrize("part, script", [("gluonprobe", "gluon_gemm_probe"), ("chainprobe", "gluon_chain_probe")])
+def test_the_gluon_probe_parts_compile_offline_then_probe_at_s1s_rows(tmp_path, part, script):
+    """``gluonprobe`` and ``chainprobe``: the probe offline first (the machine's Triton), then on the
+    GPU at S1's rows, each command parsed by the probe's own parser; with no ``compute-sanitizer`` no
+    racecheck runs."""
     from helpers import load_script
 
-    probe = load_script("gluon_gemm_probe")
-    calls = [probe.parser().parse_args(argv[1:]) for _, argv in _recorded_commands(tmp_path, "gluonprobe")
-             if argv[:1] == ["scripts/gluon_gemm_probe.py"]]
+    probe = load_script(script)
+    calls = [probe.parser().parse_args(argv[1:]) for _, argv in _recorded_commands(tmp_path, part, CHAIN_LAYERS="6")
+             if argv[:1] == [f"scripts/{script}.py"]]
     if shutil.which("compute-sanitizer") is None:
         assert [(a.offline, a.racecheck) for a in calls] == [(True, False), (False, False)]
     offline, gpu = calls[0], calls[-1]
-    assert offline.out == str(tmp_path / "out" / "gluonprobe" / "offline")
-    assert gpu.rows == 600006 and gpu.out == str(tmp_path / "out" / "gluonprobe")
+    assert offline.out == str(tmp_path / "out" / part / "offline")
+    assert gpu.rows == 600006 and gpu.out == str(tmp_path / "out" / part)
+    assert getattr(gpu, "layers", 6) == 6
 
 
 def test_the_tmaprobe_part_runs_every_candidate_at_s1s_key_then_the_quick_forms_at_two_more(tmp_path):

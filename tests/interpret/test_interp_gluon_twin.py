@@ -13,3 +13,15 @@ def test_the_twin_meets_the_level3_contract_at_a_partial_row_tile(k):
     a, w, amax, w_hi, w_lo, w_up = probe.operands(67, k, "cpu")
     assert probe.error(probe.run_twin(a, w_hi, w_lo, amax, w_up), a, w) < 2e-6
     assert probe.error(probe.run_twin(a, w_hi, w_lo.zero_(), amax, w_up), a, w) > 1e-5
+
+
+@pytest.mark.parametrize("k", [128, 192])
+def test_the_chain_twin_keeps_each_layer_within_the_level3_contract(k):
+    """Design B's product probe (``scripts/gluon_chain_probe.py``): three layers on 67 rows, each
+    layer's rows rescaled from the last one's output, within 2e-6 a layer of float64; a chain that
+    dropped the tails is far outside."""
+    chain = load_script("gluon_chain_probe")
+    a, ws, w_hi, w_lo, w_up = chain.operands(67, k, 3, "cpu")
+    assert chain.error(chain.run_twin(a, w_hi, w_lo, w_up, chain.CONFIGS[0]), a, ws) < 3 * 2e-6
+    assert chain.error(chain.run_twin(a, w_hi, w_lo.zero_(), w_up, chain.CONFIGS[0]), a, ws) > 1e-5
+    assert chain.fits(chain.CONFIGS[0], k) and not chain.fits((128, 64, 64, 3, 8), 192)   # 227 KB an SM

@@ -1,0 +1,365 @@
+"""Design B's product phase (BENCHMARKS.md, "Fewer bytes than the relay"): a row tile kept on chip
+across the layers.  Does a persistent Gluon kernel that reads each row once, runs ``LAYERS``
+compensated block products on it out of shared memory (the weights streamed through a TMA ring by
+a loader warp) and writes it once, run its fp16 products faster than the one-product-a-launch
+probe (``scripts/gluon_gemm_probe.py``), which its bytes bounded?
+
+    X_0 = A;  X_{l+1} = X_l @ W_l,  each a compensated product: X_l's rows scaled into [1, 2) by the
+    power of two of their largest magnitude, split into fp16 head and 2^11-scaled tail, three MMAs
+    into two fp32 accumulators; W_l split once and scaled by 1 / w_up[l]
+
+No gate, residual or pointwise work: the floor that design B's kernel would add its epilogues to.
+
+* ``gluon_chain``: one program an SM striding over ``BLOCK_M``-row tiles.  A tile's rows are loaded
+  once into an fp32 shared buffer (``BLOCK_M x K``); per layer, each row's largest magnitude over
+  that buffer, the split into fp16 head and tail buffers (``K / BLOCK_K`` tiles in the MMA's shared
+  layout), then for each N tile the K loop's three warpgroup MMAs with both operands in shared
+  memory, the epilogue writing the N tile back into the fp32 buffer as the next layer's input.  A
+  one-warp loader partition streams W's head and tail tiles for every (tile, layer, N tile, K tile),
+  in that order, through ``STAGES`` slots, each with a ``ready`` and an ``empty`` mbarrier.
+* the twin: ``LAYERS`` launches of the one-product probe's Triton twin at the chain's tiles, each
+  layer's row maxima taken from the last layer's output (the same maximum of the same floats): the
+  bits the GPU run holds the chain to, and the arithmetic the interpreter checks against float64.
+
+    python3 scripts/gluon_chain_probe.py --offline [--arch 90]   # compile for sm_90, no GPU
+    TRITON_INTERPRET=1 python3 scripts/gluon_chain_probe.py --cpu   # the twin against float64
+    python3 scripts/gluon_chain_probe.py [--rows 600006] [--layers 4] [--out DIR]   # a Hopper GPU
+    python3 scripts/gluon_chain_probe.py --racecheck   # one small launch a config, for compute-sanitizer
+
+Bytes a row: 8 K for all ``LAYERS`` products (one read, one write), against 8 K a product for the
+one-product probe, whose twin moved 2.09-2.45 TB/s at 78-100 TFLOP/s fp32-equivalent on an H100.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import sys
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gluon_gemm_probe as single  # noqa: E402  (the split, the twin, the timing loop)
+
+BLOCKS = single.BLOCKS
+# (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, num_warps); the fp32 row buffer, the split's two tiles and the
+# ring must fit an SM's 227 KB: BLOCK_M 128 at K = 128 only
+CONFIGS = ((64, 64, 64, 4, 4), (64, 64, 32, 6, 4), (64, 128, 64, 4, 4), (128, 64, 64, 3, 8), (128, 128, 64, 2, 8))
+# Triton 3.6 names the partition's barrier thread_barrier, 3.7 barrier
+_sync = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+
+
+def fits(cfg, k: int) -> bool:
+    """Whether config ``cfg`` tiles width ``k`` and its shared memory fits an SM (227 KB)."""
+    bm, bn, bk, stages, _ = cfg
+    smem = bm * k * 4 + 2 * bm * k * 2 + stages * 2 * bk * bn * 2
+    return k % bn == 0 and bn % bk == 0 and smem <= 227 * 1024
+
+
+# ------------------------------------------------------------------------------- Gluon kernel
+
+@gluon.jit
+def _chain_loader(whi_desc, wlo_desc, whi_s, wlo_s, ready, empty, n_tiles, LAYERS: gl.constexpr, K: gl.constexpr,
+                  NT_N: gl.constexpr, NT_K: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                  STAGES: gl.constexpr):
+    nbytes: gl.constexpr = whi_desc.block_type.nbytes + wlo_desc.block_type.nbytes
+    c = 0                                       # W tiles issued by this program: the ring's position
+    for _tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        for layer in range(LAYERS):
+            for j in range(NT_N):
+                for t in range(NT_K):
+                    s = c % STAGES
+                    mbarrier.wait(empty.index(s), ((c // STAGES) & 1) ^ 1)     # a fresh slot passes at once
+                    mbarrier.expect(ready.index(s), nbytes)
+                    k = layer * K + t * BLOCK_K
+                    tma.async_copy_global_to_shared(whi_desc, [k, j * BLOCK_N], ready.index(s), whi_s.index(s))
+                    tma.async_copy_global_to_shared(wlo_desc, [k, j * BLOCK_N], ready.index(s), wlo_s.index(s))
+                    c += 1
+
+
+@gluon.jit
+def _k_tile(x_s, t: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """K tile ``t`` of the fp32 row buffer, which is held as N tiles (an epilogue writes one)."""
+    return x_s.index(t * BLOCK_K // BLOCK_N).slice(t * BLOCK_K % BLOCK_N, BLOCK_K, dim=1)
+
+
+@gluon.jit
+def _split_rows(x_s, hi_s, lo_s, rows_layout: gl.constexpr, NT_K: gl.constexpr, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """The fp32 row buffer's rows scaled into [1, 2) by their largest magnitude and split into the
+    head and tail tiles the MMAs read; returns each row's scale back (a power of two)."""
+    amax = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, rows_layout))
+    for t in gl.static_range(NT_K):
+        x = _k_tile(x_s, t, BLOCK_N, BLOCK_K).load(rows_layout)
+        amax = gl.maximum(amax, gl.max(gl.abs(x), axis=1))
+    down, up = single._pow2_scales(amax)
+    for t in gl.static_range(NT_K):
+        x = _k_tile(x_s, t, BLOCK_N, BLOCK_K).load(rows_layout) * down[:, None]
+        hi = x.to(gl.float16)
+        hi_s.index(t).store(hi)
+        lo_s.index(t).store(((x - hi.to(gl.float32)) * 2048.0).to(gl.float16))
+    return up
+
+
+@gluon.jit
+def _chain_products(a_ptr, c_ptr, wup_ptr, rows, n_tiles, x_s, hi_s, lo_s, whi_s, wlo_s, ready, empty,
+                    LAYERS: gl.constexpr, K: gl.constexpr, NT_N: gl.constexpr, NT_K: gl.constexpr,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+                    num_warps: gl.constexpr):
+    """The MMA partition: per row tile, the rows in, every layer's split and products out of shared
+    memory, the rows out."""
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BLOCK_N, 16])
+    rows_layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
+    c = 0
+    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        e = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rows_layout))
+        kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, rows_layout))
+        offs = e.to(gl.int64)[:, None] * K + kk[None, :]
+        mask = (e < rows)[:, None]
+        for t in gl.static_range(NT_K):
+            _k_tile(x_s, t, BLOCK_N, BLOCK_K).store(gl.load(a_ptr + offs + t * BLOCK_K, mask=mask, other=0.0))
+        _sync()
+        for layer in range(LAYERS):
+            up = _split_rows(x_s, hi_s, lo_s, rows_layout, NT_K, BLOCK_M, BLOCK_N, BLOCK_K)
+            fence_async_shared()
+            _sync()
+            row_up = gl.convert_layout(up, gl.SliceLayout(1, acc_layout)) * gl.load(wup_ptr + layer)
+            for j in range(NT_N):
+                head = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, acc_layout)
+                tail = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, acc_layout)
+                for t in gl.static_range(NT_K):
+                    s = c % STAGES
+                    mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+                    head = warpgroup_mma(hi_s.index(t), whi_s.index(s), head, is_async=True)
+                    tail = warpgroup_mma(hi_s.index(t), wlo_s.index(s), tail, is_async=True)
+                    tail = warpgroup_mma(lo_s.index(t), whi_s.index(s), tail, is_async=True)
+                    head, tail = warpgroup_mma_wait(num_outstanding=0, deps=(head, tail))
+                    mbarrier.arrive(empty.index(s), count=1)
+                    c += 1
+                # the last layer's input is in the split tiles now: its fp32 columns are free
+                x_s.index(j).store((head + tail * (1.0 / 2048.0)) * row_up[:, None])
+            _sync()
+        for t in gl.static_range(NT_K):
+            gl.store(c_ptr + offs + t * BLOCK_K, _k_tile(x_s, t, BLOCK_N, BLOCK_K).load(rows_layout), mask=mask)
+        _sync()
+
+
+@gluon.jit
+def gluon_chain(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.constexpr, K: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+                num_warps: gl.constexpr):
+    """``C = A @ W_0 @ ... @ W_{LAYERS-1}``, each product compensated, ``A (rows, K)`` fp32, the
+    ``W_l`` stacked as fp16 head and tail ``(LAYERS * K, K)``, each scaled by ``1 / w_up[l]``."""
+    NT_N: gl.constexpr = K // BLOCK_N
+    NT_K: gl.constexpr = K // BLOCK_K
+    n_tiles = gl.cdiv(rows, BLOCK_M)
+    w_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_N], gl.float16)
+    a_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.float16)
+    x_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    whi_desc = tma.make_tensor_descriptor(whi_ptr, [LAYERS * K, K], [K, 1], [BLOCK_K, BLOCK_N], w_smem)
+    wlo_desc = tma.make_tensor_descriptor(wlo_ptr, [LAYERS * K, K], [K, 1], [BLOCK_K, BLOCK_N], w_smem)
+    x_s = gl.allocate_shared_memory(gl.float32, [NT_N, BLOCK_M, BLOCK_N], x_smem)
+    hi_s = gl.allocate_shared_memory(gl.float16, [NT_K, BLOCK_M, BLOCK_K], a_smem)
+    lo_s = gl.allocate_shared_memory(gl.float16, [NT_K, BLOCK_M, BLOCK_K], a_smem)
+    whi_s = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_K, BLOCK_N], w_smem)
+    wlo_s = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_K, BLOCK_N], w_smem)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([
+        (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_tiles, x_s, hi_s, lo_s, whi_s, wlo_s, ready, empty, LAYERS,
+                           K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, num_warps)),
+        (_chain_loader, (whi_desc, wlo_desc, whi_s, wlo_s, ready, empty, n_tiles, LAYERS, K, NT_N, NT_K, BLOCK_N,
+                         BLOCK_K, STAGES)),
+    ], [1], [24])
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
+
+
+# ------------------------------------------------------------------------------- host side
+
+def operands(rows: int, k: int, layers: int, device, seed: int = 0):
+    """Random non-zero ``A`` (rows of other magnitudes among them) and ``layers`` weights, each split
+    once: ``(a, [w], w_hi (layers * k, k), w_lo, w_up (layers,))``."""
+    import torch
+    a, w0, _, hi0, lo0, up0 = single.operands(rows, k, device, seed)
+    ws, his, los, ups = [w0], [hi0], [lo0], [up0]
+    for layer in range(1, layers):
+        _, w, _, hi, lo, up = single.operands(1, k, device, seed + layer)
+        ws.append(w), his.append(hi), los.append(lo), ups.append(up)
+    return (a, ws, torch.cat(his).contiguous(), torch.cat(los).contiguous(),
+            torch.tensor(ups, dtype=torch.float32, device=device))
+
+
+def run_twin(a, w_hi, w_lo, w_up, cfg):
+    """The chain as ``LAYERS`` launches of the one-product twin at the chain's tiles."""
+    k = a.shape[1]
+    tiles = {"BLOCK_M": cfg[0], "BLOCK_N": cfg[1], "BLOCK_K": cfg[2], "num_warps": cfg[4], "num_stages": 3}
+    x = a
+    for layer in range(len(w_up)):
+        x = single.run_twin(x, w_hi[layer * k:(layer + 1) * k], w_lo[layer * k:(layer + 1) * k], x.abs().amax(1),
+                            float(w_up[layer]), tiles)
+    return x
+
+
+def constexprs(cfg, k: int, layers: int) -> dict:
+    bm, bn, bk, stages, warps = cfg
+    return {"LAYERS": layers, "K": k, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages,
+            "num_warps": warps}
+
+
+def run_gluon(a, w_hi, w_lo, w_up, cfg):
+    import torch
+    rows, k = a.shape
+    c = torch.empty_like(a)
+    programs = min(triton.cdiv(rows, cfg[0]), torch.cuda.get_device_properties(a.device).multi_processor_count)
+    gluon_chain[(programs,)](a, w_hi, w_lo, w_up, c, rows, **constexprs(cfg, k, len(w_up)))
+    return c
+
+
+def error(c, a, ws) -> float:
+    ref = a.double()
+    for w in ws:
+        ref = ref @ w.double()
+    return float((c.double() - ref).norm() / ref.norm())
+
+
+def offline(arch: int, layers: int) -> list[dict]:
+    """Compile every (block, config) that fits for ``sm_<arch>`` with this Triton, no GPU: registers,
+    spills, shared memory, the MMAs and TMA loads in the PTX."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from mixstack.measure.compiler_report import cubin_resources
+
+    out = []
+    runtime = {"a_ptr": "*fp32", "whi_ptr": "*fp16", "wlo_ptr": "*fp16", "wup_ptr": "*fp32", "c_ptr": "*fp32",
+               "rows": "i32"}
+    names = list(inspect.signature(gluon_chain.fn).parameters)
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(5)}
+    for k in BLOCKS:
+        for cfg in CONFIGS:
+            if not fits(cfg, k):
+                continue
+            row = {"K": k, "config": list(cfg), "layers": layers}
+            values = constexprs(cfg, k, layers)
+            sig = {n: runtime.get(n, "constexpr") for n in names}
+            consts = {(i,): values[n] for i, n in enumerate(names) if n in values}
+            try:
+                src = GluonASTSource(gluon_chain, sig, constexprs=consts, attrs=attrs)
+                compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": cfg[4]})
+                row.update({k: v for k, v in cubin_resources(compiled).items() if k != "sass"})
+                ptx = compiled.asm.get("ptx", "")
+                row["wgmma"] = ptx.count("wgmma.mma_async")
+                row["tma_loads"] = ptx.count("cp.async.bulk.tensor")
+                row["setmaxnreg"] = ptx.count("setmaxnreg")
+            except Exception as exc:                      # report the failure, go on
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            out.append(row)
+            print(json.dumps(row), flush=True)
+    return out
+
+
+def cpu_check(layers: int) -> None:
+    """The twin chain against float64 at a partial row tile (``TRITON_INTERPRET=1``)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("--cpu runs the twin in Triton's interpreter: set TRITON_INTERPRET=1")
+    for k in BLOCKS:
+        a, ws, w_hi, w_lo, w_up = operands(67, k, layers, "cpu")
+        print(f"twin chain K={k}, {layers} layers: relative error {error(run_twin(a, w_hi, w_lo, w_up, CONFIGS[0]), a, ws):.2e}"
+              " against float64")
+
+
+def gpu(args) -> dict:
+    import statistics
+
+    import torch
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    rows = 4099 if args.racecheck else args.rows
+    record = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "rows": rows, "layers": args.layers, "cases": []}
+    for k in BLOCKS:
+        a, ws, w_hi, w_lo, w_up = operands(rows, k, args.layers, "cuda")
+        case = {"K": k, "configs": []}
+        variants = {}
+        for cfg in CONFIGS:
+            if not fits(cfg, k):
+                continue
+            entry = {"config": list(cfg)}
+            try:
+                twin = run_twin(a, w_hi, w_lo, w_up, cfg)
+                c = run_gluon(a, w_hi, w_lo, w_up, cfg)
+                torch.cuda.synchronize()
+                entry.update(error=error(c, a, ws), twin_error=error(twin, a, ws),
+                             nonfinite=int((~torch.isfinite(c)).sum()),
+                             max_abs_vs_twin=float((c - twin).abs().max()), bits_equal=bool(torch.equal(c, twin)))
+                variants[f"chain {cfg}"] = (lambda cfg=cfg: run_gluon(a, w_hi, w_lo, w_up, cfg))
+                variants.setdefault(f"twin x{args.layers} {cfg[:3]}", lambda cfg=cfg: run_twin(a, w_hi, w_lo, w_up, cfg))
+            except Exception as exc:
+                entry["error_text"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            case["configs"].append(entry)
+            print(json.dumps({"K": k, **entry}), flush=True)
+        if not args.racecheck and variants:
+            times = {name: [] for name in variants}
+            names = list(variants)
+            for f in variants.values():
+                f()
+            for r in range(args.rounds):
+                for name in names[r % len(names):] + names[:r % len(names)]:      # rotating order
+                    times[name].append(single.timed(variants[name], 3))
+            flops = 2 * rows * k * k * args.layers
+            case["ms"] = {name: statistics.median(t) for name, t in times.items()}
+            case["tflops"] = {name: flops / ms / 1e9 for name, ms in case["ms"].items()}
+            for name in sorted(case["ms"], key=case["ms"].get):
+                print(f"K={k} {name:40s} {case['ms'][name]:.4f} ms  {case['tflops'][name]:6.1f} TFLOP/s fp32-equiv  "
+                      f"{3 * case['tflops'][name]:6.1f} fp16 work", flush=True)
+        record["cases"].append(case)
+    return record
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--offline", action="store_true", help="compile for --arch without a GPU")
+    p.add_argument("--arch", type=int, default=90)
+    p.add_argument("--cpu", action="store_true", help="the Triton twin in the interpreter against float64")
+    p.add_argument("--racecheck", action="store_true", help="one small launch per config (for compute-sanitizer)")
+    p.add_argument("--rows", type=int, default=600006, help="rows of A (default 600006: S1's two focus streams)")
+    p.add_argument("--layers", type=int, default=4, help="products in the chain (default 4: a stack's layers)")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--out", help="folder for gluon_chain_probe.json")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.layers < 1:
+        raise SystemExit(f"--layers must be at least 1, got {args.layers}")
+    if args.cpu:
+        cpu_check(args.layers)
+        return 0
+    record = ({"offline": offline(args.arch, args.layers), "triton": triton.__version__} if args.offline
+              else gpu(args))
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "gluon_chain_probe.json"), "w") as fh:
+            json.dump(record, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
