@@ -33,7 +33,6 @@ one-product probe, whose twin moved 2.09-2.45 TB/s at 78-100 TFLOP/s fp32-equiva
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import sys
@@ -240,36 +239,17 @@ def error(c, a, ws) -> float:
 
 
 def offline(arch: int, layers: int) -> list[dict]:
-    """Compile every (block, config) that fits for ``sm_<arch>`` with this Triton, no GPU: registers,
-    spills, shared memory, the MMAs and TMA loads in the PTX."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from mixstack.measure.compiler_report import cubin_resources
-
+    """Compile every (block, config) that fits for ``sm_<arch>`` with this Triton, no GPU
+    (``gluon_gemm_probe.compile_report``)."""
     out = []
     runtime = {"a_ptr": "*fp32", "whi_ptr": "*fp16", "wlo_ptr": "*fp16", "wup_ptr": "*fp32", "c_ptr": "*fp32",
                "rows": "i32"}
-    names = list(inspect.signature(gluon_chain.fn).parameters)
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(5)}
     for k in BLOCKS:
         for cfg in CONFIGS:
             if not fits(cfg, k):
                 continue
-            row = {"K": k, "config": list(cfg), "layers": layers}
-            values = constexprs(cfg, k, layers)
-            sig = {n: runtime.get(n, "constexpr") for n in names}
-            consts = {(i,): values[n] for i, n in enumerate(names) if n in values}
-            try:
-                src = GluonASTSource(gluon_chain, sig, constexprs=consts, attrs=attrs)
-                compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": cfg[4]})
-                row.update({k: v for k, v in cubin_resources(compiled).items() if k != "sass"})
-                ptx = compiled.asm.get("ptx", "")
-                row["wgmma"] = ptx.count("wgmma.mma_async")
-                row["tma_loads"] = ptx.count("cp.async.bulk.tensor")
-                row["setmaxnreg"] = ptx.count("setmaxnreg")
-            except Exception as exc:                      # report the failure, go on
-                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            row = {"K": k, "config": list(cfg), "layers": layers,
+                   **single.compile_report(gluon_chain, runtime, constexprs(cfg, k, layers), cfg[4], arch)}
             out.append(row)
             print(json.dumps(row), flush=True)
     return out
@@ -286,8 +266,6 @@ def cpu_check(layers: int) -> None:
 
 
 def gpu(args) -> dict:
-    import statistics
-
     import torch
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     rows = 4099 if args.racecheck else args.rows
@@ -315,16 +293,7 @@ def gpu(args) -> dict:
             case["configs"].append(entry)
             print(json.dumps({"K": k, **entry}), flush=True)
         if not args.racecheck and variants:
-            times = {name: [] for name in variants}
-            names = list(variants)
-            for f in variants.values():
-                f()
-            for r in range(args.rounds):
-                for name in names[r % len(names):] + names[:r % len(names)]:      # rotating order
-                    times[name].append(single.timed(variants[name], 3))
-            flops = 2 * rows * k * k * args.layers
-            case["ms"] = {name: statistics.median(t) for name, t in times.items()}
-            case["tflops"] = {name: flops / ms / 1e9 for name, ms in case["ms"].items()}
+            case.update(single.rates(variants, args.rounds, 3, 2 * rows * k * k * args.layers))
             for name in sorted(case["ms"], key=case["ms"].get):
                 print(f"K={k} {name:40s} {case['ms'][name]:.4f} ms  {case['tflops'][name]:6.1f} TFLOP/s fp32-equiv  "
                       f"{3 * case['tflops'][name]:6.1f} fp16 work", flush=True)
@@ -333,15 +302,8 @@ def gpu(args) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--offline", action="store_true", help="compile for --arch without a GPU")
-    p.add_argument("--arch", type=int, default=90)
-    p.add_argument("--cpu", action="store_true", help="the Triton twin in the interpreter against float64")
-    p.add_argument("--racecheck", action="store_true", help="one small launch per config (for compute-sanitizer)")
-    p.add_argument("--rows", type=int, default=600006, help="rows of A (default 600006: S1's two focus streams)")
+    p = single.probe_parser(__doc__, 15, "gluon_chain_probe.json")
     p.add_argument("--layers", type=int, default=4, help="products in the chain (default 4: a stack's layers)")
-    p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--out", help="folder for gluon_chain_probe.json")
     return p
 
 

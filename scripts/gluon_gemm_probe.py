@@ -296,38 +296,43 @@ def error(c, a, w) -> float:
     return float((c.double() - ref).norm() / ref.norm())
 
 
-def offline(arch: int) -> list[dict]:
-    """Compile every (block, config) for ``sm_<arch>`` with this Triton, no GPU: registers, spills,
-    shared memory, warps (the partitions' included)."""
+def compile_report(kernel, runtime: dict, values: dict, num_warps: int, arch: int) -> dict:
+    """``kernel`` built for ``sm_<arch>`` by this Triton, no GPU (``runtime``: the non-constexpr
+    arguments' types; ``values``: the constexprs): registers, spills, shared memory, warps (the
+    partitions' included), and the warpgroup MMAs, TMA loads and register reallocations in its PTX;
+    a build that fails gives ``{"error": ...}``."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from mixstack.measure.compiler_report import cubin_resources
 
+    names = list(inspect.signature(kernel.fn).parameters)
+    sig = {n: runtime.get(n, "constexpr") for n in names}
+    consts = {(i,): values[n] for i, n in enumerate(names) if n in values}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if runtime.get(n, "").startswith("*")}
+    try:
+        src = GluonASTSource(kernel, sig, constexprs=consts, attrs=attrs)
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    except Exception as exc:                      # report the failure, go on
+        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+    row = {k: v for k, v in cubin_resources(compiled).items() if k != "sass"}
+    ptx = compiled.asm.get("ptx", "")
+    row.update(wgmma=ptx.count("wgmma.mma_async"), tma_loads=ptx.count("cp.async.bulk.tensor"),
+               setmaxnreg=ptx.count("setmaxnreg"))
+    return row
+
+
+def offline(arch: int) -> list[dict]:
+    """Compile every (block, config) for ``sm_<arch>`` with this Triton, no GPU (``compile_report``)."""
     out = []
     runtime = {"a_ptr": "*fp32", "whi_ptr": "*fp16", "wlo_ptr": "*fp16", "amax_ptr": "*fp32", "c_ptr": "*fp32",
                "rows": "i32", "w_up": "fp32"}
-    names = list(inspect.signature(gluon_compensated_gemm.fn).parameters)
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(5)}
     for k in BLOCKS:
         for cfg in CONFIGS:
-            row = {"K": k, "config": list(cfg)}
             if k % cfg[1] or k % cfg[2]:
                 continue
-            values = constexprs(cfg, k)
-            sig = {n: runtime.get(n, "constexpr") for n in names}
-            consts = {(i,): values[n] for i, n in enumerate(names) if n in values}
-            try:
-                src = GluonASTSource(gluon_compensated_gemm, sig, constexprs=consts, attrs=attrs)
-                compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                                          options={"num_warps": cfg[4]})
-                row.update({k: v for k, v in cubin_resources(compiled).items() if k != "sass"})
-                ptx = compiled.asm.get("ptx", "")
-                row["wgmma"] = ptx.count("wgmma.mma_async")
-                row["tma_loads"] = ptx.count("cp.async.bulk.tensor")
-                row["setmaxnreg"] = ptx.count("setmaxnreg")
-            except Exception as exc:                      # report the failure, go on
-                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            row = {"K": k, "config": list(cfg),
+                   **compile_report(gluon_compensated_gemm, runtime, constexprs(cfg, k), cfg[4], arch)}
             out.append(row)
             print(json.dumps(row), flush=True)
     return out
@@ -344,20 +349,18 @@ def cpu_check() -> None:
         print(f"twin K={k}: relative error {error(c, a, w):.2e} against float64")
 
 
-def timed(fn, reps: int):
-    import torch
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    stop.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(stop) / reps
+def rates(variants: dict, rounds: int, reps: int, flops: float, device="cuda") -> dict:
+    """``mixstack.measure.timing.time_interleaved`` over ``variants`` (each sample ``reps`` calls
+    back to back, one warm-up round): median ms a call and TFLOP/s of ``flops`` a call, per name."""
+    from mixstack.measure.timing import time_interleaved
+
+    samples = time_interleaved({name: (lambda f=f: [f() for _ in range(reps)]) for name, f in variants.items()},
+                               rounds=rounds, warmup=1, device=device)
+    ms = {name: s.median * 1e3 / reps for name, s in samples.items()}
+    return {"ms": ms, "tflops": {name: flops / t / 1e9 for name, t in ms.items()}}
 
 
 def gpu(args) -> dict:
-    import statistics
-
     import torch
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     record = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
@@ -386,16 +389,7 @@ def gpu(args) -> dict:
             case["configs"].append(entry)
             print(json.dumps({"K": k, **entry}), flush=True)
         if not args.racecheck:
-            times = {name: [] for name in variants}
-            names = list(variants)
-            for f in variants.values():
-                f()
-            for r in range(args.rounds):
-                for name in names[r % len(names):] + names[:r % len(names)]:      # rotating order
-                    times[name].append(timed(variants[name], 5))
-            flops = 2 * args.rows * k * k
-            case["ms"] = {name: statistics.median(t) for name, t in times.items()}
-            case["tflops"] = {name: flops / ms / 1e9 for name, ms in case["ms"].items()}
+            case.update(rates(variants, args.rounds, 5, 2 * args.rows * k * k))
             # fp16 tensor-core work: three products a tile (one for head only); the twin's too
             case["fp16_tflops"] = {name: t * (1 if name.endswith("head only") else 3) for name, t in case["tflops"].items()}
             for name in sorted(case["ms"], key=case["ms"].get):
@@ -405,16 +399,21 @@ def gpu(args) -> dict:
     return record
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def probe_parser(doc: str, rounds: int, record: str) -> argparse.ArgumentParser:
+    """The options every Gluon probe takes (its own added by the caller)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--offline", action="store_true", help="compile for --arch without a GPU")
     p.add_argument("--arch", type=int, default=90)
     p.add_argument("--cpu", action="store_true", help="the Triton twin in the interpreter against float64")
     p.add_argument("--racecheck", action="store_true", help="one small launch per config (for compute-sanitizer)")
     p.add_argument("--rows", type=int, default=600006, help="rows of A (default 600006: S1's two focus streams)")
-    p.add_argument("--rounds", type=int, default=20)
-    p.add_argument("--out", help="folder for gluon_probe.json")
+    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--out", help=f"folder for {record}")
     return p
+
+
+def parser() -> argparse.ArgumentParser:
+    return probe_parser(__doc__, 20, "gluon_probe.json")
 
 
 def main(argv=None) -> int:

@@ -6,9 +6,10 @@ from helpers import load_script
 
 from mixstack.measure import compiler_report
 
-pytestmark = pytest.mark.skipif(not compiler_report.tools_available(), reason="needs Triton's bundled ptxas")
+needs_ptxas = pytest.mark.skipif(not compiler_report.tools_available(), reason="needs Triton's bundled ptxas")
 
 
+@needs_ptxas
 def test_the_gluon_kernel_builds_for_sm90_with_its_partitions_tma_loads_and_warpgroup_mmas(monkeypatch):
     """One config (two MMA warpgroups, pipelined, persistent) at the |m| = 1 block: TMA loads, warpgroup
     MMAs, register reallocation between the partitions, the loader's warps added, no spills."""
@@ -20,3 +21,24 @@ def test_the_gluon_kernel_builds_for_sm90_with_its_partitions_tma_loads_and_warp
     assert row["spill_bytes"] == 0 and row["warps"] > 8
     assert row["wgmma"] > 0 and row["tma_loads"] > 0 and row["setmaxnreg"] > 0
     assert row["shared_bytes"] >= 4 * (128 * 32 * 4 + 2 * 32 * 64 * 2)      # the ring of four slots
+
+
+def test_the_probes_rates_come_from_the_one_timing_loop_a_call_at_a_time(monkeypatch):
+    """``rates``: every variant through ``time_interleaved`` (rotating order, a warm-up round), each
+    sample ``reps`` calls, the median divided back to one call."""
+    from mixstack.measure import timing
+
+    probe = load_script("gluon_gemm_probe")
+    calls = {"a": 0, "b": 0}
+    seen = {}
+    real = timing.time_interleaved
+
+    def spy(variants, **kw):
+        seen.update(kw)
+        return real(variants, **kw, clock=lambda fn: (fn(), 0.002)[1])        # 2 ms a sample
+
+    monkeypatch.setattr(timing, "time_interleaved", spy)
+    out = probe.rates({n: (lambda n=n: calls.__setitem__(n, calls[n] + 1)) for n in calls}, 3, 4, 2e9, device="cpu")
+    assert seen == {"rounds": 3, "warmup": 1, "device": "cpu"}
+    assert calls == {"a": 16, "b": 16}                                           # (1 + 3) rounds x 4 calls
+    assert out["ms"] == {"a": 0.5, "b": 0.5} and out["tflops"]["a"] == 2e9 / 0.5 / 1e9
