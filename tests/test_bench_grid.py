@@ -136,9 +136,9 @@ def test_the_shipped_view_takes_the_route_and_level3_where_this_runs_verdicts_se
             _shipped_record(32, 3, 2, 8.0, 8.0, None, None, 5.0)]                     # no route measured
     recs[2]["shape"]["variants"][0]["dispatch"] = {"fwd:compensated": 1}            # level 3 ran them itself
     shipped = grid.as_shipped(recs)
-    assert shipped["Cf112-l4-F1"] == {"L1": 10.0, "L2": 10.0, "L3": 6.0}
-    assert shipped["Cf80-l2-F1"] == {"L1": 9.0, "L2": 9.0, "L3": 9.0}
-    assert shipped["Cf32-l3-F2"] == {"L1": 8.0, "L2": 8.0, "L3": 5.0}
+    assert shipped["Cf112-l4-F1"] == {"L1": 10.0, "L2": 10.0, "L3": 6.0, "compensated": True}
+    assert shipped["Cf80-l2-F1"] == {"L1": 9.0, "L2": 9.0, "L3": 9.0, "compensated": False}
+    assert shipped["Cf32-l3-F2"] == {"L1": 8.0, "L2": 8.0, "L3": 5.0, "compensated": True}
     text = grid.markdown(recs)
     # compiled 10 ms: 10/11 = 0.91 misses the bar on Triton's products, the route's 1.0 does not
     assert "- L1: more than 5% slower than the compiled reference at 1 keys (Cf112-l4-F1)" in text

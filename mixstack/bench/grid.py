@@ -688,12 +688,13 @@ def _products_verdicts(records: list[dict]) -> list[dict] | None:
     return products.verdicts(records)
 
 
-def as_shipped(records: list[dict], pass_: str | None = None) -> dict[str, dict[str, float | None]]:
+def as_shipped(records: list[dict], pass_: str | None = None) -> dict[str, dict]:
     """Per key, each level's time as it runs once this run's own verdicts ship: levels 1 and 2 on
     the BLAS at the ``(Cf, lmax)`` groups of its ``products.json``, level 3 on compensated kernels
     where it ran them by itself or its ``level3.json`` engages them, else level 2 as shipped.  Each
     time is one this run measured; the choice uses the same medians, so a key near a verdict's
-    margin reads a little better than a later run would (the guard, ``--check``, says)."""
+    margin reads a little better than a later run would (the guard, ``--check``, says).
+    ``compensated``: whether level 3 runs its compensated kernels there as shipped."""
     from ..tuning.keys import shape_key
     from ..tuning.policy import VERDICT_MARGIN
     blas = {(b["focus_dim"], b["lmax"]) for b in (_products_verdicts(records) or [])}
@@ -705,14 +706,14 @@ def as_shipped(records: list[dict], pass_: str | None = None) -> dict[str, dict[
         route = "-blas" if (k["focus_dim"], k["lmax"]) in blas else ""
         t1, t2 = med.get("L1" + route), med.get("L2" + route)
         comp, _ = compensated_ms(rec, pass_)
-        if compensated_ran(rec):
-            t3 = med.get("L3")
-        elif comp and str(shape_key(focus_dim=k["focus_dim"], lmax=k["lmax"], n_focus=k["focus"],
-                                    apply_alpha=True)) in engaged:
-            t3 = comp
+        ran = bool(compensated_ran(rec))
+        on = ran or bool(comp and str(shape_key(focus_dim=k["focus_dim"], lmax=k["lmax"], n_focus=k["focus"],
+                                               apply_alpha=True)) in engaged)
+        if ran or not (on or route):
+            t3 = med.get("L3")               # as it ran: compensated by itself, or level 2 on Triton's products
         else:
-            t3 = t2 if route else med.get("L3")
-        out[key_name(k["focus_dim"], k["lmax"], k["focus"])] = {"L1": t1, "L2": t2, "L3": t3}
+            t3 = comp if on else t2           # engaged by this run's verdict, or level 2 on the route
+        out[key_name(k["focus_dim"], k["lmax"], k["focus"])] = {"L1": t1, "L2": t2, "L3": t3, "compensated": on}
     return out
 
 
@@ -749,8 +750,7 @@ def markdown(records: list[dict]) -> str:
     if blas is not None or any(r["compensated_variant"] == "L3-rule" for r in rows):
         slow = {lv: [r["key"] for r in rows if r["compiled_ms"] and shipped[r["key"]][lv]
                      and r["compiled_ms"] / shipped[r["key"]][lv] < 1 - SLOWER_THAN_COMPILED] for lv in LEVEL_VARIANTS}
-        comp = sum(1 for r in rows if r["compiled_ms"] and shipped[r["key"]]["L3"]
-                   and (r["level3_compensated"] or shipped[r["key"]]["L3"] == r["compensated_ms"]))
+        comp = sum(1 for r in rows if shipped[r["key"]]["compensated"])
         lines.append("- as shipped with this run's verdicts (the \"shipped\" column: L1 / L2 / L3 on the route and "
                      "the level-3 engagement they choose): "
                      + "; ".join(f"{lv} more than {100 * SLOWER_THAN_COMPILED:.0f}% slower than the compiled "
@@ -765,7 +765,7 @@ def markdown(records: list[dict]) -> str:
     table = [{"key": r["key"], "edges": r["edges"], "0c ms": _f(r["compiled_ms"]), "eager ms": _f(r["eager_ms"]),
               **{f"{lv} x": _f(r[f"{lv}_vs_compiled"]) for lv in LEVEL_VARIANTS},
               "shipped x": "/".join(_f(r["compiled_ms"] / t if r["compiled_ms"] and t else None)
-                                    for t in shipped[r["key"]].values()),
+                                    for t in (shipped[r["key"]][lv] for lv in LEVEL_VARIANTS)),
               "L3 compensated": {True: "yes", False: "no", None: "—"}[r["level3_compensated"]],
               "compensated / L2": (f"{_f(r['compensated_vs_l2'])}" + (" (rule)" if r["compensated_variant"] == "L3-rule"
                                                                      else "")) if r["compensated_vs_l2"] else "—"}
