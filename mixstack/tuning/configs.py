@@ -83,8 +83,8 @@ def gate_config(layout: StackLayout, backward: bool = False) -> dict:
 
 # Level 3's relay keeps the exact levels' gate path (the fold, exact gate products) on rows
 # narrower than this many floats (Cf 16 lmax 1-2, Cf 32 lmax 1): with its own (a sigmoid surface,
-# split gate products) level 3 ran 0.95-1.01x level 2 at six of those nine keys (H200, 2026-12-03
-# grid), ~0.2 ms of the surface's bytes over ~5 ms (BENCHMARKS.md, "Level 3 at the narrow keys").
+# split gate products) level 3 ran 0.95-1.01x level 2 at six of those nine keys on the H200's grid,
+# about the surface's bytes, ~4% of the stack's (BENCHMARKS.md, "Level 3 at the narrow keys").
 NARROW_GATE_ROW = 160
 
 
