@@ -709,10 +709,14 @@ def as_shipped(records: list[dict], pass_: str | None = None) -> dict[str, dict]
         ran = bool(compensated_ran(rec))
         on = ran or bool(comp and str(shape_key(focus_dim=k["focus_dim"], lmax=k["lmax"], n_focus=k["focus"],
                                                apply_alpha=True)) in engaged)
-        if ran or not (on or route):
-            t3 = med.get("L3")               # as it ran: compensated by itself, or level 2 on Triton's products
+        if ran:
+            t3 = med.get("L3")               # compensated by itself
+        elif on:
+            t3 = comp                        # engaged by this run's verdict
+        elif route:
+            t3 = t2                          # level 2 on the route
         else:
-            t3 = comp if on else t2           # engaged by this run's verdict, or level 2 on the route
+            t3 = med.get("L3")               # level 2 on Triton's products, as it ran
         out[key_name(k["focus_dim"], k["lmax"], k["focus"])] = {"L1": t1, "L2": t2, "L3": t3, "compensated": on}
     return out
 

@@ -52,7 +52,10 @@ def add_check_edges(p) -> None:
 def add_shape(p, role: str, *, lists: bool = False) -> None:
     """``--focus``, ``--focus-dim``, ``--lmax``, ``--layers`` for ``role`` (``lists``: comma-separated)."""
     kind = count_list(1) if lists else COUNT
-    default = (lambda one: " (default: all)") if lists else (lambda one: f" (default {one})")
+
+    def default(value) -> str:
+        return " (default: all)" if lists else f" (default {value})"
+
     p.add_argument("--focus", type=kind, metavar="F", help=f"{role}: focus streams F{default(2)}")
     p.add_argument("--focus-dim", type=kind, metavar="CF", help=f"{role}: channels Cf{default(32)}")
     p.add_argument("--lmax", type=kind, metavar="L", help=f"{role}: lmax, 1..6{default(3)}")
