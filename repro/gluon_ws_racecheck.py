@@ -10,7 +10,7 @@ partition writes its own global outputs, neither allocates shared memory or wait
 racecheck reports the same pair here, the word is the warp-specialisation runtime's own start/exit
 handshake (ordered by named barriers that racecheck does not follow), not the probes'.
 
-    compute-sanitizer --tool racecheck --racecheck-report hazard python3 repro/gluon_ws_racecheck.py
+    compute-sanitizer --tool racecheck --racecheck-report hazard python3 repro/gluon_ws_racecheck.py [--sync]
     python3 repro/gluon_ws_racecheck.py --offline   # the PTX's barriers and shared-memory words, no GPU
 """
 
@@ -27,10 +27,18 @@ from triton.experimental.gluon import language as gl
 N = 1024
 
 
+# Triton 3.6 names the partition's barrier thread_barrier, 3.7 barrier
+_sync = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+
+
 @gluon.jit
-def _default_part(out_ptr, n, BLOCK: gl.constexpr, num_warps: gl.constexpr):
+def _default_part(out_ptr, n, BLOCK: gl.constexpr, SYNC: gl.constexpr, num_warps: gl.constexpr):
     offs = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
+    if SYNC:                                      # the partition's own barrier, as the probes' phases use it
+        _sync()
     gl.store(out_ptr + offs, offs.to(gl.float32), mask=offs < n)
+    if SYNC:
+        _sync()
 
 
 @gluon.jit
@@ -40,20 +48,22 @@ def _worker_part(flag_ptr):
 
 
 @gluon.jit
-def ws_only(out_ptr, flag_ptr, n, BLOCK: gl.constexpr, num_warps: gl.constexpr):
-    """Two partitions that touch disjoint global memory and no shared memory."""
+def ws_only(out_ptr, flag_ptr, n, BLOCK: gl.constexpr, SYNC: gl.constexpr, num_warps: gl.constexpr):
+    """Two partitions that touch disjoint global memory and no shared memory; with ``SYNC`` the default
+    partition passes its own barrier (``bar.sync 0`` over its warps) before and after its store."""
     gl.warp_specialize([
-        (_default_part, (out_ptr, n, BLOCK, num_warps)),
+        (_default_part, (out_ptr, n, BLOCK, SYNC, num_warps)),
         (_worker_part, (flag_ptr,)),
     ], [1], [24])
 
 
-def offline(arch: int) -> int:
+def offline(arch: int, sync: bool) -> int:
     """Compile for ``sm_<arch>`` without a GPU; print the PTX's barrier and shared-memory lines."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     src = GluonASTSource(ws_only, {"out_ptr": "*fp32", "flag_ptr": "*i32", "n": "i32", "BLOCK": "constexpr",
-                                   "num_warps": "constexpr"}, constexprs={(3,): 128, (4,): 4})
+                                   "SYNC": "constexpr", "num_warps": "constexpr"},
+                         constexprs={(3,): 128, (4,): sync, (5,): 4})
     kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
     for line in kernel.asm["ptx"].splitlines():
         if re.search(r"bar\.|barrier|\.shared|setmaxnreg", line):
@@ -66,14 +76,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--offline", action="store_true", help="compile for --arch and print the PTX's barriers")
     p.add_argument("--arch", type=int, default=90)
+    p.add_argument("--sync", action="store_true", help="the default partition passes its own barrier twice")
     args = p.parse_args(argv)
     if args.offline:
-        return offline(args.arch)
+        return offline(args.arch, args.sync)
     import torch
     out = torch.zeros(N, device="cuda")
     blocks = triton.cdiv(N, 128)
     flags = torch.zeros(blocks * 32, dtype=torch.int32, device="cuda")
-    ws_only[(blocks,)](out, flags, N, BLOCK=128, num_warps=4)
+    ws_only[(blocks,)](out, flags, N, BLOCK=128, SYNC=args.sync, num_warps=4)
     torch.cuda.synchronize()
     ok = torch.equal(out, torch.arange(N, device="cuda", dtype=torch.float32)) and \
         torch.equal(flags, torch.arange(1, 33, device="cuda", dtype=torch.int32).repeat(blocks))

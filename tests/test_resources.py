@@ -9,7 +9,6 @@ from mixstack.core import config
 from mixstack.core.layout import StackLayout
 from mixstack.measure import compiler_report
 from mixstack.stack import gemm, launchers
-from mixstack.tuning import configs
 
 needs_tools = pytest.mark.skipif(not compiler_report.tools_available(),
                                  reason="this Triton bundles no ptxas/cuobjdump/nvdisasm")
@@ -44,8 +43,7 @@ def test_the_fused_and_compensated_paths_record_their_kernels():
     segments = [x.kwargs["SEGMENT"] for x in fused if x.name == "fused_backward_kernel"]
     assert segments == [0, 1, 0, 1]
     assert "gate_backward_kernel" not in _names(fused)
-    wide = StackLayout(3, 16)                       # row 160: level 3's own gate path
-    comp = compiler_report.stack_launches(wide, 1, False, n_layers=3, edges=100, gemm_cfg=cfg, compensated=True)
+    comp = compiler_report.stack_launches(lay, 1, False, n_layers=3, edges=100, gemm_cfg=cfg, compensated=True)
     # w0, w1 forward (the forward gate stays exact); w0^T, w1^T, gw backward
     assert _names(comp).count("split_weights_kernel") == 5
     assert all(x.kwargs["COMPENSATED"] for x in comp if x.name in ("block_gemm_kernel", "gate_backward_kernel"))
@@ -53,25 +51,6 @@ def test_the_fused_and_compensated_paths_record_their_kernels():
     assert gates and not any(x.kwargs["COMPENSATED"] for x in gates if x.kwargs["WRITE_U"])   # forward: exact
     assert all(x.kwargs["COMPENSATED"] for x in gates if not x.kwargs["WRITE_U"])    # backward recompute
     assert len(compiler_report.distinct(fused)) < len(fused)
-
-
-@pytest.mark.parametrize("lmax, cf", [(1, 16), (2, 16), (1, 32)])
-def test_level_3_keeps_the_exact_gate_path_on_narrow_rows(lmax, cf):
-    """Below ``NARROW_GATE_ROW`` floats level 3's backward folds the gate into its pointwise
-    kernel with exact gate products, as the exact levels do; its block products stay split."""
-    lay = StackLayout(lmax, cf)
-    assert lay.row < configs.NARROW_GATE_ROW
-    cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-    comp = compiler_report.stack_launches(lay, 2, True, n_layers=4, edges=100, gemm_cfg=cfg, compensated=True)
-    exact = compiler_report.stack_launches(lay, 2, True, n_layers=4, edges=100, gemm_cfg=cfg)
-    assert _names(comp) == ["split_weights_kernel"] * 2 + _names(exact)[:10] + ["alpha_grad_kernel"] \
-        + ["split_weights_kernel"] * 2 + _names(exact)[11:]           # w0, w1 forward; w0^T, w1^T backward
-    assert _names(comp).count("gate_kernel") == 3                       # the forward's only
-    assert all(x.kwargs["COMPENSATED"] for x in comp if x.name == "block_gemm_kernel")
-    pointwise = [x for x in comp if x.name == "gate_backward_kernel"]
-    assert len(pointwise) == 3
-    assert all(x.kwargs["RECOMPUTE_SG"] and x.kwargs["WRITE_AMAX"] and not x.kwargs["COMPENSATED"] for x in pointwise)
-    assert not configs.level3_splits_gate(lay) and configs.level3_splits_gate(StackLayout(3, 32))
 
 
 @pytest.mark.slow

@@ -37,7 +37,6 @@ from ..tuning.configs import (
     block_k,
     gate_chunk,
     gate_config,
-    level3_splits_gate,
     pointwise_config,
     pointwise_recomputes_gate,
 )
@@ -249,8 +248,7 @@ def stack_backward(grad_out, saved: Saved, weights: Weights, spec: StackSpec, pl
     else:
         wt = weights.transposed()
     split = split_weights(wt.w0, wt.w1) if plan.compensated else None
-    gate_split = (split_matrices(wt.gw) if plan.compensated and wt.n_gated and not fused
-                  and level3_splits_gate(spec.layout) else None)
+    gate_split = split_matrices(wt.gw) if plan.compensated and wt.n_gated and not fused else None
     top = BlockWeights(wt.w0, wt.w1, wt.n_gated, spec.layout, split=split)
     scaled = spec.apply_alpha
     identity_layer(grad_out, saved.alpha if scaled else None, top, training.h_of(wt.n_gated - 1, h),

@@ -81,28 +81,13 @@ def gate_config(layout: StackLayout, backward: bool = False) -> dict:
     return {"BLOCK_M": rows, "num_warps": 4, "num_stages": 1}
 
 
-# Level 3's relay keeps the exact levels' gate path (the fold, exact gate products) on rows
-# narrower than this many floats (Cf 16 lmax 1-2, Cf 32 lmax 1): with its own (a sigmoid surface,
-# split gate products) level 3 ran 0.95-1.01x level 2 at six of those nine keys on the H200's grid,
-# about the surface's bytes, ~4% of the stack's (BENCHMARKS.md, "Level 3 at the narrow keys").
-NARROW_GATE_ROW = 160
-
-
 def pointwise_recomputes_gate(layout: StackLayout, compensated: bool = False) -> bool:
     """Whether the relay's pointwise kernel forms the gate sigmoids itself (in registers,
     from ``s`` and ``gw``) instead of a gate launch writing a sigmoid surface ``(F, E, G)``
-    for it to read.  Both give the same bits (one helper, ``gate.gate_sigmoids``).  Folded
-    where Cf <= 32 (as fast, one surface fewer), at level 3 only on rows narrower than
-    ``NARROW_GATE_ROW``; never where the folded kernel spills (BENCHMARKS.md, "The relay's
-    sigmoid surface at exact levels")."""
-    return next_power_of_2(layout.focus_dim) <= 32 and (not compensated or layout.row < NARROW_GATE_ROW)
-
-
-def level3_splits_gate(layout: StackLayout) -> bool:
-    """Whether level 3's backward runs the gate's products as split fp16 products (with the
-    sigmoid surface), or exactly, as the exact levels do, where its pointwise kernel folds the
-    gate (``pointwise_recomputes_gate``)."""
-    return not pointwise_recomputes_gate(layout, compensated=True)
+    for it to read.  Both give the same bits (one helper, ``gate.gate_sigmoids``).  Folded at
+    exact levels where Cf <= 32 (as fast, one surface fewer), never at level 3 or where the
+    folded kernel spills (BENCHMARKS.md, "The relay's sigmoid surface at exact levels")."""
+    return not compensated and next_power_of_2(layout.focus_dim) <= 32
 
 
 def pointwise_config(layout: StackLayout) -> dict:
