@@ -17,6 +17,9 @@ No gate, residual or pointwise work: the floor that design B's kernel would add 
   memory, the epilogue writing the N tile back into the fp32 buffer as the next layer's input.  A
   one-warp loader partition streams W's head and tail tiles for every (tile, layer, N tile, K tile),
   in that order, through ``STAGES`` slots, each with a ``ready`` and an ``empty`` mbarrier.
+* ``gluon_chain_pingpong``: the same, two 64-row tiles an SM, each in its own MMA partition (one
+  warpgroup) behind its own barrier, both fed by the one loader's ring (a slot freed by both), so
+  that one partition's split and stores can run under the other's MMAs.
 * the twin: ``LAYERS`` launches of the one-product probe's Triton twin at the chain's tiles, each
   layer's row maxima taken from the last layer's output (the same maximum of the same floats): the
   bits the GPU run holds the chain to, and the arithmetic the interpreter checks against float64.
@@ -55,26 +58,30 @@ BLOCKS = single.BLOCKS
 # (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, num_warps); the fp32 row buffer, the split's two tiles and the
 # ring must fit an SM's 227 KB: BLOCK_M 128 at K = 128 only
 CONFIGS = ((64, 64, 64, 4, 4), (64, 64, 32, 6, 4), (64, 128, 64, 4, 4), (128, 64, 64, 3, 8), (128, 128, 64, 2, 8))
+# the ping-pong kernel's: two 64-row tiles an SM, one warpgroup each (K 192 fits with a two-slot ring only)
+PINGPONG_CONFIGS = ((64, 64, 64, 4, 4), (64, 128, 64, 2, 4), (64, 64, 32, 6, 4), (64, 64, 32, 2, 4))
+PINGPONG_REGS = 232          # the second MMA partition's registers (setmaxnreg); the loader keeps 24
 # Triton 3.6 names the partition's barrier thread_barrier, 3.7 barrier
 _sync = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
 
-def fits(cfg, k: int) -> bool:
-    """Whether config ``cfg`` tiles width ``k`` and its shared memory fits an SM (227 KB)."""
+def fits(cfg, k: int, groups: int = 1) -> bool:
+    """Whether config ``cfg`` tiles width ``k`` and its shared memory (``groups`` row tiles, the
+    ring) fits an SM (227 KB)."""
     bm, bn, bk, stages, _ = cfg
-    smem = bm * k * 4 + 2 * bm * k * 2 + stages * 2 * bk * bn * 2
+    smem = groups * (bm * k * 4 + 2 * bm * k * 2) + stages * 2 * bk * bn * 2
     return k % bn == 0 and bn % bk == 0 and smem <= 227 * 1024
 
 
 # ------------------------------------------------------------------------------- Gluon kernel
 
 @gluon.jit
-def _chain_loader(whi_desc, wlo_desc, whi_s, wlo_s, ready, empty, n_tiles, LAYERS: gl.constexpr, K: gl.constexpr,
+def _chain_loader(whi_desc, wlo_desc, whi_s, wlo_s, ready, empty, n_rounds, LAYERS: gl.constexpr, K: gl.constexpr,
                   NT_N: gl.constexpr, NT_K: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                   STAGES: gl.constexpr):
     nbytes: gl.constexpr = whi_desc.block_type.nbytes + wlo_desc.block_type.nbytes
     c = 0                                       # W tiles issued by this program: the ring's position
-    for _tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+    for _round in range(gl.program_id(0), n_rounds, gl.num_programs(0)):
         for layer in range(LAYERS):
             for j in range(NT_N):
                 for t in range(NT_K):
@@ -112,18 +119,19 @@ def _split_rows(x_s, hi_s, lo_s, rows_layout: gl.constexpr, NT_K: gl.constexpr, 
 
 
 @gluon.jit
-def _chain_products(a_ptr, c_ptr, wup_ptr, rows, n_tiles, x_s, hi_s, lo_s, whi_s, wlo_s, ready, empty,
+def _chain_products(a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_s, wlo_s, ready, empty,
                     LAYERS: gl.constexpr, K: gl.constexpr, NT_N: gl.constexpr, NT_K: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                    num_warps: gl.constexpr):
-    """The MMA partition: per row tile, the rows in, every layer's split and products out of shared
-    memory, the rows out."""
+                    GROUP: gl.constexpr, GROUPS: gl.constexpr, num_warps: gl.constexpr):
+    """An MMA partition: per row tile, the rows in, every layer's split and products out of shared
+    memory, the rows out.  Of each round's ``GROUPS`` row tiles it takes tile ``GROUP`` (a tile past
+    the rows runs masked: every group consumes every W tile the loader streams)."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
     rows_layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
     c = 0
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        e = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rows_layout))
+    for rnd in range(gl.program_id(0), n_rounds, gl.num_programs(0)):
+        e = (rnd * GROUPS + GROUP) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rows_layout))
         kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, rows_layout))
         offs = e.to(gl.int64)[:, None] * K + kk[None, :]
         mask = (e < rows)[:, None]
@@ -181,10 +189,52 @@ def gluon_chain(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.conste
         mbarrier.init(empty.index(i), count=1)
     gl.warp_specialize([
         (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_tiles, x_s, hi_s, lo_s, whi_s, wlo_s, ready, empty, LAYERS,
-                           K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, num_warps)),
+                           K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 0, 1, num_warps)),
         (_chain_loader, (whi_desc, wlo_desc, whi_s, wlo_s, ready, empty, n_tiles, LAYERS, K, NT_N, NT_K, BLOCK_N,
                          BLOCK_K, STAGES)),
     ], [1], [24])
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
+
+
+@gluon.jit
+def gluon_chain_pingpong(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.constexpr, K: gl.constexpr,
+                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+                         REGS: gl.constexpr, num_warps: gl.constexpr):
+    """``gluon_chain`` with two MMA partitions of ``num_warps`` warps, each on its own row tile
+    (rounds of two tiles), sharing the loader's W ring (a slot freed once both used it): each
+    partition's phases wait only at its own barrier, so one's split and stores can run under the
+    other's MMAs."""
+    NT_N: gl.constexpr = K // BLOCK_N
+    NT_K: gl.constexpr = K // BLOCK_K
+    n_rounds = gl.cdiv(gl.cdiv(rows, BLOCK_M), 2)
+    w_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_N], gl.float16)
+    a_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.float16)
+    x_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    whi_desc = tma.make_tensor_descriptor(whi_ptr, [LAYERS * K, K], [K, 1], [BLOCK_K, BLOCK_N], w_smem)
+    wlo_desc = tma.make_tensor_descriptor(wlo_ptr, [LAYERS * K, K], [K, 1], [BLOCK_K, BLOCK_N], w_smem)
+    x0 = gl.allocate_shared_memory(gl.float32, [NT_N, BLOCK_M, BLOCK_N], x_smem)
+    hi0 = gl.allocate_shared_memory(gl.float16, [NT_K, BLOCK_M, BLOCK_K], a_smem)
+    lo0 = gl.allocate_shared_memory(gl.float16, [NT_K, BLOCK_M, BLOCK_K], a_smem)
+    x1 = gl.allocate_shared_memory(gl.float32, [NT_N, BLOCK_M, BLOCK_N], x_smem)
+    hi1 = gl.allocate_shared_memory(gl.float16, [NT_K, BLOCK_M, BLOCK_K], a_smem)
+    lo1 = gl.allocate_shared_memory(gl.float16, [NT_K, BLOCK_M, BLOCK_K], a_smem)
+    whi_s = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_K, BLOCK_N], w_smem)
+    wlo_s = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_K, BLOCK_N], w_smem)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)              # both MMA partitions release a slot
+    gl.warp_specialize([
+        (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_rounds, x0, hi0, lo0, whi_s, wlo_s, ready, empty, LAYERS,
+                           K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 0, 2, num_warps)),
+        (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_rounds, x1, hi1, lo1, whi_s, wlo_s, ready, empty, LAYERS,
+                           K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 1, 2, num_warps)),
+        (_chain_loader, (whi_desc, wlo_desc, whi_s, wlo_s, ready, empty, n_rounds, LAYERS, K, NT_N, NT_K, BLOCK_N,
+                         BLOCK_K, STAGES)),
+    ], [num_warps, 1], [REGS, 24])
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
@@ -231,6 +281,17 @@ def run_gluon(a, w_hi, w_lo, w_up, cfg):
     return c
 
 
+def run_pingpong(a, w_hi, w_lo, w_up, cfg):
+    import torch
+    rows, k = a.shape
+    c = torch.empty_like(a)
+    rounds = triton.cdiv(triton.cdiv(rows, cfg[0]), 2)
+    programs = min(rounds, torch.cuda.get_device_properties(a.device).multi_processor_count)
+    gluon_chain_pingpong[(programs,)](a, w_hi, w_lo, w_up, c, rows, REGS=PINGPONG_REGS,
+                                      **constexprs(cfg, k, len(w_up)))
+    return c
+
+
 def error(c, a, ws) -> float:
     ref = a.double()
     for w in ws:
@@ -238,20 +299,28 @@ def error(c, a, ws) -> float:
     return float((c.double() - ref).norm() / ref.norm())
 
 
+def forms():
+    """The kernels the probe runs: ``(name, kernel, configs, row tiles an SM, launcher, extra constexprs)``."""
+    return (("chain", gluon_chain, CONFIGS, 1, run_gluon, {}),
+            ("pingpong", gluon_chain_pingpong, PINGPONG_CONFIGS, 2, run_pingpong, {"REGS": PINGPONG_REGS}))
+
+
 def offline(arch: int, layers: int) -> list[dict]:
-    """Compile every (block, config) that fits for ``sm_<arch>`` with this Triton, no GPU
+    """Compile every (form, block, config) that fits for ``sm_<arch>`` with this Triton, no GPU
     (``gluon_gemm_probe.compile_report``)."""
     out = []
     runtime = {"a_ptr": "*fp32", "whi_ptr": "*fp16", "wlo_ptr": "*fp16", "wup_ptr": "*fp32", "c_ptr": "*fp32",
                "rows": "i32"}
-    for k in BLOCKS:
-        for cfg in CONFIGS:
-            if not fits(cfg, k):
-                continue
-            row = {"K": k, "config": list(cfg), "layers": layers,
-                   **single.compile_report(gluon_chain, runtime, constexprs(cfg, k, layers), cfg[4], arch)}
-            out.append(row)
-            print(json.dumps(row), flush=True)
+    for form, kernel, configs, groups, _, extra in forms():
+        for k in BLOCKS:
+            for cfg in configs:
+                if not fits(cfg, k, groups):
+                    continue
+                row = {"form": form, "K": k, "config": list(cfg), "layers": layers,
+                       **single.compile_report(kernel, runtime, {**constexprs(cfg, k, layers), **extra}, cfg[4],
+                                               arch)}
+                out.append(row)
+                print(json.dumps(row), flush=True)
     return out
 
 
@@ -275,23 +344,24 @@ def gpu(args) -> dict:
         a, ws, w_hi, w_lo, w_up = operands(rows, k, args.layers, "cuda")
         case = {"K": k, "configs": []}
         variants = {}
-        for cfg in CONFIGS:
-            if not fits(cfg, k):
-                continue
-            entry = {"config": list(cfg)}
-            try:
-                twin = run_twin(a, w_hi, w_lo, w_up, cfg)
-                c = run_gluon(a, w_hi, w_lo, w_up, cfg)
-                torch.cuda.synchronize()
-                entry.update(error=error(c, a, ws), twin_error=error(twin, a, ws),
-                             nonfinite=int((~torch.isfinite(c)).sum()),
-                             max_abs_vs_twin=float((c - twin).abs().max()), bits_equal=bool(torch.equal(c, twin)))
-                variants[f"chain {cfg}"] = (lambda cfg=cfg: run_gluon(a, w_hi, w_lo, w_up, cfg))
-                variants.setdefault(f"twin x{args.layers} {cfg[:3]}", lambda cfg=cfg: run_twin(a, w_hi, w_lo, w_up, cfg))
-            except Exception as exc:
-                entry["error_text"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-            case["configs"].append(entry)
-            print(json.dumps({"K": k, **entry}), flush=True)
+        for form, _, configs, groups, launch, _ in forms():
+            for cfg in configs:
+                if not fits(cfg, k, groups):
+                    continue
+                entry = {"form": form, "config": list(cfg)}
+                try:
+                    twin = run_twin(a, w_hi, w_lo, w_up, cfg)
+                    c = launch(a, w_hi, w_lo, w_up, cfg)
+                    torch.cuda.synchronize()
+                    entry.update(error=error(c, a, ws), twin_error=error(twin, a, ws),
+                                 nonfinite=int((~torch.isfinite(c)).sum()),
+                                 max_abs_vs_twin=float((c - twin).abs().max()), bits_equal=bool(torch.equal(c, twin)))
+                    variants[f"{form} {cfg}"] = (lambda cfg=cfg, launch=launch: launch(a, w_hi, w_lo, w_up, cfg))
+                    variants.setdefault(f"twin x{args.layers} {cfg[:3]}", lambda cfg=cfg: run_twin(a, w_hi, w_lo, w_up, cfg))
+                except Exception as exc:
+                    entry["error_text"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                case["configs"].append(entry)
+                print(json.dumps({"K": k, **entry}), flush=True)
         if not args.racecheck and variants:
             case.update(single.rates(variants, args.rounds, 3, 2 * rows * k * k * args.layers))
             for name in sorted(case["ms"], key=case["ms"].get):

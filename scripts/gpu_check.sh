@@ -96,7 +96,8 @@
 #   then bits against the twin and float64 and interleaved rates at GLUON_ROWS (default 600006);
 #   under $OUT/gluonprobe, ~4 min (40 Gluon compiles, twice with racecheck).
 #   "chainprobe": scripts/gluon_chain_probe.py, design B's product phase (a row tile kept in shared memory
-#   across CHAIN_LAYERS compensated products, default 4) against the one-product twin run layer by layer, the
+#   across CHAIN_LAYERS compensated products, default 4; and two tiles an SM in ping-pong partitions)
+#   against the one-product twin run layer by layer, the
 #   same steps as "gluonprobe", under $OUT/chainprobe.
 #   "aoti": repro/aoti_loader_crash.py (AOTInductor's loader, every loading path in its own process; the
 #   compiler's libstdc++ preloaded; the package from each other compiler; the package with its own hidden

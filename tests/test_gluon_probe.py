@@ -42,3 +42,21 @@ def test_the_probes_rates_come_from_the_one_timing_loop_a_call_at_a_time(monkeyp
     assert seen == {"rounds": 3, "warmup": 1, "device": "cpu"}
     assert calls == {"a": 16, "b": 16}                                           # (1 + 3) rounds x 4 calls
     assert out["ms"] == {"a": 0.5, "b": 0.5} and out["tflops"]["a"] == 2e9 / 0.5 / 1e9
+
+
+@needs_ptxas
+def test_the_ping_pong_chain_builds_two_mma_partitions_on_one_weight_ring(monkeypatch):
+    """Design B's product phase with two row tiles an SM (``gluon_chain_pingpong``): the same K loop
+    twice over (each MMA partition its own tile), each partition's phases behind its own named barrier,
+    the ring's slots released by both, no spills; the single-tile kernel alongside it unchanged."""
+    chain = load_script("gluon_chain_probe")
+    monkeypatch.setattr(chain, "BLOCKS", (128,))
+    monkeypatch.setattr(chain, "CONFIGS", ((64, 64, 64, 4, 4),))
+    monkeypatch.setattr(chain, "PINGPONG_CONFIGS", ((64, 64, 64, 4, 4),))
+    single, pingpong = chain.offline(90, 4)
+    assert single["form"] == "chain" and pingpong["form"] == "pingpong"
+    assert "error" not in single and "error" not in pingpong, (single, pingpong)
+    assert pingpong["spill_bytes"] == 0 and pingpong["warps"] == 12 and single["warps"] == 8
+    assert pingpong["wgmma"] == 2 * single["wgmma"] > 0
+    assert pingpong["shared_bytes"] > single["shared_bytes"] + 64 * 128 * 8 - 1024        # a second row tile
+    assert chain.fits((64, 64, 32, 2, 4), 192, groups=2) and not chain.fits((64, 64, 64, 4, 4), 192, groups=2)
