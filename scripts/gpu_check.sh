@@ -98,7 +98,8 @@
 #   "chainprobe": scripts/gluon_chain_probe.py, design B's product phase (a row tile kept in shared memory
 #   across CHAIN_LAYERS compensated products, default 4; and two tiles an SM in ping-pong partitions)
 #   against the one-product twin run layer by layer, the
-#   same steps as "gluonprobe", under $OUT/chainprobe.
+#   same steps as "gluonprobe", under $OUT/chainprobe.  Both probes' racecheck and GPU steps stop after
+#   GLUON_STEP_SECONDS (default 240) each, so that a kernel that hangs leaves the call's other parts time.
 #   "aoti": repro/aoti_loader_crash.py (AOTInductor's loader, every loading path in its own process; the
 #   compiler's libstdc++ preloaded; the package from each other compiler; the package with its own hidden
 #   libstdc++, mixstack.cxx_runtime's way) and a cuda-gdb backtrace of aoti_load_package (AOTI_GDB=0
@@ -130,6 +131,7 @@ export MIXSTACK_CACHE_DIR=${MIXSTACK_CACHE_DIR:-$OUT/cache}
 mkdir -p "$OUT"
 DEADLINE=$(( $(date +%s) + ${BUDGET:-540} ))
 left() { local s=$(( DEADLINE - $(date +%s) )); echo $(( s > 5 ? s : 5 )); }
+upto() { local l; l=$(left); echo $(( l < $1 ? l : $1 )); }   # the time left, at most $1 seconds
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -425,11 +427,12 @@ gluon_probe() {   # SCRIPT DIR NAME [probe args]: offline build, racecheck, then
   mkdir -p "$dir"
   timeout "$(left)" python3 "scripts/$script" --offline --out "$dir/offline" 2>&1 | tee "$dir/offline.log" | tail -n 4
   if command -v compute-sanitizer > /dev/null; then
-    timeout "$(left)" compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 20 \
-      python3 "scripts/$script" --racecheck > "$dir/racecheck.txt" 2>&1
+    timeout "$(upto "${GLUON_STEP_SECONDS:-240}")" compute-sanitizer --tool racecheck --racecheck-report hazard \
+      --print-limit 20 python3 "scripts/$script" --racecheck > "$dir/racecheck.txt" 2>&1
     summary+=("$name racecheck rc=$?: $(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$dir/racecheck.txt")")
   fi
-  timeout "$(left)" python3 "scripts/$script" "$@" --out "$dir" 2>&1 | tee "$dir/probe.log" | tail -n 6
+  timeout "$(upto "${GLUON_STEP_SECONDS:-240}")" python3 "scripts/$script" "$@" --out "$dir" 2>&1 | tee "$dir/probe.log" \
+    | tail -n 6
   r=${PIPESTATUS[0]}; rc=$(( rc || r ))
   summary+=("$name rc=$r: $(grep -c '"bits_equal": true' "$dir/probe.log") configs bitwise the twin's")
 }

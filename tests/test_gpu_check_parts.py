@@ -259,6 +259,28 @@ def test_the_gluon_probe_parts_compile_offline_then_probe_at_s1s_rows(tmp_path, 
     assert getattr(gpu, "layers", 6) == 6
 
 
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_a_gluon_probe_that_hangs_is_stopped_after_its_step_seconds(tmp_path):
+    """``GLUON_STEP_SECONDS``: a probe whose GPU step never returns (a kernel that deadlocks) is cut
+    after that many seconds, not the call's whole budget, and the summary says so (rc 124)."""
+    import time
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "python3"                  # the probe's offline build returns at once, its GPU step hangs
+    shim.write_text(f"#!{sys.executable}\nimport sys, time\n"
+                    "if sys.argv[1:2] == ['scripts/gluon_chain_probe.py'] and '--offline' not in sys.argv:\n"
+                    "    time.sleep(120)\n")
+    shim.chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "BUDGET": "100", "PARTS": "chainprobe",
+           "GLUON_STEP_SECONDS": "2", "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    start = time.monotonic()
+    done = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=90)
+    assert time.monotonic() - start < 60, done.stdout + done.stderr
+    assert "chain probe rc=124" in (tmp_path / "out" / "summary.txt").read_text()
+
+
 def test_the_tmaprobe_part_runs_every_candidate_at_s1s_key_then_the_quick_forms_at_two_more(tmp_path):
     """``tmaprobe``: ``scripts/tma_stack_probe.py`` at S1's key (every candidate, E 4099, written
     under ``$OUT/tma``), then the quick forms at the GPU tests' two other keys; every command parses."""
