@@ -6,9 +6,12 @@ racecheck hazard and no other: warps 4-7's first lanes (threads 128-224) reading
 shared memory at the kernel's entry and thread 31 writing it at the default partition's end.  The
 probes' own buffers (ring slots, mbarriers, tiles) never appear.  This kernel has the same shape of
 partitions (a default partition of ``num_warps`` warps, one one-warp worker) and nothing else: each
-partition writes its own global outputs, neither allocates shared memory or waits on a barrier.  If
-racecheck reports the same pair here, the word is the warp-specialisation runtime's own start/exit
-handshake (ordered by named barriers that racecheck does not follow), not the probes'.
+partition writes its own global outputs, neither allocates shared memory or waits on an mbarrier.
+Its PTX (``--offline``) shows the word: the default partition stores the partitions' state, a byte
+a warp, before ``barrier.sync 1``, and each worker warp loads its byte after it.  On an H100
+racecheck reports nothing here (2026-12-07), so the handshake alone does not raise the probes'
+report; ``--sync`` adds the one thing the probes' partitions add around it, their own barrier
+(``bar.sync 0, <its threads>``), before and after the store.
 
     compute-sanitizer --tool racecheck --racecheck-report hazard python3 repro/gluon_ws_racecheck.py [--sync]
     python3 repro/gluon_ws_racecheck.py --offline   # the PTX's barriers and shared-memory words, no GPU
