@@ -100,6 +100,7 @@
 #   against the one-product twin run layer by layer, the
 #   same steps as "gluonprobe", under $OUT/chainprobe.  Both probes' racecheck and GPU steps stop after
 #   GLUON_STEP_SECONDS (default 240) each, so that a kernel that hangs leaves the call's other parts time.
+#   "chainprobe" then runs repro/gluon_ws_racecheck.py under racecheck, plain and with --sync.
 #   "aoti": repro/aoti_loader_crash.py (AOTInductor's loader, every loading path in its own process; the
 #   compiler's libstdc++ preloaded; the package from each other compiler; the package with its own hidden
 #   libstdc++, mixstack.cxx_runtime's way) and a cuda-gdb backtrace of aoti_load_package (AOTI_GDB=0
@@ -437,8 +438,17 @@ gluon_probe() {   # SCRIPT DIR NAME [probe args]: offline build, racecheck, then
   summary+=("$name rc=$r: $(grep -c '"bits_equal": true' "$dir/probe.log") configs bitwise the twin's")
 }
 part_gluonprobe() { gluon_probe gluon_gemm_probe.py gluonprobe "gluon probe" --rows "${GLUON_ROWS:-600006}"; }
-part_chainprobe() { gluon_probe gluon_chain_probe.py chainprobe "chain probe" --rows "${GLUON_ROWS:-600006}" \
-  --layers "${CHAIN_LAYERS:-4}"; }
+part_chainprobe() {
+  gluon_probe gluon_chain_probe.py chainprobe "chain probe" --rows "${GLUON_ROWS:-600006}" --layers "${CHAIN_LAYERS:-4}"
+  if command -v compute-sanitizer > /dev/null; then    # racecheck on partitions alone, then with their own barrier
+    for sync in "" --sync; do
+      timeout "$(upto 60)" compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 4 \
+        python3 repro/gluon_ws_racecheck.py $sync > "$OUT/chainprobe/ws_racecheck$sync.txt" 2>&1
+      summary+=("ws racecheck [${sync:-plain}] rc=$?: $(grep -E 'outputs|RACECHECK SUMMARY' \
+        "$OUT/chainprobe/ws_racecheck$sync.txt" | tr '\n' ' ')")
+    done
+  fi
+}
 part_aoti() {
   # AOTInductor's loader: a packaged nn.Linear loaded every way (each in its own process, faulthandler
   # on), then a backtrace below Python of the first path under cuda-gdb (the machine has no gdb)

@@ -281,6 +281,32 @@ def test_a_gluon_probe_that_hangs_is_stopped_after_its_step_seconds(tmp_path):
     assert "chain probe rc=124" in (tmp_path / "out" / "summary.txt").read_text()
 
 
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_the_chainprobe_part_runs_the_partition_racecheck_repro_plain_and_with_its_barrier(tmp_path):
+    """Where ``compute-sanitizer`` exists, ``chainprobe`` runs the probe under racecheck, then
+    ``repro/gluon_ws_racecheck.py`` under it twice (plain, ``--sync``), each in the summary."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "sanitizer.jsonl"
+    bin_dir.mkdir()
+    sanitizer = bin_dir / "compute-sanitizer"     # records what it would check, reports a clean run
+    sanitizer.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                         f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+                         "print('========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)')\n")
+    sanitizer.chmod(0o755)
+    python = bin_dir / "python3"
+    python.write_text(f"#!{sys.executable}\n")
+    python.chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "BUDGET": "60", "PARTS": "chainprobe",
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    checked = [argv[argv.index("python3") + 1:] for argv in map(json.loads, log.read_text().splitlines())]
+    assert checked == [["scripts/gluon_chain_probe.py", "--racecheck"], ["repro/gluon_ws_racecheck.py"],
+                       ["repro/gluon_ws_racecheck.py", "--sync"]]
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "ws racecheck [plain] rc=0" in summary and "ws racecheck [--sync] rc=0" in summary
+
+
 def test_the_tmaprobe_part_runs_every_candidate_at_s1s_key_then_the_quick_forms_at_two_more(tmp_path):
     """``tmaprobe``: ``scripts/tma_stack_probe.py`` at S1's key (every candidate, E 4099, written
     under ``$OUT/tma``), then the quick forms at the GPU tests' two other keys; every command parses."""
