@@ -183,6 +183,35 @@ def test_the_anchor_is_the_fastest_deepmd_variant_at_float32_accuracy():
     assert bench.fastest_deepmd({"variants": {"ms3cg": v(25.0, 7.7e-7)}}) is None
 
 
+def test_each_variant_is_set_against_deepmd_kit_by_frame_gpu_time_and_md(monkeypatch):
+    """``x fastest dp`` against the anchor's frame, ``x dp busy`` against its GPU-busy time (the frame
+    without the host's gap), ``x dp MD`` against the fastest MD of deepmd-kit's variants in the
+    float32 band: a faster variant outside the band is not the anchor of any of them."""
+    def v(ms, busy, md, err):
+        return {"time": {"median_ms": ms, "p20_ms": ms, "p80_ms": ms}, "breakdown": {"busy_ms": busy},
+                "md": {"steps_per_s": md}, "accuracy": {"force_max_abs": err}}
+
+    case = {"variants": {"dp2c": v(35.0, 31.5, 25.0, 7.8e-7), "dp3c": v(35.1, 31.4, 26.0, 7.8e-7),
+                         "dp2ct": v(20.0, 18.0, 40.0, 5e-5), "ms3cpg": v(27.0, 27.2, 33.8, 7.7e-7)}}
+    ratios = bench.against_deepmd(case)
+    assert ratios["ms3cpg"]["frame"] == pytest.approx(35.0 / 27.0)          # dp2c: the faster frame
+    assert ratios["ms3cpg"]["busy"] == pytest.approx(31.5 / 27.2)           # dp2c's busy time, not dp3c's
+    assert ratios["ms3cpg"]["md"] == pytest.approx(33.8 / 26.0)             # dp3c: the faster calculator
+    assert ratios["dp2c"]["frame"] == 1.0 and ratios["dp2ct"]["md"] == pytest.approx(40.0 / 26.0)
+    del case["variants"]["dp2c"]["breakdown"]
+    assert bench.against_deepmd(case)["ms3cpg"]["busy"] is None             # no breakdown: no busy ratio
+    monkeypatch.setattr(bench.report, "header_lines", lambda record: [])         # no run's env here
+    monkeypatch.setattr(bench.report, "env_columns", lambda record: {})
+    record = {"cases": [{"config": "water", "system": "water", "atoms": 9, **case}]}
+    assert [r["x_dp_md"] for r in bench.long_rows(record)][-1] == pytest.approx(33.8 / 26.0)
+    table = bench.markdown(record)
+    header, _, *rows = [line for line in table.splitlines() if line.startswith("| ")][:6]
+    assert "x dp busy" in header and "x dp MD" in header
+    ms = next(r for r in rows if "| ms3cpg |" in r).split(" | ")
+    cols = header.split(" | ")
+    assert ms[cols.index("x fastest dp")] == "1.30" and ms[cols.index("x dp MD")] == "1.30"
+
+
 def test_a_float64_reference_the_device_cannot_hold_runs_on_the_cpu_and_says_so(tmp_path, monkeypatch):
     """The float64 frame's first try runs out of device memory: it is computed again on the CPU, the
     variants are judged against it as usual, and the record and the table say where it ran."""

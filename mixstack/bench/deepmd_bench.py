@@ -764,15 +764,34 @@ def fastest_deepmd(case: dict) -> tuple[str, float] | None:
     or ``None``: its forces within ``FLOAT32_BAND`` times the most accurate variant's error
     against float64 (deepmd-kit's fp16x3 stack at lmax 3 and two streams is ~40x that: a faster
     frame at another accuracy is not the anchor), every timed ``dp`` variant where none has one."""
-    def err(v):
-        return v.get("accuracy", {}).get("force_max_abs")
-
-    errors = [e for v in case["variants"].values() if (e := err(v)) is not None]
-    best = min(errors) if errors else None
     timed = [(v["time"]["median_ms"], key) for key, v in case["variants"].items()
-             if key.startswith("dp") and v.get("time")
-             and (best is None or err(v) is None or err(v) <= FLOAT32_BAND * max(best, 1e-30))]
+             if key.startswith("dp") and v.get("time") and _within_band(case, v)]
     return (min(timed)[1], min(timed)[0]) if timed else None
+
+
+def against_deepmd(case: dict) -> dict[str, dict[str, float | None]]:
+    """Per variant, its frame, GPU-busy time and MD rate against deepmd-kit's: the frame and busy
+    time against the anchor (``fastest_deepmd``), the MD steps/s against the fastest of the deepmd-kit
+    variants in the float32 band (each ``x`` above 1 is faster than deepmd-kit)."""
+    best = fastest_deepmd(case)
+    anchor = case["variants"][best[0]] if best else {}
+    anchor_busy = anchor.get("breakdown", {}).get("busy_ms")
+    md_rates = [r for key, v in case["variants"].items()
+                if key.startswith("dp") and _within_band(case, v) and (r := v.get("md", {}).get("steps_per_s"))]
+    out = {}
+    for key, v in case["variants"].items():
+        t, busy, md = v.get("time"), v.get("breakdown", {}).get("busy_ms"), v.get("md", {}).get("steps_per_s")
+        out[key] = {"frame": best[1] / t["median_ms"] if best and t else None,
+                    "busy": anchor_busy / busy if anchor_busy and busy else None,
+                    "md": md / max(md_rates) if md and md_rates else None}
+    return out
+
+
+def _within_band(case: dict, v: dict) -> bool:
+    """Whether variant ``v``'s forces are within ``FLOAT32_BAND`` of the case's most accurate (or unknown)."""
+    errors = [e for w in case["variants"].values() if (e := w.get("accuracy", {}).get("force_max_abs")) is not None]
+    err = v.get("accuracy", {}).get("force_max_abs")
+    return not errors or err is None or err <= FLOAT32_BAND * max(min(errors), 1e-30)
 
 
 def _gap(v: dict) -> float | None:
@@ -784,11 +803,12 @@ def markdown(record: dict) -> str:
     lines = ["# deepmd-kit SeZM: deepmd-kit's levels against mixstack", ""]
     lines += [f"- {line}" for line in report.header_lines(record) + _status_lines(record)] + [""]
     lines += ["| config | system | atoms | variant | median ms | p20-p80 ms | x fastest dp | busy ms | host gap ms | "
-              "peak MiB | device MiB | force max abs | energy rel | edges, fwd ms | Wigner to aggregation, fwd+bwd ms | "
-              "rest, fwd+bwd ms | MD steps/s | MD ns/day | drift meV/atom/ps |",
-              "|" + "---|" * 19]
+              "x dp busy | peak MiB | device MiB | force max abs | energy rel | edges, fwd ms | "
+              "Wigner to aggregation, fwd+bwd ms | rest, fwd+bwd ms | MD steps/s | MD ns/day | x dp MD | "
+              "drift meV/atom/ps |",
+              "|" + "---|" * 21]
     for case in record["cases"]:
-        best = fastest_deepmd(case)
+        ratios = against_deepmd(case)
         for key, v in case["variants"].items():
             t = v.get("time")
             acc = v.get("accuracy", {})
@@ -801,18 +821,19 @@ def markdown(record: dict) -> str:
                      (v.get("not_run") or v.get("steps_not_run", {}).get("time") or "—") if t is None
                      else f"{t['median_ms']:.2f}",
                      "—" if t is None else f"{t['p20_ms']:.2f}-{t['p80_ms']:.2f}",
-                     "—" if t is None or best is None else f"{best[1] / t['median_ms']:.2f}",
-                     report.fmt(busy, ".2f"), report.fmt(_gap(v), ".2f"),
+                     report.fmt(ratios[key]["frame"], ".2f"),
+                     report.fmt(busy, ".2f"), report.fmt(_gap(v), ".2f"), report.fmt(ratios[key]["busy"], ".2f"),
                      report.fmt(None if peak is None else peak / 2 ** 20, ".0f"),
                      report.fmt(None if held is None else held / 2 ** 20, ".0f"),
                      report.fmt(acc.get("force_max_abs")), report.fmt(acc.get("energy_rel")),
                      report.fmt(_stage_sum(stages, ("edges",)), ".2f"),
                      report.fmt(value_path, ".2f"), report.fmt(rest, ".2f"),
                      report.fmt(md.get("steps_per_s"), ".2f"), report.fmt(md.get("ns_per_day"), ".3f"),
-                     _drift_cell(md)]
+                     report.fmt(ratios[key]["md"], ".2f"), _drift_cell(md)]
             lines.append("| " + " | ".join(cells) + " |")
     notes = [f"- {case['config']} / {case['atoms']} atoms: x fastest dp is against {best[0]} ({best[1]:.2f} ms), "
-             f"the fastest deepmd-kit variant whose forces are within {FLOAT32_BAND}x the case's most accurate"
+             f"the fastest deepmd-kit variant whose forces are within {FLOAT32_BAND}x the case's most accurate; "
+             f"x dp busy against its GPU-busy time, x dp MD against the fastest MD of those variants"
              for case in record["cases"] if (best := fastest_deepmd(case))]
     notes += [f"- {case['config']} / {case['atoms']} atoms: the float64 reference frame ran on the "
               f"{case['reference_device']}" for case in record["cases"] if case.get("reference_device")]
@@ -861,8 +882,10 @@ def long_rows(record: dict) -> list[dict]:
     rows = []
     cols = report.env_columns(record)
     for case in record["cases"]:
+        ratios = against_deepmd(case)
         for key, v in case["variants"].items():
             row = {"config": case["config"], "system": case["system"], "atoms": case["atoms"], "variant": key,
+                   **{f"x_dp_{what}": x for what, x in ratios[key].items()},
                    "median_ms": v.get("time", {}).get("median_ms"), "peak_memory_bytes": v.get("peak_memory_bytes"),
                    "device_memory_bytes": v.get("device_memory_bytes"),
                    "busy_ms": v.get("breakdown", {}).get("busy_ms"), "host_gap_ms": _gap(v),
