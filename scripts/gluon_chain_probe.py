@@ -17,7 +17,7 @@ No gate, residual or pointwise work: the floor that design B's kernel would add 
   memory, the epilogue writing the N tile back into the fp32 buffer as the next layer's input.  A
   one-warp loader partition streams W's head and tail tiles for every (tile, layer, N tile, K tile),
   in that order, through ``STAGES`` slots, each with a ``ready`` and an ``empty`` mbarrier.
-* ``gluon_chain_pingpong``: the same, two 64-row tiles an SM, each in its own MMA partition (one
+* ``gluon_chain`` with ``GROUPS`` 2 (form ``pingpong``): the same, two 64-row tiles an SM, each in its own MMA partition (one
   warpgroup) behind its own barrier, both fed by the one loader's ring (a slot freed by both), so
   that one partition's split and stores can run under the other's MMAs.
 * the twin: ``LAYERS`` launches of the one-product probe's Triton twin at the chain's tiles, each
@@ -60,7 +60,7 @@ BLOCKS = single.BLOCKS
 CONFIGS = ((64, 64, 64, 4, 4), (64, 64, 32, 6, 4), (64, 128, 64, 4, 4), (128, 64, 64, 3, 8), (128, 128, 64, 2, 8))
 # the ping-pong kernel's: two 64-row tiles an SM, one warpgroup each (K 192 fits with a two-slot ring only)
 PINGPONG_CONFIGS = ((64, 64, 64, 4, 4), (64, 128, 64, 2, 4), (64, 64, 32, 6, 4), (64, 64, 32, 2, 4))
-PINGPONG_REGS = 232          # the second MMA partition's registers (setmaxnreg); the loader keeps 24
+PINGPONG_REGS = 232          # ping-pong's second MMA partition's registers (setmaxnreg); the loader keeps 24
 # Triton 3.6 names the partition's barrier thread_barrier, 3.7 barrier
 _sync = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
@@ -166,12 +166,17 @@ def _chain_products(a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_
 @gluon.jit
 def gluon_chain(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.constexpr, K: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                num_warps: gl.constexpr):
+                GROUPS: gl.constexpr, REGS: gl.constexpr, num_warps: gl.constexpr):
     """``C = A @ W_0 @ ... @ W_{LAYERS-1}``, each product compensated, ``A (rows, K)`` fp32, the
-    ``W_l`` stacked as fp16 head and tail ``(LAYERS * K, K)``, each scaled by ``1 / w_up[l]``."""
+    ``W_l`` stacked as fp16 head and tail ``(LAYERS * K, K)``, each scaled by ``1 / w_up[l]``.
+    ``GROUPS`` 1: one MMA partition on one row tile at a time.  ``GROUPS`` 2 (ping-pong): two MMA
+    partitions of ``num_warps`` warps (the second with ``REGS`` registers), each on its own row tile
+    (rounds of two tiles), sharing the loader's W ring (a slot freed once both used it): each
+    partition's phases wait only at its own barrier, so one's split and stores can run under the
+    other's MMAs."""
     NT_N: gl.constexpr = K // BLOCK_N
     NT_K: gl.constexpr = K // BLOCK_K
-    n_tiles = gl.cdiv(rows, BLOCK_M)
+    n_rounds = gl.cdiv(gl.cdiv(rows, BLOCK_M), GROUPS)
     w_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_N], gl.float16)
     a_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.float16)
     x_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
@@ -180,61 +185,32 @@ def gluon_chain(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.conste
     x_s = gl.allocate_shared_memory(gl.float32, [NT_N, BLOCK_M, BLOCK_N], x_smem)
     hi_s = gl.allocate_shared_memory(gl.float16, [NT_K, BLOCK_M, BLOCK_K], a_smem)
     lo_s = gl.allocate_shared_memory(gl.float16, [NT_K, BLOCK_M, BLOCK_K], a_smem)
+    if GROUPS == 2:                                         # the second partition's row tile
+        x1 = gl.allocate_shared_memory(gl.float32, [NT_N, BLOCK_M, BLOCK_N], x_smem)
+        hi1 = gl.allocate_shared_memory(gl.float16, [NT_K, BLOCK_M, BLOCK_K], a_smem)
+        lo1 = gl.allocate_shared_memory(gl.float16, [NT_K, BLOCK_M, BLOCK_K], a_smem)
     whi_s = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_K, BLOCK_N], w_smem)
     wlo_s = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_K, BLOCK_N], w_smem)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    gl.warp_specialize([
-        (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_tiles, x_s, hi_s, lo_s, whi_s, wlo_s, ready, empty, LAYERS,
-                           K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 0, 1, num_warps)),
-        (_chain_loader, (whi_desc, wlo_desc, whi_s, wlo_s, ready, empty, n_tiles, LAYERS, K, NT_N, NT_K, BLOCK_N,
-                         BLOCK_K, STAGES)),
-    ], [1], [24])
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
-        mbarrier.invalidate(empty.index(i))
-
-
-@gluon.jit
-def gluon_chain_pingpong(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.constexpr, K: gl.constexpr,
-                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                         REGS: gl.constexpr, num_warps: gl.constexpr):
-    """``gluon_chain`` with two MMA partitions of ``num_warps`` warps, each on its own row tile
-    (rounds of two tiles), sharing the loader's W ring (a slot freed once both used it): each
-    partition's phases wait only at its own barrier, so one's split and stores can run under the
-    other's MMAs."""
-    NT_N: gl.constexpr = K // BLOCK_N
-    NT_K: gl.constexpr = K // BLOCK_K
-    n_rounds = gl.cdiv(gl.cdiv(rows, BLOCK_M), 2)
-    w_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_N], gl.float16)
-    a_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.float16)
-    x_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    whi_desc = tma.make_tensor_descriptor(whi_ptr, [LAYERS * K, K], [K, 1], [BLOCK_K, BLOCK_N], w_smem)
-    wlo_desc = tma.make_tensor_descriptor(wlo_ptr, [LAYERS * K, K], [K, 1], [BLOCK_K, BLOCK_N], w_smem)
-    x0 = gl.allocate_shared_memory(gl.float32, [NT_N, BLOCK_M, BLOCK_N], x_smem)
-    hi0 = gl.allocate_shared_memory(gl.float16, [NT_K, BLOCK_M, BLOCK_K], a_smem)
-    lo0 = gl.allocate_shared_memory(gl.float16, [NT_K, BLOCK_M, BLOCK_K], a_smem)
-    x1 = gl.allocate_shared_memory(gl.float32, [NT_N, BLOCK_M, BLOCK_N], x_smem)
-    hi1 = gl.allocate_shared_memory(gl.float16, [NT_K, BLOCK_M, BLOCK_K], a_smem)
-    lo1 = gl.allocate_shared_memory(gl.float16, [NT_K, BLOCK_M, BLOCK_K], a_smem)
-    whi_s = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_K, BLOCK_N], w_smem)
-    wlo_s = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_K, BLOCK_N], w_smem)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)              # both MMA partitions release a slot
-    gl.warp_specialize([
-        (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_rounds, x0, hi0, lo0, whi_s, wlo_s, ready, empty, LAYERS,
-                           K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 0, 2, num_warps)),
-        (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_rounds, x1, hi1, lo1, whi_s, wlo_s, ready, empty, LAYERS,
-                           K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 1, 2, num_warps)),
-        (_chain_loader, (whi_desc, wlo_desc, whi_s, wlo_s, ready, empty, n_rounds, LAYERS, K, NT_N, NT_K, BLOCK_N,
-                         BLOCK_K, STAGES)),
-    ], [num_warps, 1], [REGS, 24])
+        mbarrier.init(empty.index(i), count=GROUPS)         # every MMA partition releases a slot
+    loader = (whi_desc, wlo_desc, whi_s, wlo_s, ready, empty, n_rounds, LAYERS, K, NT_N, NT_K, BLOCK_N, BLOCK_K, STAGES)
+    if GROUPS == 1:
+        gl.warp_specialize([
+            (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_s, wlo_s, ready, empty,
+                               LAYERS, K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 0, GROUPS, num_warps)),
+            (_chain_loader, loader),
+        ], [1], [24])
+    else:
+        gl.warp_specialize([
+            (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_s, wlo_s, ready, empty,
+                               LAYERS, K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 0, GROUPS, num_warps)),
+            (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_rounds, x1, hi1, lo1, whi_s, wlo_s, ready, empty,
+                               LAYERS, K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 1, GROUPS, num_warps)),
+            (_chain_loader, loader),
+        ], [num_warps, 1], [REGS, 24])
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
@@ -266,29 +242,20 @@ def run_twin(a, w_hi, w_lo, w_up, cfg):
     return x
 
 
-def constexprs(cfg, k: int, layers: int) -> dict:
+def constexprs(cfg, k: int, layers: int, groups: int = 1) -> dict:
     bm, bn, bk, stages, warps = cfg
     return {"LAYERS": layers, "K": k, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages,
-            "num_warps": warps}
+            "GROUPS": groups, "REGS": PINGPONG_REGS, "num_warps": warps}
 
 
-def run_gluon(a, w_hi, w_lo, w_up, cfg):
+def run_gluon(a, w_hi, w_lo, w_up, cfg, groups: int = 1):
+    """``gluon_chain`` on ``a``, ``groups`` row tiles an SM (1, or 2: ping-pong), one program an SM at most."""
     import torch
     rows, k = a.shape
     c = torch.empty_like(a)
-    programs = min(triton.cdiv(rows, cfg[0]), torch.cuda.get_device_properties(a.device).multi_processor_count)
-    gluon_chain[(programs,)](a, w_hi, w_lo, w_up, c, rows, **constexprs(cfg, k, len(w_up)))
-    return c
-
-
-def run_pingpong(a, w_hi, w_lo, w_up, cfg):
-    import torch
-    rows, k = a.shape
-    c = torch.empty_like(a)
-    rounds = triton.cdiv(triton.cdiv(rows, cfg[0]), 2)
+    rounds = triton.cdiv(triton.cdiv(rows, cfg[0]), groups)
     programs = min(rounds, torch.cuda.get_device_properties(a.device).multi_processor_count)
-    gluon_chain_pingpong[(programs,)](a, w_hi, w_lo, w_up, c, rows, REGS=PINGPONG_REGS,
-                                      **constexprs(cfg, k, len(w_up)))
+    gluon_chain[(programs,)](a, w_hi, w_lo, w_up, c, rows, **constexprs(cfg, k, len(w_up), groups))
     return c
 
 
@@ -300,9 +267,8 @@ def error(c, a, ws) -> float:
 
 
 def forms():
-    """The kernels the probe runs: ``(name, kernel, configs, row tiles an SM, launcher, extra constexprs)``."""
-    return (("chain", gluon_chain, CONFIGS, 1, run_gluon, {}),
-            ("pingpong", gluon_chain_pingpong, PINGPONG_CONFIGS, 2, run_pingpong, {"REGS": PINGPONG_REGS}))
+    """The kernel's forms the probe runs: ``(name, configs, row tiles an SM)``."""
+    return (("chain", CONFIGS, 1), ("pingpong", PINGPONG_CONFIGS, 2))
 
 
 def offline(arch: int, layers: int) -> list[dict]:
@@ -311,13 +277,13 @@ def offline(arch: int, layers: int) -> list[dict]:
     out = []
     runtime = {"a_ptr": "*fp32", "whi_ptr": "*fp16", "wlo_ptr": "*fp16", "wup_ptr": "*fp32", "c_ptr": "*fp32",
                "rows": "i32"}
-    for form, kernel, configs, groups, _, extra in forms():
+    for form, configs, groups in forms():
         for k in BLOCKS:
             for cfg in configs:
                 if not fits(cfg, k, groups):
                     continue
                 row = {"form": form, "K": k, "config": list(cfg), "layers": layers,
-                       **single.compile_report(kernel, runtime, {**constexprs(cfg, k, layers), **extra}, cfg[4],
+                       **single.compile_report(gluon_chain, runtime, constexprs(cfg, k, layers, groups), cfg[4],
                                                arch)}
                 out.append(row)
                 print(json.dumps(row), flush=True)
@@ -344,19 +310,19 @@ def gpu(args) -> dict:
         a, ws, w_hi, w_lo, w_up = operands(rows, k, args.layers, "cuda")
         case = {"K": k, "configs": []}
         variants = {}
-        for form, _, configs, groups, launch, _ in forms():
+        for form, configs, groups in forms():
             for cfg in configs:
                 if not fits(cfg, k, groups):
                     continue
                 entry = {"form": form, "config": list(cfg)}
                 try:
                     twin = run_twin(a, w_hi, w_lo, w_up, cfg)
-                    c = launch(a, w_hi, w_lo, w_up, cfg)
+                    c = run_gluon(a, w_hi, w_lo, w_up, cfg, groups)
                     torch.cuda.synchronize()
                     entry.update(error=error(c, a, ws), twin_error=error(twin, a, ws),
                                  nonfinite=int((~torch.isfinite(c)).sum()),
                                  max_abs_vs_twin=float((c - twin).abs().max()), bits_equal=bool(torch.equal(c, twin)))
-                    variants[f"{form} {cfg}"] = (lambda cfg=cfg, launch=launch: launch(a, w_hi, w_lo, w_up, cfg))
+                    variants[f"{form} {cfg}"] = (lambda cfg=cfg, g=groups: run_gluon(a, w_hi, w_lo, w_up, cfg, g))
                     variants.setdefault(f"twin x{args.layers} {cfg[:3]}", lambda cfg=cfg: run_twin(a, w_hi, w_lo, w_up, cfg))
                 except Exception as exc:
                     entry["error_text"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"

@@ -46,7 +46,7 @@ def test_the_probes_rates_come_from_the_one_timing_loop_a_call_at_a_time(monkeyp
 
 @needs_ptxas
 def test_the_ping_pong_chain_builds_two_mma_partitions_on_one_weight_ring(monkeypatch):
-    """Design B's product phase with two row tiles an SM (``gluon_chain_pingpong``): the same K loop
+    """Design B's product phase with two row tiles an SM (``gluon_chain`` with ``GROUPS`` 2): the same K loop
     twice over (each MMA partition its own tile), each partition's phases behind its own named barrier,
     the ring's slots released by both, no spills; the single-tile kernel alongside it unchanged."""
     chain = load_script("gluon_chain_probe")
