@@ -423,13 +423,17 @@ part_tmaprobe() {
   done
   summary+=("tma stack probe rc=$r: $(grep -c '"bits_equal": false' "$OUT/tma/stack_probe.log") outputs unequal")
 }
+racecheck() {   # SECONDS FILE ARGS...: python3 ARGS under compute-sanitizer's racecheck (hazards), its report in FILE
+  local seconds=$1 file=$2; shift 2
+  timeout "$(upto "$seconds")" compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 20 \
+    python3 "$@" > "$file" 2>&1
+}
 gluon_probe() {   # SCRIPT DIR NAME [probe args]: offline build, racecheck, then bits and rates against the twin
   local script=$1 dir=$OUT/$2 name=$3; shift 3
   mkdir -p "$dir"
   timeout "$(left)" python3 "scripts/$script" --offline --out "$dir/offline" 2>&1 | tee "$dir/offline.log" | tail -n 4
   if command -v compute-sanitizer > /dev/null; then
-    timeout "$(upto "${GLUON_STEP_SECONDS:-240}")" compute-sanitizer --tool racecheck --racecheck-report hazard \
-      --print-limit 20 python3 "scripts/$script" --racecheck > "$dir/racecheck.txt" 2>&1
+    racecheck "${GLUON_STEP_SECONDS:-240}" "$dir/racecheck.txt" "scripts/$script" --racecheck
     summary+=("$name racecheck rc=$?: $(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$dir/racecheck.txt")")
   fi
   timeout "$(upto "${GLUON_STEP_SECONDS:-240}")" python3 "scripts/$script" "$@" --out "$dir" 2>&1 | tee "$dir/probe.log" \
@@ -442,8 +446,7 @@ part_chainprobe() {
   gluon_probe gluon_chain_probe.py chainprobe "chain probe" --rows "${GLUON_ROWS:-600006}" --layers "${CHAIN_LAYERS:-4}"
   if command -v compute-sanitizer > /dev/null; then    # racecheck on partitions alone, then with their own barrier
     for sync in "" --sync; do
-      timeout "$(upto 60)" compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 4 \
-        python3 repro/gluon_ws_racecheck.py $sync > "$OUT/chainprobe/ws_racecheck$sync.txt" 2>&1
+      racecheck 60 "$OUT/chainprobe/ws_racecheck$sync.txt" repro/gluon_ws_racecheck.py $sync
       summary+=("ws racecheck [${sync:-plain}] rc=$?: $(grep -E 'outputs|RACECHECK SUMMARY' \
         "$OUT/chainprobe/ws_racecheck$sync.txt" | tr '\n' ' ')")
     done
