@@ -122,10 +122,12 @@ def _split_rows(x_s, hi_s, lo_s, rows_layout: gl.constexpr, NT_K: gl.constexpr, 
 def _chain_products(a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_s, wlo_s, ready, empty,
                     LAYERS: gl.constexpr, K: gl.constexpr, NT_N: gl.constexpr, NT_K: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                    GROUP: gl.constexpr, GROUPS: gl.constexpr, num_warps: gl.constexpr):
+                    GROUP: gl.constexpr, GROUPS: gl.constexpr, INFLIGHT: gl.constexpr, num_warps: gl.constexpr):
     """An MMA partition: per row tile, the rows in, every layer's split and products out of shared
     memory, the rows out.  Of each round's ``GROUPS`` row tiles it takes tile ``GROUP`` (a tile past
-    the rows runs masked: every group consumes every W tile the loader streams)."""
+    the rows runs masked: every group consumes every W tile the loader streams).  ``INFLIGHT``: a K
+    step's MMAs stay in flight while the next step's wait for their W tiles (a slot is freed one step
+    later); otherwise each step waits for its own."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
     rows_layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
@@ -152,9 +154,17 @@ def _chain_products(a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_
                     head = warpgroup_mma(hi_s.index(t), whi_s.index(s), head, is_async=True)
                     tail = warpgroup_mma(hi_s.index(t), wlo_s.index(s), tail, is_async=True)
                     tail = warpgroup_mma(lo_s.index(t), whi_s.index(s), tail, is_async=True)
-                    head, tail = warpgroup_mma_wait(num_outstanding=0, deps=(head, tail))
-                    mbarrier.arrive(empty.index(s), count=1)
+                    if INFLIGHT:                    # this step's three MMAs stay in flight; the last step's slot frees
+                        head, tail = warpgroup_mma_wait(num_outstanding=3, deps=(head, tail))
+                        if t > 0:
+                            mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), count=1)
+                    else:
+                        head, tail = warpgroup_mma_wait(num_outstanding=0, deps=(head, tail))
+                        mbarrier.arrive(empty.index(s), count=1)
                     c += 1
+                if INFLIGHT:
+                    head, tail = warpgroup_mma_wait(num_outstanding=0, deps=(head, tail))
+                    mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), count=1)
                 # the last layer's input is in the split tiles now: its fp32 columns are free
                 x_s.index(j).store((head + tail * (1.0 / 2048.0)) * row_up[:, None])
             _sync()
@@ -166,14 +176,14 @@ def _chain_products(a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_
 @gluon.jit
 def gluon_chain(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.constexpr, K: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                GROUPS: gl.constexpr, REGS: gl.constexpr, num_warps: gl.constexpr):
+                GROUPS: gl.constexpr, REGS: gl.constexpr, INFLIGHT: gl.constexpr, num_warps: gl.constexpr):
     """``C = A @ W_0 @ ... @ W_{LAYERS-1}``, each product compensated, ``A (rows, K)`` fp32, the
     ``W_l`` stacked as fp16 head and tail ``(LAYERS * K, K)``, each scaled by ``1 / w_up[l]``.
     ``GROUPS`` 1: one MMA partition on one row tile at a time.  ``GROUPS`` 2 (ping-pong): two MMA
     partitions of ``num_warps`` warps (the second with ``REGS`` registers), each on its own row tile
     (rounds of two tiles), sharing the loader's W ring (a slot freed once both used it): each
     partition's phases wait only at its own barrier, so one's split and stores can run under the
-    other's MMAs."""
+    other's MMAs.  ``INFLIGHT``: each K step's MMAs left in flight across the next step's wait."""
     NT_N: gl.constexpr = K // BLOCK_N
     NT_K: gl.constexpr = K // BLOCK_K
     n_rounds = gl.cdiv(gl.cdiv(rows, BLOCK_M), GROUPS)
@@ -200,15 +210,15 @@ def gluon_chain(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.conste
     if GROUPS == 1:
         gl.warp_specialize([
             (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_s, wlo_s, ready, empty,
-                               LAYERS, K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 0, GROUPS, num_warps)),
+                               LAYERS, K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 0, GROUPS, INFLIGHT, num_warps)),
             (_chain_loader, loader),
         ], [1], [24])
     else:
         gl.warp_specialize([
             (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_s, wlo_s, ready, empty,
-                               LAYERS, K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 0, GROUPS, num_warps)),
+                               LAYERS, K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 0, GROUPS, INFLIGHT, num_warps)),
             (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_rounds, x1, hi1, lo1, whi_s, wlo_s, ready, empty,
-                               LAYERS, K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 1, GROUPS, num_warps)),
+                               LAYERS, K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 1, GROUPS, INFLIGHT, num_warps)),
             (_chain_loader, loader),
         ], [num_warps, 1], [REGS, 24])
     for i in gl.static_range(STAGES):
@@ -242,20 +252,21 @@ def run_twin(a, w_hi, w_lo, w_up, cfg):
     return x
 
 
-def constexprs(cfg, k: int, layers: int, groups: int = 1) -> dict:
+def constexprs(cfg, k: int, layers: int, groups: int = 1, inflight: bool = False) -> dict:
     bm, bn, bk, stages, warps = cfg
     return {"LAYERS": layers, "K": k, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages,
-            "GROUPS": groups, "REGS": PINGPONG_REGS, "num_warps": warps}
+            "GROUPS": groups, "REGS": PINGPONG_REGS, "INFLIGHT": inflight, "num_warps": warps}
 
 
-def run_gluon(a, w_hi, w_lo, w_up, cfg, groups: int = 1):
-    """``gluon_chain`` on ``a``, ``groups`` row tiles an SM (1, or 2: ping-pong), one program an SM at most."""
+def run_gluon(a, w_hi, w_lo, w_up, cfg, groups: int = 1, inflight: bool = False):
+    """``gluon_chain`` on ``a``, ``groups`` row tiles an SM (1, or 2: ping-pong), one program an SM at most;
+    ``inflight``: MMAs left in flight across K steps."""
     import torch
     rows, k = a.shape
     c = torch.empty_like(a)
     rounds = triton.cdiv(triton.cdiv(rows, cfg[0]), groups)
     programs = min(rounds, torch.cuda.get_device_properties(a.device).multi_processor_count)
-    gluon_chain[(programs,)](a, w_hi, w_lo, w_up, c, rows, **constexprs(cfg, k, len(w_up), groups))
+    gluon_chain[(programs,)](a, w_hi, w_lo, w_up, c, rows, **constexprs(cfg, k, len(w_up), groups, inflight))
     return c
 
 
@@ -266,24 +277,30 @@ def error(c, a, ws) -> float:
     return float((c.double() - ref).norm() / ref.norm())
 
 
-def forms():
-    """The kernel's forms the probe runs: ``(name, configs, row tiles an SM)``."""
-    return (("chain", CONFIGS, 1), ("pingpong", PINGPONG_CONFIGS, 2))
+FORMS = ("chain", "pingpong", "chain-inflight", "pingpong-inflight")
 
 
-def offline(arch: int, layers: int) -> list[dict]:
+def forms(names=FORMS):
+    """The kernel's forms the probe runs, of ``names``: ``(name, configs, row tiles an SM, MMAs in flight
+    across K steps)``."""
+    every = {"chain": (CONFIGS, 1, False), "pingpong": (PINGPONG_CONFIGS, 2, False),
+             "chain-inflight": (CONFIGS, 1, True), "pingpong-inflight": (PINGPONG_CONFIGS, 2, True)}
+    return tuple((name, *every[name]) for name in names)
+
+
+def offline(arch: int, layers: int, names=FORMS) -> list[dict]:
     """Compile every (form, block, config) that fits for ``sm_<arch>`` with this Triton, no GPU
     (``gluon_gemm_probe.compile_report``)."""
     out = []
     runtime = {"a_ptr": "*fp32", "whi_ptr": "*fp16", "wlo_ptr": "*fp16", "wup_ptr": "*fp32", "c_ptr": "*fp32",
                "rows": "i32"}
-    for form, configs, groups in forms():
+    for form, configs, groups, inflight in forms(names):
         for k in BLOCKS:
             for cfg in configs:
                 if not fits(cfg, k, groups):
                     continue
                 row = {"form": form, "K": k, "config": list(cfg), "layers": layers,
-                       **single.compile_report(gluon_chain, runtime, constexprs(cfg, k, layers, groups), cfg[4],
+                       **single.compile_report(gluon_chain, runtime, constexprs(cfg, k, layers, groups, inflight), cfg[4],
                                                arch)}
                 out.append(row)
                 print(json.dumps(row), flush=True)
@@ -310,19 +327,19 @@ def gpu(args) -> dict:
         a, ws, w_hi, w_lo, w_up = operands(rows, k, args.layers, "cuda")
         case = {"K": k, "configs": []}
         variants = {}
-        for form, configs, groups in forms():
+        for form, configs, groups, inflight in forms(args.forms):
             for cfg in configs:
                 if not fits(cfg, k, groups):
                     continue
                 entry = {"form": form, "config": list(cfg)}
                 try:
                     twin = run_twin(a, w_hi, w_lo, w_up, cfg)
-                    c = run_gluon(a, w_hi, w_lo, w_up, cfg, groups)
+                    c = run_gluon(a, w_hi, w_lo, w_up, cfg, groups, inflight)
                     torch.cuda.synchronize()
                     entry.update(error=error(c, a, ws), twin_error=error(twin, a, ws),
                                  nonfinite=int((~torch.isfinite(c)).sum()),
                                  max_abs_vs_twin=float((c - twin).abs().max()), bits_equal=bool(torch.equal(c, twin)))
-                    variants[f"{form} {cfg}"] = (lambda cfg=cfg, g=groups: run_gluon(a, w_hi, w_lo, w_up, cfg, g))
+                    variants[f"{form} {cfg}"] = (lambda cfg=cfg, g=groups, f=inflight: run_gluon(a, w_hi, w_lo, w_up, cfg, g, f))
                     variants.setdefault(f"twin x{args.layers} {cfg[:3]}", lambda cfg=cfg: run_twin(a, w_hi, w_lo, w_up, cfg))
                 except Exception as exc:
                     entry["error_text"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
@@ -340,7 +357,17 @@ def gpu(args) -> dict:
 def parser() -> argparse.ArgumentParser:
     p = single.probe_parser(__doc__, 15, "gluon_chain_probe.json")
     p.add_argument("--layers", type=int, default=4, help="products in the chain (default 4: a stack's layers)")
+    p.add_argument("--forms", type=_form_names, default=FORMS,
+                   help=f"the kernel's forms to run, comma-separated (default all: {','.join(FORMS)})")
     return p
+
+
+def _form_names(text: str) -> tuple:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in FORMS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown form(s) {unknown or text!r}; choose from {', '.join(FORMS)}")
+    return names
 
 
 def main(argv=None) -> int:
@@ -350,7 +377,7 @@ def main(argv=None) -> int:
     if args.cpu:
         cpu_check(args.layers)
         return 0
-    record = ({"offline": offline(args.arch, args.layers), "triton": triton.__version__} if args.offline
+    record = ({"offline": offline(args.arch, args.layers, args.forms), "triton": triton.__version__} if args.offline
               else gpu(args))
     if args.out:
         os.makedirs(args.out, exist_ok=True)

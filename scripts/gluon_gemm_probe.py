@@ -39,6 +39,7 @@ import argparse
 import inspect
 import json
 import os
+import re
 import sys
 
 import triton
@@ -318,7 +319,8 @@ def compile_report(kernel, runtime: dict, values: dict, num_warps: int, arch: in
     row = {k: v for k, v in cubin_resources(compiled).items() if k != "sass"}
     ptx = compiled.asm.get("ptx", "")
     row.update(wgmma=ptx.count("wgmma.mma_async"), tma_loads=ptx.count("cp.async.bulk.tensor"),
-               setmaxnreg=ptx.count("setmaxnreg"))
+               setmaxnreg=ptx.count("setmaxnreg"),
+               wgmma_waits=sorted({int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)}))
     return row
 
 

@@ -98,7 +98,8 @@
 #   "chainprobe": scripts/gluon_chain_probe.py, design B's product phase (a row tile kept in shared memory
 #   across CHAIN_LAYERS compensated products, default 4; and two tiles an SM in ping-pong partitions)
 #   against the one-product twin run layer by layer, the
-#   same steps as "gluonprobe", under $OUT/chainprobe.  Both probes' racecheck and GPU steps stop after
+#   same steps as "gluonprobe", under $OUT/chainprobe; CHAIN_FORMS (e.g. "pingpong,pingpong-inflight") picks the
+#   kernel's forms (default all: chain, pingpong and both with MMAs in flight across K steps).  Both probes' racecheck and GPU steps stop after
 #   GLUON_STEP_SECONDS (default 240) each, so that a kernel that hangs leaves the call's other parts time.
 #   "chainprobe" then runs repro/gluon_ws_racecheck.py under racecheck, plain and with --sync.
 #   "aoti": repro/aoti_loader_crash.py (AOTInductor's loader, every loading path in its own process; the
@@ -429,20 +430,23 @@ racecheck() {   # SECONDS FILE ARGS...: python3 ARGS under compute-sanitizer's r
     python3 "$@" > "$file" 2>&1
 }
 gluon_probe() {   # SCRIPT DIR NAME [probe args]: offline build, racecheck, then bits and rates against the twin
-  local script=$1 dir=$OUT/$2 name=$3; shift 3
+  local script=$1 dir=$OUT/$2 name=$3; shift 3   # the caller's array every_step: arguments of all three steps
   mkdir -p "$dir"
-  timeout "$(left)" python3 "scripts/$script" --offline --out "$dir/offline" 2>&1 | tee "$dir/offline.log" | tail -n 4
+  timeout "$(left)" python3 "scripts/$script" --offline "${every_step[@]}" --out "$dir/offline" 2>&1 \
+    | tee "$dir/offline.log" | tail -n 4
   if command -v compute-sanitizer > /dev/null; then
-    racecheck "${GLUON_STEP_SECONDS:-240}" "$dir/racecheck.txt" "scripts/$script" --racecheck
+    racecheck "${GLUON_STEP_SECONDS:-240}" "$dir/racecheck.txt" "scripts/$script" --racecheck "${every_step[@]}"
     summary+=("$name racecheck rc=$?: $(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$dir/racecheck.txt")")
   fi
-  timeout "$(upto "${GLUON_STEP_SECONDS:-240}")" python3 "scripts/$script" "$@" --out "$dir" 2>&1 | tee "$dir/probe.log" \
+  timeout "$(upto "${GLUON_STEP_SECONDS:-240}")" python3 "scripts/$script" "${every_step[@]}" "$@" --out "$dir" 2>&1 \
+    | tee "$dir/probe.log" \
     | tail -n 6
   r=${PIPESTATUS[0]}; rc=$(( rc || r ))
   summary+=("$name rc=$r: $(grep -c '"bits_equal": true' "$dir/probe.log") configs bitwise the twin's")
 }
-part_gluonprobe() { gluon_probe gluon_gemm_probe.py gluonprobe "gluon probe" --rows "${GLUON_ROWS:-600006}"; }
+part_gluonprobe() { local every_step=(); gluon_probe gluon_gemm_probe.py gluonprobe "gluon probe" --rows "${GLUON_ROWS:-600006}"; }
 part_chainprobe() {
+  local every_step=(); [ -n "${CHAIN_FORMS:-}" ] && every_step=(--forms "$CHAIN_FORMS")
   gluon_probe gluon_chain_probe.py chainprobe "chain probe" --rows "${GLUON_ROWS:-600006}" --layers "${CHAIN_LAYERS:-4}"
   if command -v compute-sanitizer > /dev/null; then    # racecheck on partitions alone, then with their own barrier
     for sync in "" --sync; do

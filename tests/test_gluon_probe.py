@@ -53,10 +53,31 @@ def test_the_ping_pong_chain_builds_two_mma_partitions_on_one_weight_ring(monkey
     monkeypatch.setattr(chain, "BLOCKS", (128,))
     monkeypatch.setattr(chain, "CONFIGS", ((64, 64, 64, 4, 4),))
     monkeypatch.setattr(chain, "PINGPONG_CONFIGS", ((64, 64, 64, 4, 4),))
-    single, pingpong = chain.offline(90, 4)
+    single, pingpong = chain.offline(90, 4, ("chain", "pingpong"))
     assert single["form"] == "chain" and pingpong["form"] == "pingpong"
     assert "error" not in single and "error" not in pingpong, (single, pingpong)
     assert pingpong["spill_bytes"] == 0 and pingpong["warps"] == 12 and single["warps"] == 8
     assert pingpong["wgmma"] == 2 * single["wgmma"] > 0
     assert pingpong["shared_bytes"] > single["shared_bytes"] + 64 * 128 * 8 - 1024        # a second row tile
     assert chain.fits((64, 64, 32, 2, 4), 192, groups=2) and not chain.fits((64, 64, 64, 4, 4), 192, groups=2)
+
+
+@needs_ptxas
+def test_the_in_flight_chain_waits_for_the_last_steps_mmas_not_its_own(monkeypatch):
+    """``INFLIGHT``: the same MMAs, but each K step waits only until its own three are the ones outstanding
+    (``wgmma.wait_group 3``, the previous step's slot freed then) and the tile's end waits for all; the
+    plain form waits for every step's own (``wait_group 0`` only)."""
+    chain = load_script("gluon_chain_probe")
+    monkeypatch.setattr(chain, "BLOCKS", (128,))
+    monkeypatch.setattr(chain, "CONFIGS", ((64, 64, 32, 6, 4),))
+    plain, inflight = chain.offline(90, 4, ("chain", "chain-inflight"))
+    assert "error" not in plain and "error" not in inflight, (plain, inflight)
+    assert plain["wgmma_waits"] == [0] and inflight["wgmma_waits"] == [0, 3]
+    assert inflight["wgmma"] == plain["wgmma"] > 0 and inflight["spill_bytes"] == 0
+
+
+def test_the_chain_probe_names_an_unknown_form():
+    chain = load_script("gluon_chain_probe")
+    assert chain.parser().parse_args(["--forms", "pingpong-inflight,chain"]).forms == ("pingpong-inflight", "chain")
+    with pytest.raises(SystemExit):
+        chain.parser().parse_args(["--forms", "pingpong,zigzag"])

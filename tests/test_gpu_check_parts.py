@@ -260,6 +260,25 @@ def test_the_gluon_probe_parts_compile_offline_then_probe_at_s1s_rows(tmp_path, 
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_chain_forms_reach_every_step_of_the_chain_probe(tmp_path):
+    """``CHAIN_FORMS`` picks the chain kernel's forms for its offline build, racecheck and timing alike;
+    unset, every form runs."""
+    from helpers import load_script
+
+    probe = load_script("gluon_chain_probe")
+
+    def forms(run, **env):
+        (tmp_path / run).mkdir()
+        return [probe.parser().parse_args(argv[1:]).forms
+                for _, argv in _recorded_commands(tmp_path / run, "chainprobe", **env)
+                if argv[:1] == ["scripts/gluon_chain_probe.py"]]
+
+    picked = forms("picked", CHAIN_FORMS="pingpong,pingpong-inflight")
+    assert len(picked) >= 2 and set(picked) == {("pingpong", "pingpong-inflight")}
+    assert set(forms("every")) == {probe.FORMS}
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
 def test_a_gluon_probe_that_hangs_is_stopped_after_its_step_seconds(tmp_path):
     """``GLUON_STEP_SECONDS``: a probe whose GPU step never returns (a kernel that deadlocks) is cut
     after that many seconds, not the call's whole budget, and the summary says so (rc 124)."""
