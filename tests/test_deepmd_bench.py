@@ -131,13 +131,15 @@ def test_progress_times_steps_writes_around_them_and_stops_at_the_budget():
                                          ("dp2ct", ("dp", 2, True, True, False, "exact")),
                                          ("ms3cg", ("ms", 3, True, False, True, "exact")),
                                          ("ms3cpg", ("ms", 3, True, False, True, "compensated")),
-                                         ("ms3ckg", ("ms", 3, True, False, True, "kernel"))])
+                                         ("ms3ckg", ("ms", 3, True, False, True, "kernel")),
+                                         ("ms3cpfg", ("ms", 3, True, False, True, "compensated", "fused")),
+                                         ("ms3cf", ("ms", 3, True, False, False, "exact", "fused"))])
 def test_variant_names(key, parsed):
-    assert bench.parse_variant(key) == parsed
+    assert bench.parse_variant(key) == (parsed if len(parsed) == 7 else (*parsed, "deepmd"))
 
 
 @pytest.mark.parametrize("key", ["ms4", "xx2", "dp", "ms2gg", "ms2gc", "dp2tc", "ms2x",
-                                 "dp3cp", "ms3p", "ms3pc", "ms3cpk", "dp2ck"])
+                                 "dp3cp", "ms3p", "ms3pc", "ms3cpk", "dp2ck", "dp2cf", "ms3f", "ms3cfp"])
 def test_a_bad_variant_is_named(key):
     with pytest.raises(ValueError, match=repr(key)):
         bench.parse_variant(key)

@@ -340,6 +340,32 @@ def test_a_model_marked_compensated_compiles_inside_the_compensated_decompositio
     assert compiled.rest_products(fast) == "exact"
 
 
+def test_a_model_marked_fused_lowers_its_inference_graph_without_deepmds_fusion_caps(model):
+    """``accelerate(..., lowering="fused")``: deepmd-kit's hook for its graphs' Inductor options gives the
+    inference graph its options less the fusion-size and persistent-reduction caps, the training graph
+    all of them; ``"deepmd"`` and ``restore`` give deepmd-kit's own back; a bad value is named and
+    changes nothing."""
+    from mixstack.deepmd import compiled
+
+    fast = copy.deepcopy(model)
+    own = type(fast)._inductor_compile_options(fast, inference=True)
+    assert {"max_fusion_size", "triton.persistent_reductions"} <= own.keys()
+    with pytest.raises(ValueError, match="lowering"):
+        accelerate(fast, level=0, lowering="max")
+    assert compiled.lowering(fast) == "deepmd" and not compiled.marked(fast)
+    accelerate(fast, level=0, lowering="fused")
+    assert compiled.lowering(fast) == "fused"
+    fused = fast._inductor_compile_options(inference=True)
+    assert fused == {k: v for k, v in own.items() if k not in ("max_fusion_size", "triton.persistent_reductions")}
+    assert fused["triton.max_tiles"] == own["triton.max_tiles"]        # deepmd-kit's other options kept
+    assert fast._inductor_compile_options(inference=False) == type(fast)._inductor_compile_options(fast)
+    accelerate(fast, level=0)
+    assert compiled.lowering(fast) == "deepmd" and fast._inductor_compile_options(inference=True) == own
+    accelerate(fast, level=0, lowering="fused")
+    restore(fast)
+    assert compiled.lowering(fast) == "deepmd" and fast._inductor_compile_options(inference=True) == own
+
+
 @pytest.mark.slow
 def test_compiled_inference_with_mixstacks_operators_inside_matches_the_eager_frame(monkeypatch):
     """``FrameRunner(compile=True)``: deepmd-kit's ``DP_COMPILE_INFER`` path (``core_compute`` traced

@@ -67,8 +67,9 @@ SYSTEMS = {"water": (systems.water, ["O", "H"]), "rocksalt": (systems.rocksalt, 
 class Variant(NamedTuple):
     """A parsed variant name: who runs the value path (``"dp"`` or ``"ms"``), the level, and the
     suffixes ``c`` (compiled inference), ``p`` / ``k`` (the rest of the model's products compensated
-    in ATen operations / by mixstack's kernel, ``ms`` compiled only), ``t`` (TF32 inference), ``g``
-    (``FrameRunner``)."""
+    in ATen operations / by mixstack's kernel, ``ms`` compiled only), ``f`` (the compiled graph
+    lowered with Inductor's own fusion, ``lowering="fused"``, ``ms`` compiled only), ``t`` (TF32
+    inference), ``g`` (``FrameRunner``)."""
 
     who: str
     level: int
@@ -76,19 +77,21 @@ class Variant(NamedTuple):
     tf32: bool = False
     graphed: bool = False
     products: str = "exact"
+    lowering: str = "deepmd"
 
 
-_VARIANT = re.compile(r"(dp|ms)([0-3])(c?)([pk]?)(t?)(g?)")
+_VARIANT = re.compile(r"(dp|ms)([0-3])(c?)([pk]?)(f?)(t?)(g?)")
 _PRODUCTS = {"": "exact", "p": "compensated", "k": "kernel"}
 
 
 def parse_variant(key: str) -> Variant:
     """``"ms3cg"`` -> ``Variant("ms", 3, compiled=True, graphed=True)``."""
     m = _VARIANT.fullmatch(key) if isinstance(key, str) else None
-    if m is None or m[4] and (m[1] != "ms" or not m[3]):
-        raise ValueError(f"variant must be dpN or msN (N in 0..3) with optional suffixes c, p or k, t, g in that "
-                         f"order (p, k: ms with c only), got {key!r}")
-    return Variant(m[1], int(m[2]), bool(m[3]), bool(m[5]), bool(m[6]), _PRODUCTS[m[4]])
+    if m is None or (m[4] or m[5]) and (m[1] != "ms" or not m[3]):
+        raise ValueError(f"variant must be dpN or msN (N in 0..3) with optional suffixes c, p or k, f, t, g in "
+                         f"that order (p, k, f: ms with c only), got {key!r}")
+    return Variant(m[1], int(m[2]), bool(m[3]), bool(m[6]), bool(m[7]), _PRODUCTS[m[4]],
+                   "fused" if m[5] else "deepmd")
 
 
 @contextlib.contextmanager
@@ -118,7 +121,7 @@ def build_variant(key: str, config: dict, state: dict, device, rest_level: int):
     if v.who == "dp":
         return model, None
     from ..deepmd.accelerate import accelerate
-    return model, accelerate(model, level=v.level, rest_products=v.products)
+    return model, accelerate(model, level=v.level, rest_products=v.products, lowering=v.lowering)
 
 
 def _frame(model, inputs):

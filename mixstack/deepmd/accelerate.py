@@ -78,7 +78,7 @@ def _needs_full_wigner(conv) -> bool:
 
 
 def accelerate(model: torch.nn.Module, *, level: int | None = None,
-               rest_products: str = "exact") -> AccelerationReport:
+               rest_products: str = "exact", lowering: str = "deepmd") -> AccelerationReport:
     """Run every SeZM (DPA4) SO(2) convolution of ``model`` that mixstack reproduces exactly on
     mixstack's operators, in place; return the report (per convolution: where it runs and, if on
     deepmd-kit, the one option mixstack does not reproduce).
@@ -93,12 +93,16 @@ def accelerate(model: torch.nn.Module, *, level: int | None = None,
     makes deepmd-kit's compiled inference (``DP_COMPILE_INFER=1``, ``FrameRunner(compile=True)``)
     run its float32 products as compensated fp16 tensor-core products, level 3's split, in ATen
     operations; ``"kernel"`` the same by mixstack's kernel (``rest_products``; eager frames are
-    unchanged).  Calling it again re-checks every convolution
-    and sets the new level and products."""
+    unchanged).  ``lowering``: ``"deepmd"`` lowers deepmd-kit's compiled inference graph with
+    deepmd-kit's Inductor options; ``"fused"`` without its caps on fusion size and persistent
+    reductions (``compiled.LOWERINGS``).  Calling it again re-checks every convolution
+    and sets the new level, products and lowering."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     level = _check_level(level)
     config.rest_products_setting(rest_products, "rest_products")
+    if lowering not in compiled.LOWERINGS:
+        raise ValueError(f"lowering must be one of {', '.join(compiled.LOWERINGS)}, got {lowering!r}")
     from .backends import present
     from .options import unsupported_reason
 
@@ -130,7 +134,7 @@ def accelerate(model: torch.nn.Module, *, level: int | None = None,
         if saved and not module._need_full_wigner:
             skipped.append(name or type(module).__name__)
 
-    compiled.mark(model, any(c.runs_on == MIXSTACK for c in convs), products=rest_products)
+    compiled.mark(model, any(c.runs_on == MIXSTACK for c in convs), products=rest_products, lowering=lowering)
     _forget_compiled(model)
     report = AccelerationReport(level, tuple(convs), tuple(skipped))
     logger.debug("%s", report)

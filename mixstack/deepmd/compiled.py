@@ -14,6 +14,8 @@ unchanged.
 A model marked with ``products="compensated"`` or ``"kernel"`` (``accelerate(..., rest_products=...)``)
 compiles the rest of its float32 products as compensated fp16 ones (``rest_products``): the trace happens at
 the first compiled frame, inside this wrapper.
+A model marked with ``lowering="fused"`` lowers its inference graph with Inductor's own fusion size and
+persistent reductions instead of deepmd-kit's caps on both (``LOWERINGS``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,13 @@ from .rest_products import for_model
 _MARK = "_mixstack_opaque_trace"
 _PRODUCTS = "_mixstack_rest_products"
 _WRAPPED = "_mixstack_opaque"
+_OPTIONS = "_inductor_compile_options"            # deepmd-kit's hook for its graphs' Inductor options
+
+# "deepmd": deepmd-kit's option set as it is; "fused": without its two caps below, which it sets for
+# its dynamic training graph (a fused Triton reduction that failed to build), so that the inference
+# graph's pointwise chains and small reductions fuse as Inductor would fuse them
+LOWERINGS = ("deepmd", "fused")
+_FUSION_CAPS = ("max_fusion_size", "triton.persistent_reductions")
 
 
 def marked(model: torch.nn.Module) -> bool:
@@ -42,20 +51,37 @@ def rest_products(model: torch.nn.Module) -> str:
     return model.__dict__.get(_PRODUCTS, "exact")
 
 
-def mark(model: torch.nn.Module, on: bool, *, products: str = "exact") -> None:
+def lowering(model: torch.nn.Module) -> str:
+    """How a marked model's compiled inference graph is lowered (``LOWERINGS``)."""
+    return "fused" if _OPTIONS in model.__dict__ else "deepmd"
+
+
+def _fused_options(model: torch.nn.Module, *, inference: bool = False) -> dict:
+    """deepmd-kit's Inductor options for ``model``, its fusion caps dropped for an inference graph."""
+    options = type(model)._inductor_compile_options(model, inference=inference)
+    return {k: v for k, v in options.items() if k not in _FUSION_CAPS} if inference else options
+
+
+def mark(model: torch.nn.Module, on: bool, *, products: str = "exact", lowering: str = "deepmd") -> None:
     """Mark (``on``) or unmark every deepmd-kit SeZM model in ``model`` (the modules with
     ``forward_common_lower``); their classes' ``forward_common_lower`` wrapped (``install``).
     ``products``: how the marked models' compiled inference runs the rest of their float32
-    products (``config.REST_PRODUCTS``)."""
+    products (``config.REST_PRODUCTS``); ``lowering``: how Inductor lowers their inference graph
+    (``LOWERINGS``)."""
     config.rest_products_setting(products, "products")
+    if lowering not in LOWERINGS:
+        raise ValueError(f"lowering must be one of {', '.join(LOWERINGS)}, got {lowering!r}")
     for module in model.modules():
         if not callable(getattr(type(module), "forward_common_lower", None)) or \
                 not callable(getattr(type(module), "trace_and_compile", None)):
             continue
+        module.__dict__.pop(_OPTIONS, None)
         if on:
             install(type(module))
             module.__dict__[_MARK] = True
             module.__dict__[_PRODUCTS] = products
+            if lowering == "fused" and callable(getattr(type(module), _OPTIONS, None)):
+                module.__dict__[_OPTIONS] = functools.partial(_fused_options, module)
         else:
             module.__dict__.pop(_MARK, None)
             module.__dict__.pop(_PRODUCTS, None)
