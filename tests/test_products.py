@@ -145,3 +145,19 @@ def test_a_trace_of_the_operators_takes_tritons_products_whatever_was_asked():
         assert not products.on_blas(NARROW, fake)
     with products.use_products("blas"):
         assert products.on_blas(NARROW, torch.zeros(2, 3))
+
+
+def test_every_shipped_verdict_file_names_its_device_and_holds_only_winning_groups():
+    """``mixstack/tables/*.products.json``: the file sits where ``verdicts_path`` looks for its own
+    device, and every group in it won by the verdict's margin (a hand-edited or misplaced file fails)."""
+    from pathlib import Path
+
+    shipped = sorted((Path(products.__file__).parent.parent / "tables").glob("*.products.json"))
+    assert shipped
+    for path in shipped:
+        doc = json.loads(path.read_text())
+        assert Path(products.verdicts_path(doc["device"])).resolve() == path.resolve(), path.name
+        assert doc["blas"] and all(g["speedup"] >= 1 + products.VERDICT_MARGIN for g in doc["blas"]), path.name
+        products.forget_keys()
+        assert products.blas_keys(doc["device"]) == {(g["focus_dim"], g["lmax"]) for g in doc["blas"]}
+    products.forget_keys()
