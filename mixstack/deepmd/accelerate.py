@@ -101,8 +101,7 @@ def accelerate(model: torch.nn.Module, *, level: int | None = None,
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     level = _check_level(level)
     config.rest_products_setting(rest_products, "rest_products")
-    if lowering not in compiled.LOWERINGS:
-        raise ValueError(f"lowering must be one of {', '.join(compiled.LOWERINGS)}, got {lowering!r}")
+    compiled.lowering_setting(lowering, "lowering")
     from .backends import present
     from .options import unsupported_reason
 

@@ -51,6 +51,13 @@ def rest_products(model: torch.nn.Module) -> str:
     return model.__dict__.get(_PRODUCTS, "exact")
 
 
+def lowering_setting(value: str, name: str) -> str:
+    """``value`` if it is one of ``LOWERINGS``; else a ``ValueError`` naming ``name``."""
+    if value not in LOWERINGS:
+        raise ValueError(f"{name} must be one of {', '.join(LOWERINGS)}, got {value!r}")
+    return value
+
+
 def lowering(model: torch.nn.Module) -> str:
     """How a marked model's compiled inference graph is lowered (``LOWERINGS``)."""
     return "fused" if _OPTIONS in model.__dict__ else "deepmd"
@@ -69,8 +76,7 @@ def mark(model: torch.nn.Module, on: bool, *, products: str = "exact", lowering:
     products (``config.REST_PRODUCTS``); ``lowering``: how Inductor lowers their inference graph
     (``LOWERINGS``)."""
     config.rest_products_setting(products, "products")
-    if lowering not in LOWERINGS:
-        raise ValueError(f"lowering must be one of {', '.join(LOWERINGS)}, got {lowering!r}")
+    lowering_setting(lowering, "lowering")
     for module in model.modules():
         if not callable(getattr(type(module), "forward_common_lower", None)) or \
                 not callable(getattr(type(module), "trace_and_compile", None)):
