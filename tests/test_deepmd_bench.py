@@ -152,11 +152,26 @@ def test_a_frame_runner_variant_runs_eagerly_on_a_cpu_with_md_through_its_calcul
     v = case["variants"]["ms0g"]
     assert v["accelerated"] == ["mixstack", "mixstack"] and v["accuracy"]["force_max_abs"] < 1e-4
     assert v["time"]["median_ms"] > 0 and "replay_vs_eager" not in v            # no graph on a CPU
+    assert all(set(w["run_to_run"]) == {"energy", "force", "virial"} and min(w["run_to_run"].values()) >= 0
+               for w in case["variants"].values())
     assert v["breakdown"]["stages"]["edges"]["forward_ms"] > 0                  # the runner's packing
     assert v["md"]["steps"] == 2 and v["md"]["rebuilds"] >= 1 and v["md"]["captures"] == 0
     assert case["variants"]["dp0"]["breakdown"]["stages"]["edges"]["forward_ms"] > 0   # deepmd-kit's list
     markdown = (tmp_path / "deepmd_bench.md").read_text()
     assert "x fastest dp is against dp0" in markdown
+
+
+def test_frames_that_are_not_bitwise_are_named_in_the_notes():
+    case = {"config": "water", "atoms": 30, "variants": {
+        "dp2c": {"run_to_run": {"energy": 0.0, "force": 3e-8, "virial": 0.0}},
+        "ms3cg": {"run_to_run": {"energy": 0.0, "force": 0.0, "virial": 0.0},
+                  "replay_vs_eager": {"energy": 1e-9, "force": 2.5e-8, "virial": 0.0}}}}
+    assert bench._determinism_notes({"cases": [case]}) == [
+        "- water / 30 atoms: frames not bitwise run to run (force max abs): dp2c 3.0e-08",
+        "- water / 30 atoms: frames not bitwise replayed against eager (force max abs): ms3cg 2.5e-08"]
+    case["variants"]["dp2c"]["run_to_run"]["force"] = 0.0
+    case["variants"]["ms3cg"]["replay_vs_eager"] = {"energy": 0.0, "force": 0.0, "virial": 0.0}
+    assert bench._determinism_notes({"cases": [case]}) == []
 
 
 def test_a_variant_that_fails_to_build_is_marked_and_the_others_run(tmp_path, monkeypatch):

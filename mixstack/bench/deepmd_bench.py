@@ -380,13 +380,17 @@ def _eager_runner(key: str, built: Built):
     return FrameRunner(built.model, skin=built.runner.skin, graph=False, compile=parse_variant(key).compiled)
 
 
+def _max_diff(a: dict, b: dict) -> dict:
+    """The largest difference of each output of two frames (0: bitwise)."""
+    return {k: (a[k].double() - b[k].double()).abs().max().item() for k in ("energy", "force", "virial")}
+
+
 def _replay_check(key: str, built: Built, inputs) -> dict | None:
     """A ``g`` variant on a GPU: its replayed frame against the same frame run eagerly (same
     kept list and capacity): the largest difference of each output (0: bitwise)."""
     if built.runner is None or not built.runner.captures:
         return None
-    a, b = built.run(), _eager_runner(key, built)(*inputs)
-    return {k: (a[k].double() - b[k].double()).abs().max().item() for k in ("energy", "force", "virial")}
+    return _max_diff(built.run(), _eager_runner(key, built)(*inputs))
 
 
 def build_variant_step(key: str, entry: dict, config: dict, state: dict, inputs, ref, args, device,
@@ -405,6 +409,8 @@ def build_variant_step(key: str, entry: dict, config: dict, state: dict, inputs,
             notes.append(f"no CUDA graph: {runner.fallback_reason}")
         entry["accuracy"] = _deviation(run(), ref)
         notes.append(f"force max abs {entry['accuracy']['force_max_abs']:.1e}")
+        entry["run_to_run"] = _max_diff(run(), run())        # the same frame twice: deterministic where 0
+        notes.append(f"run to run force max abs {entry['run_to_run']['force']:.1e}")
         if (replay := _replay_check(key, built, inputs)) is not None:
             entry["replay_vs_eager"] = replay
             notes.append(f"replay vs eager force max abs {replay['force']:.1e}")
@@ -845,7 +851,22 @@ def markdown(record: dict) -> str:
               f"{p['device_memory_bytes'] / 2 ** 20:.0f} MiB from the device (force max abs {p['force_max_abs']:.1e})"
               for case in record["cases"] for key, v in case["variants"].items() if (p := v.get("other_pool"))]
     notes += _drift_notes(record)
+    notes += _determinism_notes(record)
     return "\n".join(lines + ([""] + notes if notes else []) + _stage_rows(record) + _not_run_section(record)) + "\n"
+
+
+def _determinism_notes(record: dict) -> list[str]:
+    """Per case, the variants whose frame differs run to run or whose replay differs from its eager
+    frame (the largest force difference; variants not named were bitwise)."""
+    notes = []
+    for case in record["cases"]:
+        for field, what in (("run_to_run", "run to run"), ("replay_vs_eager", "replayed against eager")):
+            diffs = [f"{key} {d['force']:.1e}" for key, v in case["variants"].items()
+                     if (d := v.get(field)) and any(d.values())]
+            if diffs:
+                notes.append(f"- {case['config']} / {case['atoms']} atoms: frames not bitwise {what} "
+                             f"(force max abs): {', '.join(diffs)}")
+    return notes
 
 
 def _drift_notes(record: dict) -> list[str]:
