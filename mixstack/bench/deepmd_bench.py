@@ -407,9 +407,10 @@ def build_variant_step(key: str, entry: dict, config: dict, state: dict, inputs,
         if runner is not None and runner.fallback_reason:
             entry["graph_fallback"] = runner.fallback_reason
             notes.append(f"no CUDA graph: {runner.fallback_reason}")
-        entry["accuracy"] = _deviation(run(), ref)
+        first = run()
+        entry["accuracy"] = _deviation(first, ref)
         notes.append(f"force max abs {entry['accuracy']['force_max_abs']:.1e}")
-        entry["run_to_run"] = _max_diff(run(), run())        # the same frame twice: deterministic where 0
+        entry["run_to_run"] = _max_diff(first, run())        # the same frame again: deterministic where 0
         notes.append(f"run to run force max abs {entry['run_to_run']['force']:.1e}")
         if (replay := _replay_check(key, built, inputs)) is not None:
             entry["replay_vs_eager"] = replay
@@ -773,8 +774,7 @@ def fastest_deepmd(case: dict) -> tuple[str, float] | None:
     or ``None``: its forces within ``FLOAT32_BAND`` times the most accurate variant's error
     against float64 (deepmd-kit's fp16x3 stack at lmax 3 and two streams is ~40x that: a faster
     frame at another accuracy is not the anchor), every timed ``dp`` variant where none has one."""
-    timed = [(v["time"]["median_ms"], key) for key, v in case["variants"].items()
-             if key.startswith("dp") and v.get("time") and _within_band(case, v)]
+    timed = [(v["time"]["median_ms"], key) for key, v in _deepmd_in_band(case).items() if v.get("time")]
     return (min(timed)[1], min(timed)[0]) if timed else None
 
 
@@ -785,8 +785,7 @@ def against_deepmd(case: dict) -> dict[str, dict[str, float | None]]:
     best = fastest_deepmd(case)
     anchor = case["variants"][best[0]] if best else {}
     anchor_busy = anchor.get("breakdown", {}).get("busy_ms")
-    md_rates = [r for key, v in case["variants"].items()
-                if key.startswith("dp") and _within_band(case, v) and (r := v.get("md", {}).get("steps_per_s"))]
+    md_rates = [r for v in _deepmd_in_band(case).values() if (r := v.get("md", {}).get("steps_per_s"))]
     out = {}
     for key, v in case["variants"].items():
         t, busy, md = v.get("time"), v.get("breakdown", {}).get("busy_ms"), v.get("md", {}).get("steps_per_s")
@@ -796,11 +795,16 @@ def against_deepmd(case: dict) -> dict[str, dict[str, float | None]]:
     return out
 
 
-def _within_band(case: dict, v: dict) -> bool:
-    """Whether variant ``v``'s forces are within ``FLOAT32_BAND`` of the case's most accurate (or unknown)."""
-    errors = [e for w in case["variants"].values() if (e := w.get("accuracy", {}).get("force_max_abs")) is not None]
-    err = v.get("accuracy", {}).get("force_max_abs")
-    return not errors or err is None or err <= FLOAT32_BAND * max(min(errors), 1e-30)
+def _deepmd_in_band(case: dict) -> dict:
+    """The case's deepmd-kit variants (``dp...``) whose forces are within ``FLOAT32_BAND`` of the case's
+    most accurate variant's (or unknown)."""
+    def err(v):
+        return v.get("accuracy", {}).get("force_max_abs")
+
+    errors = [e for v in case["variants"].values() if (e := err(v)) is not None]
+    limit = FLOAT32_BAND * max(min(errors), 1e-30) if errors else math.inf
+    return {key: v for key, v in case["variants"].items()
+            if key.startswith("dp") and (err(v) is None or err(v) <= limit)}
 
 
 def _gap(v: dict) -> float | None:
