@@ -178,9 +178,12 @@ def test_moving_atoms_keep_the_list_or_rebuild_it_in_place(deterministic):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("level, products", [(2, "exact"), (3, "compensated"), (3, "kernel")])
-def test_compiled_inference_with_mixstack_inside_matches_the_eager_frame(level, products, monkeypatch):
+def test_compiled_inference_with_mixstack_inside_matches_the_eager_frame(level, products, monkeypatch,
+                                                                       deterministic):
     """The compiled frame within float32 rounding of the float64 twin; with the rest of the model's
-    products compensated, deepmd-kit's trace asked for the compensated form of many products."""
+    products compensated, deepmd-kit's trace asked for the compensated form of many products.  With
+    torch's deterministic scatters (Inductor then lowers them to ATen's, not to atomic adds), the
+    replayed compiled frame is bitwise the same compiled frame run without the graph, and again."""
     from mixstack.deepmd import accelerate, rest_products
 
     taken = []
@@ -207,6 +210,10 @@ def test_compiled_inference_with_mixstack_inside_matches_the_eager_frame(level, 
         assert (out[key].double() - ref64[key]).abs().max().item() <= tol, key
     # the compiled core_compute inside the CUDA graph, not the eager fallback after a failed capture
     assert runner.captures == 1 and runner.fallback_reason is None, runner.fallback_reason
+    again = _run(runner, frame)
+    ungraphed = _run(FrameRunner(fast, compile=True, graph=False), frame)
+    for key in KEYS:
+        assert torch.equal(out[key], again[key]) and torch.equal(out[key], ungraphed[key]), key
 
 
 def test_a_capture_that_fails_warns_and_runs_eagerly(monkeypatch):
