@@ -53,6 +53,37 @@ def test_no_file_means_triton_everywhere_and_a_corrupt_one_is_reported_not_fatal
         assert products.blas_keys("NVIDIA H200") == frozenset()
 
 
+def test_a_users_own_verdicts_replace_the_shipped_ones_and_one_that_cannot_stand_does_not(h200_verdicts, tmp_path,
+                                                                                            monkeypatch):
+    """The cache's file for the device first; unreadable, or measured on another GPU: reported,
+    and the shipped file decides."""
+    mine = tmp_path / "cache" / "NVIDIA_H200.products.json"
+    mine.parent.mkdir()
+    monkeypatch.setattr(products, "user_verdicts_path", lambda device: str(mine))
+    h200_verdicts.write_text(json.dumps({"device": "NVIDIA H200", "blas": [{"focus_dim": 112, "lmax": 4}]}))
+    mine.write_text(json.dumps({"device": "NVIDIA H200", "blas": [{"focus_dim": 32, "lmax": 2}]}))
+    assert products.blas_keys("NVIDIA H200") == {(32, 2)}
+    assert products.on_blas(NARROW, ON_GPU) and not products.on_blas(WIDE, ON_GPU)
+    for text, why in ((json.dumps({"device": "NVIDIA A100-SXM4-80GB", "blas": []}),
+                       "was measured on NVIDIA A100-SXM4-80GB, not on NVIDIA H200"),
+                      ('{"blas": [{"lmax": 2}]}', "cannot be read")):
+        products.forget_keys()
+        mine.write_text(text)
+        with pytest.warns(Warning, match=why):
+            assert products.blas_keys("NVIDIA H200") == {(112, 4)}
+    products.forget_keys()
+    mine.unlink()
+    assert products.blas_keys("NVIDIA H200") == {(112, 4)}
+
+
+def test_the_users_verdict_file_sits_beside_their_tuning_table(monkeypatch, tmp_path):
+    from mixstack.tuning import store
+
+    monkeypatch.setenv("MIXSTACK_CACHE_DIR", str(tmp_path))
+    assert products.user_verdicts_path("NVIDIA H200") == str(tmp_path / "NVIDIA_H200.products.json")
+    assert store.user_path("NVIDIA H200") == str(tmp_path / "NVIDIA_H200.json")
+
+
 def test_the_environment_variable_picks_the_route_and_a_bad_value_names_it(monkeypatch):
     monkeypatch.setenv(products.VARIABLE, "blas")
     assert products.route() == "blas" and products.on_blas(NARROW, torch.zeros(1))

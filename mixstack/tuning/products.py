@@ -9,8 +9,9 @@ rest (sigmoids, gating, residuals, alpha) in the same Triton kernels as everywhe
 The route is chosen by the key's ``(Cf, lmax)`` and the device alone, never by the level or a
 launch config, so levels 1 and 2 take the same path at every key and give the same bits
 (docs/contract.md §2).  The keys come from a grid run that measured both routes
-(``mixstack bench grid --levels 0c,1,2,1b,2b``; its ``products.json`` beside the device's
-table); a device without such a file runs Triton everywhere.  ``MIXSTACK_PRODUCTS`` (``auto``,
+(``mixstack bench grid --levels 0c,1,2,1b,2b``; its ``products.json``): the user's own copy in the
+tuning cache (``<cache dir>/<device>.products.json``) where there is one, else the one shipped beside
+the device's table; a device with neither runs Triton everywhere.  ``MIXSTACK_PRODUCTS`` (``auto``,
 ``blas``, ``triton``) or ``use_products`` overrides the choice for every key (benches, tests).
 Level 3 never takes this route: its products are the compensated tensor-core ones.
 """
@@ -55,23 +56,43 @@ def use_products(which: str):
 
 
 def verdicts_path(device: str) -> str:
-    """Where the grid's product verdicts for ``device`` live: beside its built-in table."""
+    """Where the shipped product verdicts for ``device`` live: beside its built-in table."""
     return store.builtin_path(device)[: -len(".json")] + ".products.json"
 
 
+def user_verdicts_path(device: str) -> str:
+    """Where a user's own product verdicts for ``device`` live: beside their tuning table in the
+    cache directory (``MIXSTACK_CACHE_DIR``); they replace the shipped ones for that device."""
+    return store.user_path(device)[: -len(".json")] + ".products.json"
+
+
+def _read_verdicts(path: str, device: str) -> frozenset | None:
+    """The ``(Cf, lmax)`` groups of the verdict file ``path``; ``None`` where there is no file or it
+    cannot stand (reported: unreadable, or measured on another device), never an error."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+        measured_on = doc.get("device")
+        groups = frozenset((int(k["focus_dim"]), int(k["lmax"])) for k in doc.get("blas", []))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        store.report(path, f"cannot be read ({exc})")
+        return None
+    if measured_on not in (None, device):
+        store.report(path, f"was measured on {measured_on}, not on {device}")
+        return None
+    return groups
+
+
 def blas_keys(device: str) -> frozenset:
-    """``{(Cf, lmax)}`` whose products run on the BLAS on ``device`` (read once per process)."""
+    """``{(Cf, lmax)}`` whose products run on the BLAS on ``device`` (read once per process): the
+    user's verdict file where it stands, else the shipped one, else none."""
     if device not in _keys:
-        path = verdicts_path(device)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                doc = json.load(fh)
-            _keys[device] = frozenset((int(k["focus_dim"]), int(k["lmax"])) for k in doc.get("blas", []))
-        except FileNotFoundError:
-            _keys[device] = frozenset()
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            store.report(path, f"cannot be read ({exc})")
-            _keys[device] = frozenset()
+        found = _read_verdicts(user_verdicts_path(device), device)
+        if found is None:
+            found = _read_verdicts(verdicts_path(device), device)
+        _keys[device] = found or frozenset()
     return _keys[device]
 
 
@@ -126,4 +147,4 @@ def verdicts(records: list[dict], margin: float = VERDICT_MARGIN) -> list[dict]:
 
 
 __all__ = ["ROUTES", "VARIABLE", "blas_keys", "exact_products", "forget_keys", "on_blas", "route",
-           "use_products", "verdicts", "verdicts_path"]
+           "use_products", "user_verdicts_path", "verdicts", "verdicts_path"]
