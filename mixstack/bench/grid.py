@@ -749,8 +749,8 @@ def markdown(records: list[dict]) -> str:
         groups = ", ".join(f"Cf{b['focus_dim']}-l{b['lmax']}" for b in blas) or "none"
         lines.append(f"- exact products on the BLAS at least {100 * products.VERDICT_MARGIN:.0f}% faster than "
                      f"Triton's at both levels and every F: {len(blas)} (Cf, lmax) groups ({groups}); "
-                     "this run's products.json ships beside the device's table, or takes them on this machine from "
-                     "the tuning cache (docs/tuning.md)")
+                     "this run's products.json ships beside the device's table (or, copied into the tuning cache, "
+                     "applies on this machine: docs/tuning.md)")
     shipped = as_shipped(records)
     if blas is not None or any(r["compensated_variant"] == "L3-rule" for r in rows):
         slow = {lv: [r["key"] for r in rows if r["compiled_ms"] and shipped[r["key"]][lv]
