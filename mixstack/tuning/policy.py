@@ -27,7 +27,6 @@ verdicts beside the device's table), the measurement decides instead of the rule
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 
@@ -54,7 +53,7 @@ class Decision:
 
 def verdicts_path(device: str) -> str:
     """Where the grid's level-3 verdicts for ``device`` live: beside its built-in table."""
-    return store.builtin_path(device)[: -len(".json")] + ".level3.json"
+    return store.verdicts_path(device, "level3")
 
 
 _verdicts: dict[str, dict] = {}
@@ -64,16 +63,8 @@ def grid_verdicts(device: str) -> dict:
     """``{key string: {"speedup": L2 / L3 time, ...}}`` measured by a grid run on ``device``
     (empty where none shipped); read once per process."""
     if device not in _verdicts:
-        path = verdicts_path(device)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                doc = json.load(fh)
-            _verdicts[device] = dict(doc.get("verdicts", {}))
-        except FileNotFoundError:
-            _verdicts[device] = {}
-        except (OSError, ValueError, AttributeError) as exc:
-            store.report(path, f"cannot be read ({exc})")
-            _verdicts[device] = {}
+        found = store.read_verdicts(verdicts_path(device), lambda doc: dict(doc.get("verdicts", {})))
+        _verdicts[device] = found or {}
     return _verdicts[device]
 
 

@@ -19,7 +19,6 @@ Level 3 never takes this route: its products are the compensated tensor-core one
 from __future__ import annotations
 
 import contextlib
-import json
 
 import torch
 
@@ -57,28 +56,23 @@ def use_products(which: str):
 
 def verdicts_path(device: str) -> str:
     """Where the shipped product verdicts for ``device`` live: beside its built-in table."""
-    return store.builtin_path(device)[: -len(".json")] + ".products.json"
+    return store.verdicts_path(device, "products")
 
 
 def user_verdicts_path(device: str) -> str:
     """Where a user's own product verdicts for ``device`` live: beside their tuning table in the
     cache directory (``MIXSTACK_CACHE_DIR``); they replace the shipped ones for that device."""
-    return store.user_path(device)[: -len(".json")] + ".products.json"
+    return store.verdicts_path(device, "products", user=True)
 
 
 def _read_verdicts(path: str, device: str) -> frozenset | None:
     """The ``(Cf, lmax)`` groups of the verdict file ``path``; ``None`` where there is no file or it
     cannot stand (reported: unreadable, or measured on another device), never an error."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-        measured_on = doc.get("device")
-        groups = frozenset((int(k["focus_dim"]), int(k["lmax"])) for k in doc.get("blas", []))
-    except FileNotFoundError:
+    found = store.read_verdicts(path, lambda doc: (doc.get("device"), frozenset(
+        (int(k["focus_dim"]), int(k["lmax"])) for k in doc.get("blas", []))))
+    if found is None:
         return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        store.report(path, f"cannot be read ({exc})")
-        return None
+    measured_on, groups = found
     if measured_on not in (None, device):
         store.report(path, f"was measured on {measured_on}, not on {device}")
         return None

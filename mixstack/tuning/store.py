@@ -74,6 +74,25 @@ def builtin_path(device: str) -> str:
     return os.path.join(BUILTIN_DIR, file_name(device))
 
 
+def verdicts_path(device: str, kind: str, *, user: bool = False) -> str:
+    """Where a grid run's ``kind`` verdicts (``"level3"``, ``"products"``) for ``device`` live:
+    beside the device's built-in table, or with ``user`` beside the user's."""
+    return (user_path(device) if user else builtin_path(device))[: -len(".json")] + f".{kind}.json"
+
+
+def read_verdicts(path: str, parse):
+    """``parse(document)`` of the verdict file ``path``; ``None`` where there is no file, and where
+    it cannot be read or parsed (reported, never an error)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return parse(json.load(fh))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        report(path, f"cannot be read ({exc})")
+        return None
+
+
 def _read_raw(path: str) -> tuple[dict | None, str | None]:
     """``(document, None)``, ``(None, None)`` when there is no file, or ``(None, why)``."""
     try:
