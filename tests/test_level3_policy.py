@@ -82,6 +82,27 @@ def test_a_grid_verdict_engages_level3_only_at_2_percent_faster_than_level2(tuni
     assert all(policy.decide(k, DEVICE).source == "grid" for k in speedups)
 
 
+def test_a_users_own_grid_verdicts_replace_the_shipped_ones_and_one_that_cannot_stand_does_not(tuning_env):
+    """The cache's level3.json for the device first (a grid run on the user's GPU); one measured on
+    another GPU, or unreadable, is reported and the shipped file decides."""
+    with open(policy.verdicts_path(DEVICE), "w") as fh:
+        json.dump({"device": DEVICE, "verdicts": {str(key(16, 6)): {"speedup": 1.4}}}, fh)
+    mine = policy.user_verdicts_path(DEVICE)
+    assert mine == str(tuning_env.user / os.path.basename(policy.verdicts_path(DEVICE)))
+    os.makedirs(tuning_env.user, exist_ok=True)
+    with open(mine, "w") as fh:
+        json.dump({"device": DEVICE, "verdicts": {str(key(16, 6)): {"speedup": 0.9}}}, fh)
+    assert policy.decide(key(16, 6), DEVICE).config is None                 # the user's measurement
+    for text, why in ((json.dumps({"device": "NVIDIA A100-SXM4-80GB", "verdicts": {}}),
+                       "was measured on NVIDIA A100-SXM4-80GB"), ("{not json", "cannot be read")):
+        policy.forget_verdicts()
+        with open(mine, "w") as fh:
+            fh.write(text)
+        with pytest.warns(Warning, match=why):
+            d = policy.decide(key(16, 6), DEVICE)
+        assert d.config == policy.rule_config(key(16, 6)) and d.source == "grid"   # the shipped one
+
+
 def test_a_policy_entry_does_not_cover_a_key_for_the_sweep(tuning_env):
     write_table(tuning_env.user_file, {(COMP, key(32, 3)): entry_for(policy.M64_N64, family=COMP, source="policy")})
     registry.reload()

@@ -20,9 +20,16 @@ ON_GPU = types.SimpleNamespace(device=torch.device("cuda"))      # a stand-in: o
 
 @pytest.fixture
 def h200_verdicts(tmp_path, monkeypatch):
-    """A verdict file for a stand-in GPU, read in place of the shipped one."""
-    path = tmp_path / "products.json"
-    monkeypatch.setattr(products, "verdicts_path", lambda device: str(path))
+    """The shipped verdict file of a stand-in GPU, in an empty built-in folder; an empty cache."""
+    from mixstack.core import config
+    from mixstack.tuning import store
+
+    (tmp_path / "builtin").mkdir()
+    monkeypatch.setattr(store, "BUILTIN_DIR", str(tmp_path / "builtin"))
+    monkeypatch.setattr(store, "_reported", set())
+    monkeypatch.setattr(config, "_cache_dir_override", None)
+    monkeypatch.setenv("MIXSTACK_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "builtin" / "NVIDIA_H200.products.json"
     monkeypatch.setattr(products, "device_name", lambda device: "NVIDIA H200")
     monkeypatch.delenv(products.VARIABLE, raising=False)
     products.forget_keys()
@@ -59,7 +66,7 @@ def test_a_users_own_verdicts_replace_the_shipped_ones_and_one_that_cannot_stand
     and the shipped file decides."""
     mine = tmp_path / "cache" / "NVIDIA_H200.products.json"
     mine.parent.mkdir()
-    monkeypatch.setattr(products, "user_verdicts_path", lambda device: str(mine))
+    assert products.user_verdicts_path("NVIDIA H200") == str(mine)
     h200_verdicts.write_text(json.dumps({"device": "NVIDIA H200", "blas": [{"focus_dim": 112, "lmax": 4}]}))
     mine.write_text(json.dumps({"device": "NVIDIA H200", "blas": [{"focus_dim": 32, "lmax": 2}]}))
     assert products.blas_keys("NVIDIA H200") == {(32, 2)}

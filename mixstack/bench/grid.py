@@ -743,7 +743,8 @@ def markdown(records: list[dict]) -> str:
         lines.append(f"- level 3 on compensated kernels at least {100 * VERDICT_MARGIN:.0f}% faster than level 2 "
                      f"at {len(faster)} keys; level 3 ran them by itself at {ran} of them "
                      f"({100 * ran / len(faster):.0f}%); at the others (measured as L3-rule) it runs them once "
-                     "this run's level3.json ships beside the device's table")
+                     "this run's level3.json ships beside the device's table (or, copied into the tuning cache, "
+                     "applies on this machine: docs/tuning.md)")
     blas = _products_verdicts(records)
     if blas is not None:
         groups = ", ".join(f"Cf{b['focus_dim']}-l{b['lmax']}" for b in blas) or "none"

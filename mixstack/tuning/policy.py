@@ -21,8 +21,9 @@ F 1-2, under ``results/``; BENCHMARKS.md, "Level 3 today"):
   wide, or Cf >= 64 with blocks wider than 128, else M64 N64 w4 s3: the winner, or within 0.4%
   of it, at every key where level 3 won.
 
-Where a grid run has measured a key (``mixstack bench grid``, its ``level3.json``
-verdicts beside the device's table), the measurement decides instead of the rule.
+Where a grid run has measured a key (``mixstack bench grid``, its ``level3.json``: the user's own
+copy beside their tuning table, ``<cache dir>/<device>.level3.json``, else the one shipped beside
+the device's table), the measurement decides instead of the rule.
 """
 
 from __future__ import annotations
@@ -52,18 +53,25 @@ class Decision:
 
 
 def verdicts_path(device: str) -> str:
-    """Where the grid's level-3 verdicts for ``device`` live: beside its built-in table."""
+    """Where the shipped level-3 verdicts for ``device`` live: beside its built-in table."""
     return store.verdicts_path(device, "level3")
+
+
+def user_verdicts_path(device: str) -> str:
+    """Where a user's own level-3 verdicts for ``device`` live: beside their tuning table in the
+    cache directory (``MIXSTACK_CACHE_DIR``); they replace the shipped ones for that device."""
+    return store.verdicts_path(device, "level3", user=True)
 
 
 _verdicts: dict[str, dict] = {}
 
 
 def grid_verdicts(device: str) -> dict:
-    """``{key string: {"speedup": L2 / L3 time, ...}}`` measured by a grid run on ``device``
-    (empty where none shipped); read once per process."""
+    """``{key string: {"speedup": L2 / L3 time, ...}}`` measured by a grid run on ``device``: the
+    user's verdict file where it stands, else the shipped one, else none; read once per process."""
     if device not in _verdicts:
-        found = store.read_verdicts(verdicts_path(device), lambda doc: dict(doc.get("verdicts", {})))
+        found = store.read_device_verdicts(device, (user_verdicts_path(device), verdicts_path(device)),
+                                           lambda doc: dict(doc.get("verdicts", {})))
         _verdicts[device] = found or {}
     return _verdicts[device]
 
@@ -95,4 +103,4 @@ def forget_verdicts() -> None:
 
 
 __all__ = ["Decision", "POLICY_CONFIGS", "decide", "forget_verdicts", "grid_verdicts", "rule_config",
-           "verdicts_path"]
+           "user_verdicts_path", "verdicts_path"]

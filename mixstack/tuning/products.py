@@ -65,27 +65,13 @@ def user_verdicts_path(device: str) -> str:
     return store.verdicts_path(device, "products", user=True)
 
 
-def _read_verdicts(path: str, device: str) -> frozenset | None:
-    """The ``(Cf, lmax)`` groups of the verdict file ``path``; ``None`` where there is no file or it
-    cannot stand (reported: unreadable, or measured on another device), never an error."""
-    found = store.read_verdicts(path, lambda doc: (doc.get("device"), frozenset(
-        (int(k["focus_dim"]), int(k["lmax"])) for k in doc.get("blas", []))))
-    if found is None:
-        return None
-    measured_on, groups = found
-    if measured_on not in (None, device):
-        store.report(path, f"was measured on {measured_on}, not on {device}")
-        return None
-    return groups
-
-
 def blas_keys(device: str) -> frozenset:
     """``{(Cf, lmax)}`` whose products run on the BLAS on ``device`` (read once per process): the
     user's verdict file where it stands, else the shipped one, else none."""
     if device not in _keys:
-        found = _read_verdicts(user_verdicts_path(device), device)
-        if found is None:
-            found = _read_verdicts(verdicts_path(device), device)
+        found = store.read_device_verdicts(device, (user_verdicts_path(device), verdicts_path(device)),
+                                           lambda doc: frozenset(
+            (int(k["focus_dim"]), int(k["lmax"])) for k in doc.get("blas", [])))
         _keys[device] = found or frozenset()
     return _keys[device]
 

@@ -93,6 +93,22 @@ def read_verdicts(path: str, parse):
         return None
 
 
+def read_device_verdicts(device: str, paths, parse):
+    """``parse(document)`` of the first verdict file in ``paths`` (the user's, then the shipped one)
+    that stands for ``device``.  A file that cannot be read, or whose ``device`` names another GPU,
+    is reported and skipped; ``None`` where none stands."""
+    for path in paths:
+        found = read_verdicts(path, lambda doc: (doc.get("device"), parse(doc)))
+        if found is None:
+            continue
+        measured_on, parsed = found
+        if measured_on not in (None, device):
+            report(path, f"was measured on {measured_on}, not on {device}")
+            continue
+        return parsed
+    return None
+
+
 def _read_raw(path: str) -> tuple[dict | None, str | None]:
     """``(document, None)``, ``(None, None)`` when there is no file, or ``(None, why)``."""
     try:
