@@ -65,13 +65,17 @@ def user_verdicts_path(device: str) -> str:
     return store.verdicts_path(device, "products", user=True)
 
 
+def _blas_groups(doc: dict) -> frozenset:
+    """The ``(Cf, lmax)`` groups a verdict file names."""
+    return frozenset((int(k["focus_dim"]), int(k["lmax"])) for k in doc.get("blas", []))
+
+
 def blas_keys(device: str) -> frozenset:
     """``{(Cf, lmax)}`` whose products run on the BLAS on ``device`` (read once per process): the
     user's verdict file where it stands, else the shipped one, else none."""
     if device not in _keys:
         found = store.read_device_verdicts(device, (user_verdicts_path(device), verdicts_path(device)),
-                                           lambda doc: frozenset(
-            (int(k["focus_dim"]), int(k["lmax"])) for k in doc.get("blas", [])))
+                                           _blas_groups)
         _keys[device] = found or frozenset()
     return _keys[device]
 
