@@ -19,17 +19,9 @@ ON_GPU = types.SimpleNamespace(device=torch.device("cuda"))      # a stand-in: o
 
 
 @pytest.fixture
-def h200_verdicts(tmp_path, monkeypatch):
-    """The shipped verdict file of a stand-in GPU, in an empty built-in folder; an empty cache."""
-    from mixstack.core import config
-    from mixstack.tuning import store
-
-    (tmp_path / "builtin").mkdir()
-    monkeypatch.setattr(store, "BUILTIN_DIR", str(tmp_path / "builtin"))
-    monkeypatch.setattr(store, "_reported", set())
-    monkeypatch.setattr(config, "_cache_dir_override", None)
-    monkeypatch.setenv("MIXSTACK_CACHE_DIR", str(tmp_path / "cache"))
-    path = tmp_path / "builtin" / "NVIDIA_H200.products.json"
+def h200_verdicts(tuning_env, monkeypatch):
+    """The shipped verdict file of a stand-in GPU, in the empty built-in folder of ``tuning_env``."""
+    path = tuning_env.builtin / "NVIDIA_H200.products.json"
     monkeypatch.setattr(products, "device_name", lambda device: "NVIDIA H200")
     monkeypatch.delenv(products.VARIABLE, raising=False)
     products.forget_keys()
@@ -60,11 +52,10 @@ def test_no_file_means_triton_everywhere_and_a_corrupt_one_is_reported_not_fatal
         assert products.blas_keys("NVIDIA H200") == frozenset()
 
 
-def test_a_users_own_verdicts_replace_the_shipped_ones_and_one_that_cannot_stand_does_not(h200_verdicts, tmp_path,
-                                                                                            monkeypatch):
+def test_a_users_own_verdicts_replace_the_shipped_ones_and_one_that_cannot_stand_does_not(h200_verdicts, tuning_env):
     """The cache's file for the device first; unreadable, or measured on another GPU: reported,
     and the shipped file decides."""
-    mine = tmp_path / "cache" / "NVIDIA_H200.products.json"
+    mine = tuning_env.user / "NVIDIA_H200.products.json"
     mine.parent.mkdir()
     assert products.user_verdicts_path("NVIDIA H200") == str(mine)
     h200_verdicts.write_text(json.dumps({"device": "NVIDIA H200", "blas": [{"focus_dim": 112, "lmax": 4}]}))
