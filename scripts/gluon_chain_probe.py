@@ -122,12 +122,16 @@ def _split_rows(x_s, hi_s, lo_s, rows_layout: gl.constexpr, NT_K: gl.constexpr, 
 def _chain_products(a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_s, wlo_s, ready, empty,
                     LAYERS: gl.constexpr, K: gl.constexpr, NT_N: gl.constexpr, NT_K: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                    GROUP: gl.constexpr, GROUPS: gl.constexpr, INFLIGHT: gl.constexpr, num_warps: gl.constexpr):
+                    GROUP: gl.constexpr, GROUPS: gl.constexpr, INFLIGHT: gl.constexpr, MMAS: gl.constexpr,
+                    RESPLIT: gl.constexpr, num_warps: gl.constexpr):
     """An MMA partition: per row tile, the rows in, every layer's split and products out of shared
     memory, the rows out.  Of each round's ``GROUPS`` row tiles it takes tile ``GROUP`` (a tile past
     the rows runs masked: every group consumes every W tile the loader streams).  ``INFLIGHT``: a K
     step's MMAs stay in flight while the next step's wait for their W tiles (a slot is freed one step
-    later); otherwise each step waits for its own."""
+    later); otherwise each step waits for its own.  ``MMAS`` (3; 1 or 2 for the diagnostic forms, whose
+    results are wrong by design): the K step's head product alone, or the head and the first tail
+    product; ``RESPLIT`` (on; off for a diagnostic form): split each layer's rows, or only the first
+    layer's, every later layer reusing its tiles."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
     rows_layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
@@ -140,8 +144,10 @@ def _chain_products(a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_
         for t in gl.static_range(NT_K):
             _k_tile(x_s, t, BLOCK_N, BLOCK_K).store(gl.load(a_ptr + offs + t * BLOCK_K, mask=mask, other=0.0))
         _sync()
+        up = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, rows_layout))
         for layer in range(LAYERS):
-            up = _split_rows(x_s, hi_s, lo_s, rows_layout, NT_K, BLOCK_M, BLOCK_N, BLOCK_K)
+            if RESPLIT or layer == 0:
+                up = _split_rows(x_s, hi_s, lo_s, rows_layout, NT_K, BLOCK_M, BLOCK_N, BLOCK_K)
             fence_async_shared()
             _sync()
             row_up = gl.convert_layout(up, gl.SliceLayout(1, acc_layout)) * gl.load(wup_ptr + layer)
@@ -152,10 +158,12 @@ def _chain_products(a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_
                     s = c % STAGES
                     mbarrier.wait(ready.index(s), (c // STAGES) & 1)
                     head = warpgroup_mma(hi_s.index(t), whi_s.index(s), head, is_async=True)
-                    tail = warpgroup_mma(hi_s.index(t), wlo_s.index(s), tail, is_async=True)
-                    tail = warpgroup_mma(lo_s.index(t), whi_s.index(s), tail, is_async=True)
-                    if INFLIGHT:                    # this step's three MMAs stay in flight; the last step's slot frees
-                        head, tail = warpgroup_mma_wait(num_outstanding=3, deps=(head, tail))
+                    if MMAS >= 2:
+                        tail = warpgroup_mma(hi_s.index(t), wlo_s.index(s), tail, is_async=True)
+                    if MMAS >= 3:
+                        tail = warpgroup_mma(lo_s.index(t), whi_s.index(s), tail, is_async=True)
+                    if INFLIGHT:                    # this step's MMAs stay in flight; the last step's slot frees
+                        head, tail = warpgroup_mma_wait(num_outstanding=MMAS, deps=(head, tail))
                         if t > 0:
                             mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), count=1)
                     else:
@@ -176,14 +184,16 @@ def _chain_products(a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_
 @gluon.jit
 def gluon_chain(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.constexpr, K: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                GROUPS: gl.constexpr, REGS: gl.constexpr, INFLIGHT: gl.constexpr, num_warps: gl.constexpr):
+                GROUPS: gl.constexpr, REGS: gl.constexpr, INFLIGHT: gl.constexpr, MMAS: gl.constexpr,
+                RESPLIT: gl.constexpr, num_warps: gl.constexpr):
     """``C = A @ W_0 @ ... @ W_{LAYERS-1}``, each product compensated, ``A (rows, K)`` fp32, the
     ``W_l`` stacked as fp16 head and tail ``(LAYERS * K, K)``, each scaled by ``1 / w_up[l]``.
     ``GROUPS`` 1: one MMA partition on one row tile at a time.  ``GROUPS`` 2 (ping-pong): two MMA
     partitions of ``num_warps`` warps (the second with ``REGS`` registers), each on its own row tile
     (rounds of two tiles), sharing the loader's W ring (a slot freed once both used it): each
     partition's phases wait only at its own barrier, so one's split and stores can run under the
-    other's MMAs.  ``INFLIGHT``: each K step's MMAs left in flight across the next step's wait."""
+    other's MMAs.  ``INFLIGHT``: each K step's MMAs left in flight across the next step's wait.
+    ``MMAS``, ``RESPLIT``: ``_chain_products``'s (the diagnostic forms)."""
     NT_N: gl.constexpr = K // BLOCK_N
     NT_K: gl.constexpr = K // BLOCK_K
     n_rounds = gl.cdiv(gl.cdiv(rows, BLOCK_M), GROUPS)
@@ -210,15 +220,18 @@ def gluon_chain(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.conste
     if GROUPS == 1:
         gl.warp_specialize([
             (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_s, wlo_s, ready, empty,
-                               LAYERS, K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 0, GROUPS, INFLIGHT, num_warps)),
+                               LAYERS, K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 0, GROUPS, INFLIGHT, MMAS, RESPLIT,
+                               num_warps)),
             (_chain_loader, loader),
         ], [1], [24])
     else:
         gl.warp_specialize([
             (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_s, wlo_s, ready, empty,
-                               LAYERS, K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 0, GROUPS, INFLIGHT, num_warps)),
+                               LAYERS, K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 0, GROUPS, INFLIGHT, MMAS, RESPLIT,
+                               num_warps)),
             (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_rounds, x1, hi1, lo1, whi_s, wlo_s, ready, empty,
-                               LAYERS, K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 1, GROUPS, INFLIGHT, num_warps)),
+                               LAYERS, K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 1, GROUPS, INFLIGHT, MMAS, RESPLIT,
+                               num_warps)),
             (_chain_loader, loader),
         ], [num_warps, 1], [REGS, 24])
     for i in gl.static_range(STAGES):
@@ -252,21 +265,24 @@ def run_twin(a, w_hi, w_lo, w_up, cfg):
     return x
 
 
-def constexprs(cfg, k: int, layers: int, groups: int = 1, inflight: bool = False) -> dict:
+def constexprs(cfg, k: int, layers: int, groups: int = 1, inflight: bool = False, mmas: int = 3,
+               resplit: bool = True) -> dict:
     bm, bn, bk, stages, warps = cfg
     return {"LAYERS": layers, "K": k, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages,
-            "GROUPS": groups, "REGS": PINGPONG_REGS, "INFLIGHT": inflight, "num_warps": warps}
+            "GROUPS": groups, "REGS": PINGPONG_REGS, "INFLIGHT": inflight, "MMAS": mmas, "RESPLIT": resplit,
+            "num_warps": warps}
 
 
-def run_gluon(a, w_hi, w_lo, w_up, cfg, groups: int = 1, inflight: bool = False):
+def run_gluon(a, w_hi, w_lo, w_up, cfg, groups: int = 1, inflight: bool = False, mmas: int = 3, resplit: bool = True):
     """``gluon_chain`` on ``a``, ``groups`` row tiles an SM (1, or 2: ping-pong), one program an SM at most;
-    ``inflight``: MMAs left in flight across K steps."""
+    ``inflight``: MMAs left in flight across K steps; ``mmas``, ``resplit``: a diagnostic form's."""
     import torch
     rows, k = a.shape
     c = torch.empty_like(a)
     rounds = triton.cdiv(triton.cdiv(rows, cfg[0]), groups)
     programs = min(rounds, torch.cuda.get_device_properties(a.device).multi_processor_count)
-    gluon_chain[(programs,)](a, w_hi, w_lo, w_up, c, rows, **constexprs(cfg, k, len(w_up), groups, inflight))
+    gluon_chain[(programs,)](a, w_hi, w_lo, w_up, c, rows,
+                             **constexprs(cfg, k, len(w_up), groups, inflight, mmas, resplit))
     return c
 
 
@@ -278,13 +294,21 @@ def error(c, a, ws) -> float:
 
 
 FORMS = ("chain", "pingpong", "chain-inflight", "pingpong-inflight")
+# What bounds the chain's rate: the in-flight chain with one or two of the three MMAs a K step (``mma1``: the
+# head product alone), or each layer's split left out (``nosplit``: the first layer's tiles reused), or
+# both; their results are wrong by design, so only their times are read (never a default form)
+DIAGNOSTIC_FORMS = ("chain-mma1", "chain-mma2", "chain-nosplit", "chain-mma1-nosplit")
+DIAGNOSTIC_CONFIGS = ((128, 128, 64, 2, 8), (64, 64, 64, 4, 4), (64, 128, 64, 4, 4))
 
 
 def forms(names=FORMS):
     """The kernel's forms the probe runs, of ``names``: ``(name, configs, row tiles an SM, MMAs in flight
-    across K steps)``."""
-    every = {"chain": (CONFIGS, 1, False), "pingpong": (PINGPONG_CONFIGS, 2, False),
-             "chain-inflight": (CONFIGS, 1, True), "pingpong-inflight": (PINGPONG_CONFIGS, 2, True)}
+    across K steps, MMAs a K step, each layer split)``."""
+    every = {"chain": (CONFIGS, 1, False, 3, True), "pingpong": (PINGPONG_CONFIGS, 2, False, 3, True),
+             "chain-inflight": (CONFIGS, 1, True, 3, True), "pingpong-inflight": (PINGPONG_CONFIGS, 2, True, 3, True),
+             "chain-mma1": (DIAGNOSTIC_CONFIGS, 1, True, 1, True), "chain-mma2": (DIAGNOSTIC_CONFIGS, 1, True, 2, True),
+             "chain-nosplit": (DIAGNOSTIC_CONFIGS, 1, True, 3, False),
+             "chain-mma1-nosplit": (DIAGNOSTIC_CONFIGS, 1, True, 1, False)}
     return tuple((name, *every[name]) for name in names)
 
 
@@ -294,14 +318,14 @@ def offline(arch: int, layers: int, names=FORMS) -> list[dict]:
     out = []
     runtime = {"a_ptr": "*fp32", "whi_ptr": "*fp16", "wlo_ptr": "*fp16", "wup_ptr": "*fp32", "c_ptr": "*fp32",
                "rows": "i32"}
-    for form, configs, groups, inflight in forms(names):
+    for form, configs, groups, inflight, mmas, resplit in forms(names):
         for k in BLOCKS:
             for cfg in configs:
                 if not fits(cfg, k, groups):
                     continue
                 row = {"form": form, "K": k, "config": list(cfg), "layers": layers,
-                       **single.compile_report(gluon_chain, runtime, constexprs(cfg, k, layers, groups, inflight), cfg[4],
-                                               arch)}
+                       **single.compile_report(gluon_chain, runtime,
+                                               constexprs(cfg, k, layers, groups, inflight, mmas, resplit), cfg[4], arch)}
                 out.append(row)
                 print(json.dumps(row), flush=True)
     return out
@@ -327,21 +351,26 @@ def gpu(args) -> dict:
         a, ws, w_hi, w_lo, w_up = operands(rows, k, args.layers, "cuda")
         case = {"K": k, "configs": []}
         variants, twins = {}, {}            # the twin chain depends on the tiles alone: one run each
-        for form, configs, groups, inflight in forms(args.forms):
+        mma_count = {}                      # each timed variant's MMAs a K step (the twin's: 3)
+        for form, configs, groups, inflight, mmas, resplit in forms(args.forms):
             for cfg in configs:
                 if not fits(cfg, k, groups):
                     continue
                 entry = {"form": form, "config": list(cfg)}
+                if form in DIAGNOSTIC_FORMS:
+                    entry["diagnostic"] = True          # wrong by design: its time is what it is for
                 try:
                     if cfg not in twins:
                         twins[cfg] = run_twin(a, w_hi, w_lo, w_up, cfg)
                     twin = twins[cfg]
-                    c = run_gluon(a, w_hi, w_lo, w_up, cfg, groups, inflight)
+                    c = run_gluon(a, w_hi, w_lo, w_up, cfg, groups, inflight, mmas, resplit)
                     torch.cuda.synchronize()
                     entry.update(error=error(c, a, ws), twin_error=error(twin, a, ws),
                                  nonfinite=int((~torch.isfinite(c)).sum()),
                                  max_abs_vs_twin=float((c - twin).abs().max()), bits_equal=bool(torch.equal(c, twin)))
-                    variants[f"{form} {cfg}"] = (lambda cfg=cfg, g=groups, f=inflight: run_gluon(a, w_hi, w_lo, w_up, cfg, g, f))
+                    mma_count[f"{form} {cfg}"] = mmas
+                    variants[f"{form} {cfg}"] = (lambda cfg=cfg, g=groups, f=inflight, m=mmas, r=resplit:
+                                                 run_gluon(a, w_hi, w_lo, w_up, cfg, g, f, m, r))
                     variants.setdefault(f"twin x{args.layers} {cfg[:3]}", lambda cfg=cfg: run_twin(a, w_hi, w_lo, w_up, cfg))
                 except Exception as exc:
                     entry["error_text"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
@@ -351,7 +380,7 @@ def gpu(args) -> dict:
             case.update(single.rates(variants, args.rounds, 3, 2 * rows * k * k * args.layers))
             for name in sorted(case["ms"], key=case["ms"].get):
                 print(f"K={k} {name:40s} {case['ms'][name]:.4f} ms  {case['tflops'][name]:6.1f} TFLOP/s fp32-equiv  "
-                      f"{3 * case['tflops'][name]:6.1f} fp16 work", flush=True)
+                      f"{mma_count.get(name, 3) * case['tflops'][name]:6.1f} fp16 work", flush=True)
         record["cases"].append(case)
     return record
 
@@ -360,15 +389,17 @@ def parser() -> argparse.ArgumentParser:
     p = single.probe_parser(__doc__, 15, "gluon_chain_probe.json")
     p.add_argument("--layers", type=int, default=4, help="products in the chain (default 4: a stack's layers)")
     p.add_argument("--forms", type=_form_names, default=FORMS,
-                   help=f"the kernel's forms to run, comma-separated (default all: {','.join(FORMS)})")
+                   help=f"the kernel's forms to run, comma-separated (default all: {','.join(FORMS)}; "
+                        f"diagnostic forms, timed only: {','.join(DIAGNOSTIC_FORMS)})")
     return p
 
 
 def _form_names(text: str) -> tuple:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
-    unknown = [n for n in names if n not in FORMS]
+    unknown = [n for n in names if n not in FORMS + DIAGNOSTIC_FORMS]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown form(s) {unknown or text!r}; choose from {', '.join(FORMS)}")
+        raise argparse.ArgumentTypeError(f"unknown form(s) {unknown or text!r}; choose from "
+                                         f"{', '.join(FORMS + DIAGNOSTIC_FORMS)}")
     return names
 
 
