@@ -78,8 +78,9 @@ def fits(cfg, k: int, groups: int = 1) -> bool:
 @gluon.jit
 def _chain_loader(whi_desc, wlo_desc, whi_s, wlo_s, ready, empty, n_rounds, LAYERS: gl.constexpr, K: gl.constexpr,
                   NT_N: gl.constexpr, NT_K: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                  STAGES: gl.constexpr):
+                  STAGES: gl.constexpr, TAIL_W: gl.constexpr):
     nbytes: gl.constexpr = whi_desc.block_type.nbytes + wlo_desc.block_type.nbytes
+    head_bytes: gl.constexpr = whi_desc.block_type.nbytes        # a diagnostic form without TAIL_W: half
     c = 0                                       # W tiles issued by this program: the ring's position
     for _round in range(gl.program_id(0), n_rounds, gl.num_programs(0)):
         for layer in range(LAYERS):
@@ -87,10 +88,14 @@ def _chain_loader(whi_desc, wlo_desc, whi_s, wlo_s, ready, empty, n_rounds, LAYE
                 for t in range(NT_K):
                     s = c % STAGES
                     mbarrier.wait(empty.index(s), ((c // STAGES) & 1) ^ 1)     # a fresh slot passes at once
-                    mbarrier.expect(ready.index(s), nbytes)
+                    if TAIL_W:
+                        mbarrier.expect(ready.index(s), nbytes)
+                    else:
+                        mbarrier.expect(ready.index(s), head_bytes)
                     k = layer * K + t * BLOCK_K
                     tma.async_copy_global_to_shared(whi_desc, [k, j * BLOCK_N], ready.index(s), whi_s.index(s))
-                    tma.async_copy_global_to_shared(wlo_desc, [k, j * BLOCK_N], ready.index(s), wlo_s.index(s))
+                    if TAIL_W:
+                        tma.async_copy_global_to_shared(wlo_desc, [k, j * BLOCK_N], ready.index(s), wlo_s.index(s))
                     c += 1
 
 
@@ -185,7 +190,7 @@ def _chain_products(a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_
 def gluon_chain(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.constexpr, K: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
                 GROUPS: gl.constexpr, REGS: gl.constexpr, INFLIGHT: gl.constexpr, MMAS: gl.constexpr,
-                RESPLIT: gl.constexpr, num_warps: gl.constexpr):
+                RESPLIT: gl.constexpr, TAIL_W: gl.constexpr, num_warps: gl.constexpr):
     """``C = A @ W_0 @ ... @ W_{LAYERS-1}``, each product compensated, ``A (rows, K)`` fp32, the
     ``W_l`` stacked as fp16 head and tail ``(LAYERS * K, K)``, each scaled by ``1 / w_up[l]``.
     ``GROUPS`` 1: one MMA partition on one row tile at a time.  ``GROUPS`` 2 (ping-pong): two MMA
@@ -193,7 +198,8 @@ def gluon_chain(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.conste
     (rounds of two tiles), sharing the loader's W ring (a slot freed once both used it): each
     partition's phases wait only at its own barrier, so one's split and stores can run under the
     other's MMAs.  ``INFLIGHT``: each K step's MMAs left in flight across the next step's wait.
-    ``MMAS``, ``RESPLIT``: ``_chain_products``'s (the diagnostic forms)."""
+    ``MMAS``, ``RESPLIT``: ``_chain_products``'s (the diagnostic forms); ``TAIL_W`` off (a diagnostic
+    form with ``MMAS`` 1): the loader streams the weights' head tiles alone."""
     NT_N: gl.constexpr = K // BLOCK_N
     NT_K: gl.constexpr = K // BLOCK_K
     n_rounds = gl.cdiv(gl.cdiv(rows, BLOCK_M), GROUPS)
@@ -216,7 +222,8 @@ def gluon_chain(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.conste
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=GROUPS)         # every MMA partition releases a slot
-    loader = (whi_desc, wlo_desc, whi_s, wlo_s, ready, empty, n_rounds, LAYERS, K, NT_N, NT_K, BLOCK_N, BLOCK_K, STAGES)
+    loader = (whi_desc, wlo_desc, whi_s, wlo_s, ready, empty, n_rounds, LAYERS, K, NT_N, NT_K, BLOCK_N, BLOCK_K, STAGES,
+              TAIL_W)
     if GROUPS == 1:
         gl.warp_specialize([
             (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_s, wlo_s, ready, empty,
@@ -266,23 +273,24 @@ def run_twin(a, w_hi, w_lo, w_up, cfg):
 
 
 def constexprs(cfg, k: int, layers: int, groups: int = 1, inflight: bool = False, mmas: int = 3,
-               resplit: bool = True) -> dict:
+               resplit: bool = True, tail_w: bool = True) -> dict:
     bm, bn, bk, stages, warps = cfg
     return {"LAYERS": layers, "K": k, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages,
             "GROUPS": groups, "REGS": PINGPONG_REGS, "INFLIGHT": inflight, "MMAS": mmas, "RESPLIT": resplit,
-            "num_warps": warps}
+            "TAIL_W": tail_w, "num_warps": warps}
 
 
-def run_gluon(a, w_hi, w_lo, w_up, cfg, groups: int = 1, inflight: bool = False, mmas: int = 3, resplit: bool = True):
+def run_gluon(a, w_hi, w_lo, w_up, cfg, groups: int = 1, inflight: bool = False, mmas: int = 3, resplit: bool = True,
+              tail_w: bool = True):
     """``gluon_chain`` on ``a``, ``groups`` row tiles an SM (1, or 2: ping-pong), one program an SM at most;
-    ``inflight``: MMAs left in flight across K steps; ``mmas``, ``resplit``: a diagnostic form's."""
+    ``inflight``: MMAs left in flight across K steps; ``mmas``, ``resplit``, ``tail_w``: a diagnostic form's."""
     import torch
     rows, k = a.shape
     c = torch.empty_like(a)
     rounds = triton.cdiv(triton.cdiv(rows, cfg[0]), groups)
     programs = min(rounds, torch.cuda.get_device_properties(a.device).multi_processor_count)
     gluon_chain[(programs,)](a, w_hi, w_lo, w_up, c, rows,
-                             **constexprs(cfg, k, len(w_up), groups, inflight, mmas, resplit))
+                             **constexprs(cfg, k, len(w_up), groups, inflight, mmas, resplit, tail_w))
     return c
 
 
@@ -296,19 +304,23 @@ def error(c, a, ws) -> float:
 FORMS = ("chain", "pingpong", "chain-inflight", "pingpong-inflight")
 # What bounds the chain's rate: the in-flight chain with one or two of the three MMAs a K step (``mma1``: the
 # head product alone), or each layer's split left out (``nosplit``: the first layer's tiles reused), or
-# both; their results are wrong by design, so only their times are read (never a default form)
-DIAGNOSTIC_FORMS = ("chain-mma1", "chain-mma2", "chain-nosplit", "chain-mma1-nosplit")
+# both, and the last with the weights' head tiles alone streamed (``headw``: half the weight bytes); their
+# results are wrong by design, so only their times are read (never a default form)
+DIAGNOSTIC_FORMS = ("chain-mma1", "chain-mma2", "chain-nosplit", "chain-mma1-nosplit", "chain-mma1-nosplit-headw")
 DIAGNOSTIC_CONFIGS = ((128, 128, 64, 2, 8), (64, 64, 64, 4, 4), (64, 128, 64, 4, 4))
 
 
 def forms(names=FORMS):
     """The kernel's forms the probe runs, of ``names``: ``(name, configs, row tiles an SM, MMAs in flight
-    across K steps, MMAs a K step, each layer split)``."""
-    every = {"chain": (CONFIGS, 1, False, 3, True), "pingpong": (PINGPONG_CONFIGS, 2, False, 3, True),
-             "chain-inflight": (CONFIGS, 1, True, 3, True), "pingpong-inflight": (PINGPONG_CONFIGS, 2, True, 3, True),
-             "chain-mma1": (DIAGNOSTIC_CONFIGS, 1, True, 1, True), "chain-mma2": (DIAGNOSTIC_CONFIGS, 1, True, 2, True),
-             "chain-nosplit": (DIAGNOSTIC_CONFIGS, 1, True, 3, False),
-             "chain-mma1-nosplit": (DIAGNOSTIC_CONFIGS, 1, True, 1, False)}
+    across K steps, MMAs a K step, each layer split, the weights' tail tiles streamed)``."""
+    every = {"chain": (CONFIGS, 1, False, 3, True, True), "pingpong": (PINGPONG_CONFIGS, 2, False, 3, True, True),
+             "chain-inflight": (CONFIGS, 1, True, 3, True, True),
+             "pingpong-inflight": (PINGPONG_CONFIGS, 2, True, 3, True, True),
+             "chain-mma1": (DIAGNOSTIC_CONFIGS, 1, True, 1, True, True),
+             "chain-mma2": (DIAGNOSTIC_CONFIGS, 1, True, 2, True, True),
+             "chain-nosplit": (DIAGNOSTIC_CONFIGS, 1, True, 3, False, True),
+             "chain-mma1-nosplit": (DIAGNOSTIC_CONFIGS, 1, True, 1, False, True),
+             "chain-mma1-nosplit-headw": (DIAGNOSTIC_CONFIGS, 1, True, 1, False, False)}
     return tuple((name, *every[name]) for name in names)
 
 
@@ -318,14 +330,15 @@ def offline(arch: int, layers: int, names=FORMS) -> list[dict]:
     out = []
     runtime = {"a_ptr": "*fp32", "whi_ptr": "*fp16", "wlo_ptr": "*fp16", "wup_ptr": "*fp32", "c_ptr": "*fp32",
                "rows": "i32"}
-    for form, configs, groups, inflight, mmas, resplit in forms(names):
+    for form, configs, groups, inflight, mmas, resplit, tail_w in forms(names):
         for k in BLOCKS:
             for cfg in configs:
                 if not fits(cfg, k, groups):
                     continue
                 row = {"form": form, "K": k, "config": list(cfg), "layers": layers,
                        **single.compile_report(gluon_chain, runtime,
-                                               constexprs(cfg, k, layers, groups, inflight, mmas, resplit), cfg[4], arch)}
+                                               constexprs(cfg, k, layers, groups, inflight, mmas, resplit, tail_w),
+                                               cfg[4], arch)}
                 out.append(row)
                 print(json.dumps(row), flush=True)
     return out
@@ -352,7 +365,7 @@ def gpu(args) -> dict:
         case = {"K": k, "configs": []}
         variants, twins = {}, {}            # the twin chain depends on the tiles alone: one run each
         mma_count = {}                      # each timed variant's MMAs a K step (the twin's: 3)
-        for form, configs, groups, inflight, mmas, resplit in forms(args.forms):
+        for form, configs, groups, inflight, mmas, resplit, tail_w in forms(args.forms):
             for cfg in configs:
                 if not fits(cfg, k, groups):
                     continue
@@ -363,14 +376,14 @@ def gpu(args) -> dict:
                     if cfg not in twins:
                         twins[cfg] = run_twin(a, w_hi, w_lo, w_up, cfg)
                     twin = twins[cfg]
-                    c = run_gluon(a, w_hi, w_lo, w_up, cfg, groups, inflight, mmas, resplit)
+                    c = run_gluon(a, w_hi, w_lo, w_up, cfg, groups, inflight, mmas, resplit, tail_w)
                     torch.cuda.synchronize()
                     entry.update(error=error(c, a, ws), twin_error=error(twin, a, ws),
                                  nonfinite=int((~torch.isfinite(c)).sum()),
                                  max_abs_vs_twin=float((c - twin).abs().max()), bits_equal=bool(torch.equal(c, twin)))
                     mma_count[f"{form} {cfg}"] = mmas
-                    variants[f"{form} {cfg}"] = (lambda cfg=cfg, g=groups, f=inflight, m=mmas, r=resplit:
-                                                 run_gluon(a, w_hi, w_lo, w_up, cfg, g, f, m, r))
+                    variants[f"{form} {cfg}"] = (lambda cfg=cfg, g=groups, f=inflight, m=mmas, r=resplit, t=tail_w:
+                                                 run_gluon(a, w_hi, w_lo, w_up, cfg, g, f, m, r, t))
                     variants.setdefault(f"twin x{args.layers} {cfg[:3]}", lambda cfg=cfg: run_twin(a, w_hi, w_lo, w_up, cfg))
                 except Exception as exc:
                     entry["error_text"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"

@@ -80,15 +80,19 @@ def test_the_in_flight_chain_waits_for_the_last_steps_mmas_not_its_own(monkeypat
 def test_the_diagnostic_chain_forms_leave_out_mmas_or_the_split_and_nothing_else(monkeypatch):
     """The forms that ask what bounds the chain: ``chain-mma1`` issues the head product alone (a third of
     the in-flight chain's MMAs, waits of depth 1), ``chain-mma2`` two thirds; ``chain-nosplit`` the same
-    MMAs as the in-flight chain.  Never among the default forms (their results are wrong by design)."""
+    MMAs as the in-flight chain; ``chain-mma1-nosplit-headw`` loads the weights' head tiles alone (half
+    the TMA loads).  Never among the default forms (their results are wrong by design)."""
     chain = load_script("gluon_chain_probe")
     monkeypatch.setattr(chain, "BLOCKS", (128,))
     monkeypatch.setattr(chain, "CONFIGS", ((64, 64, 64, 4, 4),))
     monkeypatch.setattr(chain, "DIAGNOSTIC_CONFIGS", ((64, 64, 64, 4, 4),))
-    full, one, two, nosplit = chain.offline(90, 4, ("chain-inflight", "chain-mma1", "chain-mma2", "chain-nosplit"))
-    assert all("error" not in r and r["spill_bytes"] == 0 for r in (full, one, two, nosplit)), (full, one, two, nosplit)
+    full, one, two, nosplit, both, headw = chain.offline(90, 4, ("chain-inflight", "chain-mma1", "chain-mma2", "chain-nosplit",
+                                                                "chain-mma1-nosplit", "chain-mma1-nosplit-headw"))
+    rows = (full, one, two, nosplit, both, headw)
+    assert all("error" not in r and r["spill_bytes"] == 0 for r in rows), rows
     assert full["wgmma"] == 3 * one["wgmma"] == nosplit["wgmma"] and 2 * full["wgmma"] == 3 * two["wgmma"] > 0
     assert one["wgmma_waits"] == [0, 1] and two["wgmma_waits"] == [0, 2] and nosplit["wgmma_waits"] == [0, 3]
+    assert headw["wgmma"] == both["wgmma"] == one["wgmma"] and 2 * headw["tma_loads"] == both["tma_loads"] > 0
     assert not set(chain.DIAGNOSTIC_FORMS) & set(chain.FORMS)
     assert chain.parser().parse_args(["--forms", "chain-mma1,chain"]).forms == ("chain-mma1", "chain")
 
