@@ -43,6 +43,7 @@ import sys
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -65,11 +66,11 @@ PINGPONG_REGS = 232          # ping-pong's second MMA partition's registers (set
 _sync = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
 
-def fits(cfg, k: int, groups: int = 1) -> bool:
-    """Whether config ``cfg`` tiles width ``k`` and its shared memory (``groups`` row tiles, the
-    ring) fits an SM (227 KB)."""
+def fits(cfg, k: int, groups: int = 1, prefetch: bool = False) -> bool:
+    """Whether config ``cfg`` tiles width ``k`` and its shared memory (``groups`` row tiles, a second
+    fp32 row buffer with ``prefetch``, the ring) fits an SM (227 KB)."""
     bm, bn, bk, stages, _ = cfg
-    smem = groups * (bm * k * 4 + 2 * bm * k * 2) + stages * 2 * bk * bn * 2
+    smem = groups * ((2 if prefetch else 1) * bm * k * 4 + 2 * bm * k * 2) + stages * 2 * bk * bn * 2
     return k % bn == 0 and bn % bk == 0 and smem <= 227 * 1024
 
 
@@ -100,23 +101,24 @@ def _chain_loader(whi_desc, wlo_desc, whi_s, wlo_s, ready, empty, n_rounds, LAYE
 
 
 @gluon.jit
-def _k_tile(x_s, t: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
-    """K tile ``t`` of the fp32 row buffer, which is held as N tiles (an epilogue writes one)."""
-    return x_s.index(t * BLOCK_K // BLOCK_N).slice(t * BLOCK_K % BLOCK_N, BLOCK_K, dim=1)
+def _k_tile(x_s, base, t: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """K tile ``t`` of the fp32 row buffer whose first N tile is ``base`` (a buffer is held as N tiles:
+    an epilogue writes one)."""
+    return x_s.index(base + t * BLOCK_K // BLOCK_N).slice(t * BLOCK_K % BLOCK_N, BLOCK_K, dim=1)
 
 
 @gluon.jit
-def _split_rows(x_s, hi_s, lo_s, rows_layout: gl.constexpr, NT_K: gl.constexpr, BLOCK_M: gl.constexpr,
+def _split_rows(x_s, base, hi_s, lo_s, rows_layout: gl.constexpr, NT_K: gl.constexpr, BLOCK_M: gl.constexpr,
                 BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
     """The fp32 row buffer's rows scaled into [1, 2) by their largest magnitude and split into the
     head and tail tiles the MMAs read; returns each row's scale back (a power of two)."""
     amax = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, rows_layout))
     for t in gl.static_range(NT_K):
-        x = _k_tile(x_s, t, BLOCK_N, BLOCK_K).load(rows_layout)
+        x = _k_tile(x_s, base, t, BLOCK_N, BLOCK_K).load(rows_layout)
         amax = gl.maximum(amax, gl.max(gl.abs(x), axis=1))
     down, up = single._pow2_scales(amax)
     for t in gl.static_range(NT_K):
-        x = _k_tile(x_s, t, BLOCK_N, BLOCK_K).load(rows_layout) * down[:, None]
+        x = _k_tile(x_s, base, t, BLOCK_N, BLOCK_K).load(rows_layout) * down[:, None]
         hi = x.to(gl.float16)
         hi_s.index(t).store(hi)
         lo_s.index(t).store(((x - hi.to(gl.float32)) * 2048.0).to(gl.float16))
@@ -128,7 +130,7 @@ def _chain_products(a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_
                     LAYERS: gl.constexpr, K: gl.constexpr, NT_N: gl.constexpr, NT_K: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
                     GROUP: gl.constexpr, GROUPS: gl.constexpr, INFLIGHT: gl.constexpr, MMAS: gl.constexpr,
-                    RESPLIT: gl.constexpr, num_warps: gl.constexpr):
+                    RESPLIT: gl.constexpr, PREFETCH: gl.constexpr, num_warps: gl.constexpr):
     """An MMA partition: per row tile, the rows in, every layer's split and products out of shared
     memory, the rows out.  Of each round's ``GROUPS`` row tiles it takes tile ``GROUP`` (a tile past
     the rows runs masked: every group consumes every W tile the loader streams).  ``INFLIGHT``: a K
@@ -136,23 +138,36 @@ def _chain_products(a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_
     later); otherwise each step waits for its own.  ``MMAS`` (3; 1 or 2 for the diagnostic forms, whose
     results are wrong by design): the K step's head product alone, or the head and the first tail
     product; ``RESPLIT`` (on; off for a diagnostic form): split each layer's rows, or only the first
-    layer's, every later layer reusing its tiles."""
+    layer's, every later layer reusing its tiles.  ``PREFETCH``: ``x_s`` holds two row buffers; the next
+    tile's rows are copied into the other one asynchronously (``cp.async``) while this tile's layers run,
+    so that a tile waits for its rows only when they are late."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
     rows_layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
     c = 0
+    it = 0                                      # row tiles this partition has taken: the buffer's parity
+    kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, rows_layout))
+    if PREFETCH:                                # the first tile's rows into buffer 0
+        _copy_rows(x_s, 0, a_ptr, rows, gl.program_id(0) * GROUPS + GROUP, rows_layout, K, NT_K, BLOCK_M,
+                   BLOCK_N, BLOCK_K)
     for rnd in range(gl.program_id(0), n_rounds, gl.num_programs(0)):
         e = (rnd * GROUPS + GROUP) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rows_layout))
-        kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, rows_layout))
         offs = e.to(gl.int64)[:, None] * K + kk[None, :]
         mask = (e < rows)[:, None]
-        for t in gl.static_range(NT_K):
-            _k_tile(x_s, t, BLOCK_N, BLOCK_K).store(gl.load(a_ptr + offs + t * BLOCK_K, mask=mask, other=0.0))
+        if PREFETCH:                            # the next tile's rows into the other buffer, then this tile's wait
+            base = (it % 2) * NT_N
+            _copy_rows(x_s, NT_N - base, a_ptr, rows, (rnd + gl.num_programs(0)) * GROUPS + GROUP, rows_layout, K,
+                       NT_K, BLOCK_M, BLOCK_N, BLOCK_K)
+            async_copy.wait_group(1)
+        else:
+            base = 0
+            for t in gl.static_range(NT_K):
+                _k_tile(x_s, base, t, BLOCK_N, BLOCK_K).store(gl.load(a_ptr + offs + t * BLOCK_K, mask=mask, other=0.0))
         _sync()
         up = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, rows_layout))
         for layer in range(LAYERS):
             if RESPLIT or layer == 0:
-                up = _split_rows(x_s, hi_s, lo_s, rows_layout, NT_K, BLOCK_M, BLOCK_N, BLOCK_K)
+                up = _split_rows(x_s, base, hi_s, lo_s, rows_layout, NT_K, BLOCK_M, BLOCK_N, BLOCK_K)
             fence_async_shared()
             _sync()
             row_up = gl.convert_layout(up, gl.SliceLayout(1, acc_layout)) * gl.load(wup_ptr + layer)
@@ -179,18 +194,36 @@ def _chain_products(a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_
                     head, tail = warpgroup_mma_wait(num_outstanding=0, deps=(head, tail))
                     mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), count=1)
                 # the last layer's input is in the split tiles now: its fp32 columns are free
-                x_s.index(j).store((head + tail * (1.0 / 2048.0)) * row_up[:, None])
+                x_s.index(base + j).store((head + tail * (1.0 / 2048.0)) * row_up[:, None])
             _sync()
         for t in gl.static_range(NT_K):
-            gl.store(c_ptr + offs + t * BLOCK_K, _k_tile(x_s, t, BLOCK_N, BLOCK_K).load(rows_layout), mask=mask)
+            gl.store(c_ptr + offs + t * BLOCK_K, _k_tile(x_s, base, t, BLOCK_N, BLOCK_K).load(rows_layout), mask=mask)
         _sync()
+        it += 1
+    if PREFETCH:
+        async_copy.wait_group(0)                # the copy past the last tile (masked) retires before the exit
+
+
+@gluon.jit
+def _copy_rows(x_s, base, a_ptr, rows, tile, rows_layout: gl.constexpr, K: gl.constexpr, NT_K: gl.constexpr,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """Row tile ``tile``'s rows copied asynchronously into the row buffer at ``base`` (zeros past the
+    rows), one commit group."""
+    e = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rows_layout))
+    kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, rows_layout))
+    offs = e.to(gl.int64)[:, None] * K + kk[None, :]
+    mask = (e < rows)[:, None]
+    for t in gl.static_range(NT_K):
+        async_copy.async_copy_global_to_shared(_k_tile(x_s, base, t, BLOCK_N, BLOCK_K), a_ptr + offs + t * BLOCK_K,
+                                               mask=mask)
+    async_copy.commit_group()
 
 
 @gluon.jit
 def gluon_chain(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.constexpr, K: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
                 GROUPS: gl.constexpr, REGS: gl.constexpr, INFLIGHT: gl.constexpr, MMAS: gl.constexpr,
-                RESPLIT: gl.constexpr, TAIL_W: gl.constexpr, num_warps: gl.constexpr):
+                RESPLIT: gl.constexpr, TAIL_W: gl.constexpr, PREFETCH: gl.constexpr, num_warps: gl.constexpr):
     """``C = A @ W_0 @ ... @ W_{LAYERS-1}``, each product compensated, ``A (rows, K)`` fp32, the
     ``W_l`` stacked as fp16 head and tail ``(LAYERS * K, K)``, each scaled by ``1 / w_up[l]``.
     ``GROUPS`` 1: one MMA partition on one row tile at a time.  ``GROUPS`` 2 (ping-pong): two MMA
@@ -199,7 +232,8 @@ def gluon_chain(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.conste
     partition's phases wait only at its own barrier, so one's split and stores can run under the
     other's MMAs.  ``INFLIGHT``: each K step's MMAs left in flight across the next step's wait.
     ``MMAS``, ``RESPLIT``: ``_chain_products``'s (the diagnostic forms); ``TAIL_W`` off (a diagnostic
-    form with ``MMAS`` 1): the loader streams the weights' head tiles alone."""
+    form with ``MMAS`` 1): the loader streams the weights' head tiles alone.  ``PREFETCH`` (``GROUPS`` 1):
+    two fp32 row buffers, the next tile's rows copied in while this one's layers run."""
     NT_N: gl.constexpr = K // BLOCK_N
     NT_K: gl.constexpr = K // BLOCK_K
     n_rounds = gl.cdiv(gl.cdiv(rows, BLOCK_M), GROUPS)
@@ -208,7 +242,7 @@ def gluon_chain(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.conste
     x_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     whi_desc = tma.make_tensor_descriptor(whi_ptr, [LAYERS * K, K], [K, 1], [BLOCK_K, BLOCK_N], w_smem)
     wlo_desc = tma.make_tensor_descriptor(wlo_ptr, [LAYERS * K, K], [K, 1], [BLOCK_K, BLOCK_N], w_smem)
-    x_s = gl.allocate_shared_memory(gl.float32, [NT_N, BLOCK_M, BLOCK_N], x_smem)
+    x_s = gl.allocate_shared_memory(gl.float32, [(2 if PREFETCH else 1) * NT_N, BLOCK_M, BLOCK_N], x_smem)
     hi_s = gl.allocate_shared_memory(gl.float16, [NT_K, BLOCK_M, BLOCK_K], a_smem)
     lo_s = gl.allocate_shared_memory(gl.float16, [NT_K, BLOCK_M, BLOCK_K], a_smem)
     if GROUPS == 2:                                         # the second partition's row tile
@@ -228,17 +262,17 @@ def gluon_chain(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.conste
         gl.warp_specialize([
             (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_s, wlo_s, ready, empty,
                                LAYERS, K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 0, GROUPS, INFLIGHT, MMAS, RESPLIT,
-                               num_warps)),
+                               PREFETCH, num_warps)),
             (_chain_loader, loader),
         ], [1], [24])
     else:
         gl.warp_specialize([
             (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_rounds, x_s, hi_s, lo_s, whi_s, wlo_s, ready, empty,
                                LAYERS, K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 0, GROUPS, INFLIGHT, MMAS, RESPLIT,
-                               num_warps)),
+                               False, num_warps)),
             (_chain_products, (a_ptr, c_ptr, wup_ptr, rows, n_rounds, x1, hi1, lo1, whi_s, wlo_s, ready, empty,
                                LAYERS, K, NT_N, NT_K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 1, GROUPS, INFLIGHT, MMAS, RESPLIT,
-                               num_warps)),
+                               False, num_warps)),
             (_chain_loader, loader),
         ], [num_warps, 1], [REGS, 24])
     for i in gl.static_range(STAGES):
@@ -273,24 +307,25 @@ def run_twin(a, w_hi, w_lo, w_up, cfg):
 
 
 def constexprs(cfg, k: int, layers: int, groups: int = 1, inflight: bool = False, mmas: int = 3,
-               resplit: bool = True, tail_w: bool = True) -> dict:
+               resplit: bool = True, tail_w: bool = True, prefetch: bool = False) -> dict:
     bm, bn, bk, stages, warps = cfg
     return {"LAYERS": layers, "K": k, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages,
             "GROUPS": groups, "REGS": PINGPONG_REGS, "INFLIGHT": inflight, "MMAS": mmas, "RESPLIT": resplit,
-            "TAIL_W": tail_w, "num_warps": warps}
+            "TAIL_W": tail_w, "PREFETCH": prefetch, "num_warps": warps}
 
 
 def run_gluon(a, w_hi, w_lo, w_up, cfg, groups: int = 1, inflight: bool = False, mmas: int = 3, resplit: bool = True,
-              tail_w: bool = True):
+              tail_w: bool = True, prefetch: bool = False):
     """``gluon_chain`` on ``a``, ``groups`` row tiles an SM (1, or 2: ping-pong), one program an SM at most;
-    ``inflight``: MMAs left in flight across K steps; ``mmas``, ``resplit``, ``tail_w``: a diagnostic form's."""
+    ``inflight``: MMAs left in flight across K steps; ``mmas``, ``resplit``, ``tail_w``: a diagnostic form's;
+    ``prefetch``: the next row tile copied in under this one's layers."""
     import torch
     rows, k = a.shape
     c = torch.empty_like(a)
     rounds = triton.cdiv(triton.cdiv(rows, cfg[0]), groups)
     programs = min(rounds, torch.cuda.get_device_properties(a.device).multi_processor_count)
     gluon_chain[(programs,)](a, w_hi, w_lo, w_up, c, rows,
-                             **constexprs(cfg, k, len(w_up), groups, inflight, mmas, resplit, tail_w))
+                             **constexprs(cfg, k, len(w_up), groups, inflight, mmas, resplit, tail_w, prefetch))
     return c
 
 
@@ -301,7 +336,7 @@ def error(c, a, ws) -> float:
     return float((c.double() - ref).norm() / ref.norm())
 
 
-FORMS = ("chain", "pingpong", "chain-inflight", "pingpong-inflight")
+FORMS = ("chain", "pingpong", "chain-inflight", "pingpong-inflight", "chain-prefetch")
 # What bounds the chain's rate: the in-flight chain with one or two of the three MMAs a K step (``mma1``: the
 # head product alone), or each layer's split left out (``nosplit``: the first layer's tiles reused), or
 # both, and the last with the weights' head tiles alone streamed (``headw``: half the weight bytes); their
@@ -312,15 +347,18 @@ DIAGNOSTIC_CONFIGS = ((128, 128, 64, 2, 8), (64, 64, 64, 4, 4), (64, 128, 64, 4,
 
 def forms(names=FORMS):
     """The kernel's forms the probe runs, of ``names``: ``(name, configs, row tiles an SM, MMAs in flight
-    across K steps, MMAs a K step, each layer split, the weights' tail tiles streamed)``."""
-    every = {"chain": (CONFIGS, 1, False, 3, True, True), "pingpong": (PINGPONG_CONFIGS, 2, False, 3, True, True),
-             "chain-inflight": (CONFIGS, 1, True, 3, True, True),
-             "pingpong-inflight": (PINGPONG_CONFIGS, 2, True, 3, True, True),
-             "chain-mma1": (DIAGNOSTIC_CONFIGS, 1, True, 1, True, True),
-             "chain-mma2": (DIAGNOSTIC_CONFIGS, 1, True, 2, True, True),
-             "chain-nosplit": (DIAGNOSTIC_CONFIGS, 1, True, 3, False, True),
-             "chain-mma1-nosplit": (DIAGNOSTIC_CONFIGS, 1, True, 1, False, True),
-             "chain-mma1-nosplit-headw": (DIAGNOSTIC_CONFIGS, 1, True, 1, False, False)}
+    across K steps, MMAs a K step, each layer split, the weights' tail tiles streamed, the next row tile
+    copied in under this one's layers)``."""
+    every = {"chain": (CONFIGS, 1, False, 3, True, True, False),
+             "pingpong": (PINGPONG_CONFIGS, 2, False, 3, True, True, False),
+             "chain-inflight": (CONFIGS, 1, True, 3, True, True, False),
+             "pingpong-inflight": (PINGPONG_CONFIGS, 2, True, 3, True, True, False),
+             "chain-prefetch": (CONFIGS, 1, True, 3, True, True, True),
+             "chain-mma1": (DIAGNOSTIC_CONFIGS, 1, True, 1, True, True, False),
+             "chain-mma2": (DIAGNOSTIC_CONFIGS, 1, True, 2, True, True, False),
+             "chain-nosplit": (DIAGNOSTIC_CONFIGS, 1, True, 3, False, True, False),
+             "chain-mma1-nosplit": (DIAGNOSTIC_CONFIGS, 1, True, 1, False, True, False),
+             "chain-mma1-nosplit-headw": (DIAGNOSTIC_CONFIGS, 1, True, 1, False, False, False)}
     return tuple((name, *every[name]) for name in names)
 
 
@@ -330,14 +368,15 @@ def offline(arch: int, layers: int, names=FORMS) -> list[dict]:
     out = []
     runtime = {"a_ptr": "*fp32", "whi_ptr": "*fp16", "wlo_ptr": "*fp16", "wup_ptr": "*fp32", "c_ptr": "*fp32",
                "rows": "i32"}
-    for form, configs, groups, inflight, mmas, resplit, tail_w in forms(names):
+    for form, configs, groups, inflight, mmas, resplit, tail_w, prefetch in forms(names):
         for k in BLOCKS:
             for cfg in configs:
-                if not fits(cfg, k, groups):
+                if not fits(cfg, k, groups, prefetch):
                     continue
                 row = {"form": form, "K": k, "config": list(cfg), "layers": layers,
                        **single.compile_report(gluon_chain, runtime,
-                                               constexprs(cfg, k, layers, groups, inflight, mmas, resplit, tail_w),
+                                               constexprs(cfg, k, layers, groups, inflight, mmas, resplit, tail_w,
+                                                          prefetch),
                                                cfg[4], arch)}
                 out.append(row)
                 print(json.dumps(row), flush=True)
@@ -365,9 +404,9 @@ def gpu(args) -> dict:
         case = {"K": k, "configs": []}
         variants, twins = {}, {}            # the twin chain depends on the tiles alone: one run each
         mma_count = {}                      # each timed variant's MMAs a K step (the twin's: 3)
-        for form, configs, groups, inflight, mmas, resplit, tail_w in forms(args.forms):
+        for form, configs, groups, inflight, mmas, resplit, tail_w, prefetch in forms(args.forms):
             for cfg in configs:
-                if not fits(cfg, k, groups):
+                if not fits(cfg, k, groups, prefetch):
                     continue
                 entry = {"form": form, "config": list(cfg)}
                 if form in DIAGNOSTIC_FORMS:
@@ -376,14 +415,14 @@ def gpu(args) -> dict:
                     if cfg not in twins:
                         twins[cfg] = run_twin(a, w_hi, w_lo, w_up, cfg)
                     twin = twins[cfg]
-                    c = run_gluon(a, w_hi, w_lo, w_up, cfg, groups, inflight, mmas, resplit, tail_w)
+                    c = run_gluon(a, w_hi, w_lo, w_up, cfg, groups, inflight, mmas, resplit, tail_w, prefetch)
                     torch.cuda.synchronize()
                     entry.update(error=error(c, a, ws), twin_error=error(twin, a, ws),
                                  nonfinite=int((~torch.isfinite(c)).sum()),
                                  max_abs_vs_twin=float((c - twin).abs().max()), bits_equal=bool(torch.equal(c, twin)))
                     mma_count[f"{form} {cfg}"] = mmas
-                    variants[f"{form} {cfg}"] = (lambda cfg=cfg, g=groups, f=inflight, m=mmas, r=resplit, t=tail_w:
-                                                 run_gluon(a, w_hi, w_lo, w_up, cfg, g, f, m, r, t))
+                    variants[f"{form} {cfg}"] = (lambda cfg=cfg, g=groups, f=inflight, m=mmas, r=resplit, t=tail_w,
+                                                 p=prefetch: run_gluon(a, w_hi, w_lo, w_up, cfg, g, f, m, r, t, p))
                     variants.setdefault(f"twin x{args.layers} {cfg[:3]}", lambda cfg=cfg: run_twin(a, w_hi, w_lo, w_up, cfg))
                 except Exception as exc:
                     entry["error_text"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"

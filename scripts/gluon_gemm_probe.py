@@ -300,7 +300,8 @@ def error(c, a, w) -> float:
 def compile_report(kernel, runtime: dict, values: dict, num_warps: int, arch: int) -> dict:
     """``kernel`` built for ``sm_<arch>`` by this Triton, no GPU (``runtime``: the non-constexpr
     arguments' types; ``values``: the constexprs): registers, spills, shared memory, warps (the
-    partitions' included), and the warpgroup MMAs, TMA loads and register reallocations in its PTX;
+    partitions' included), and the warpgroup MMAs, TMA loads, register reallocations and per-thread
+    asynchronous copies (``cp.async``, and the depths they are waited to) in its PTX;
     a build that fails gives ``{"error": ...}``."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -320,7 +321,9 @@ def compile_report(kernel, runtime: dict, values: dict, num_warps: int, arch: in
     ptx = compiled.asm.get("ptx", "")
     row.update(wgmma=ptx.count("wgmma.mma_async"), tma_loads=ptx.count("cp.async.bulk.tensor"),
                setmaxnreg=ptx.count("setmaxnreg"),
-               wgmma_waits=sorted({int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)}))
+               wgmma_waits=sorted({int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)}),
+               cp_async=len(re.findall(r"cp\.async\.c[ag]\.shared", ptx)),
+               cp_async_waits=sorted({int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx)}))
     return row
 
 

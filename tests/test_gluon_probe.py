@@ -97,6 +97,23 @@ def test_the_diagnostic_chain_forms_leave_out_mmas_or_the_split_and_nothing_else
     assert chain.parser().parse_args(["--forms", "chain-mma1,chain"]).forms == ("chain-mma1", "chain")
 
 
+@needs_ptxas
+def test_the_prefetching_chain_copies_the_next_row_tile_in_under_this_ones_layers(monkeypatch):
+    """``chain-prefetch``: the in-flight chain's MMAs and weight loads, plus a second fp32 row buffer that
+    the next row tile's rows are copied into by ``cp.async`` (waited to depth 1 in the loop, 0 at the end)
+    in place of the blocking loads; the forms without it copy nothing asynchronously."""
+    chain = load_script("gluon_chain_probe")
+    monkeypatch.setattr(chain, "BLOCKS", (128,))
+    monkeypatch.setattr(chain, "CONFIGS", ((64, 64, 64, 4, 4),))
+    inflight, prefetch = chain.offline(90, 4, ("chain-inflight", "chain-prefetch"))
+    assert "error" not in inflight and "error" not in prefetch, (inflight, prefetch)
+    assert prefetch["wgmma"] == inflight["wgmma"] > 0 and prefetch["tma_loads"] == inflight["tma_loads"]
+    assert inflight["cp_async"] == 0 and prefetch["cp_async"] > 0 and prefetch["cp_async_waits"] == [0, 1]
+    assert prefetch["shared_bytes"] >= inflight["shared_bytes"] + 64 * 128 * 4 and prefetch["spill_bytes"] == 0
+    assert chain.fits((64, 128, 64, 4, 4), 128, prefetch=True) and not chain.fits((128, 128, 64, 2, 8), 128, prefetch=True)
+    assert "chain-prefetch" in chain.FORMS and "chain-prefetch" not in chain.DIAGNOSTIC_FORMS
+
+
 def test_the_chain_probe_names_an_unknown_form():
     chain = load_script("gluon_chain_probe")
     assert chain.parser().parse_args(["--forms", "pingpong-inflight,chain"]).forms == ("pingpong-inflight", "chain")
