@@ -562,6 +562,61 @@ def test_a_recaptures_pool_is_the_measured_peak_scaled_to_the_grown_capacities()
     assert scaled_peak(1000, (0, 0), (100, 200)) == int(1000 * PEAK_SLACK)
 
 
+def test_a_recapture_keeps_the_pool_its_grown_capacities_peak_fits():
+    from mixstack.deepmd.frame import keeps_pool
+    assert keeps_pool(1030, 1000, (100, 200), (102, 200))             # 2% more edges: 3% of room holds it
+    assert not keeps_pool(1030, 1000, (100, 200), (100, 208))         # 4% more candidates: past the room
+    assert keeps_pool(1030, 1000, (100, 200), (90, 150))              # shrunk
+    assert not keeps_pool(0, 1000, (100, 200), (100, 200))            # no pool
+
+
+class _Pools:
+    """CUDA's graph and allocator calls ``FrameRunner._capture`` makes, stood in on a CPU: the pools it
+    takes (``made``, their bytes) and the pool each capture records into (``used``)."""
+
+    def __init__(self, monkeypatch, peak=1000):
+        import contextlib
+
+        from mixstack.deepmd import frame as frame_mod
+        self.made, self.used = [], []
+        monkeypatch.setattr(frame_mod, "presized_pool", lambda device, nbytes: self.made.append(nbytes) or
+                            (f"pool{len(self.made)}", object()))
+        monkeypatch.setattr(frame_mod, "capture_stream", lambda device: None)
+        monkeypatch.setattr(frame_mod, "run_on_capture_stream", lambda fn, *inputs, device=None: fn(*inputs))
+        monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: peak)
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: type("Replay", (), {"replay": lambda _: None})())
+        monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None, stream=None: self.used.append(pool) or
+                            contextlib.nullcontext())
+        monkeypatch.setattr(FrameRunner, "_use_graph", lambda runner, pos: True)
+
+
+def test_recaptures_go_into_the_first_pool_while_the_grown_capacities_fit_it(model, monkeypatch):
+    """The real ``_capture`` with CUDA stood in: the first capture takes a pool of the measured peak with
+    ``POOL_ROOM``; a recapture whose grown capacities' peak fits it records into the same pool and takes
+    none; one past it takes a new pool of the scaled peak; other atoms measure again."""
+    from mixstack.deepmd import frame as frame_mod
+    pools = _Pools(monkeypatch, peak=1000)
+    monkeypatch.setattr(frame_mod, "POOL_ROOM", 1.5)            # room for the small system's coarse capacities
+    coord, atype, box = _frame(120, seed=7)
+    runner = FrameRunner(model)
+    runner(coord, atype, box)
+    first = runner._capacities()
+    assert pools.made == [1500] and pools.used == ["pool1"] and runner.events[-1]["pool"] == "measured"
+    out = runner(coord * 0.97, atype, box * 0.97)                # ~15% more edges: within the room
+    grown = runner._capacities()
+    assert 1 < max(g / f for g, f in zip(grown, first)) <= 1.5 and runner.captures == 2
+    assert pools.made == [1500] and pools.used == ["pool1", "pool1"] and runner.events[-1]["pool"] == "kept"
+    _close(out, model_outputs(model, (coord * 0.97, atype, box * 0.97)), rel=1e-5)
+    runner(coord * 0.8, atype, box * 0.8)                        # past the room: a new pool, the peak scaled
+    ratio = max(g / f for g, f in zip(runner._capacities(), first))
+    assert ratio > 1.5 and pools.made[1:] == [frame_mod.scaled_peak(1000, first, runner._capacities())]
+    assert pools.used[-1] == "pool2" and runner.events[-1]["pool"] == "scaled"
+    runner(*_frame(36, seed=7))                                  # other atoms: measured again, a new pool
+    assert pools.made[2:] == [1500] and pools.used[-1] == "pool3" and runner.events[-1]["pool"] == "measured"
+
+
 def _capacities(counts, steps):
     """The capacities ``FrameRunner`` keeps over successive rebuilds' counts of one system."""
     from mixstack.deepmd.frame import CAPACITY_HEADROOM, MAX_GROWTHS, edge_capacity, next_capacity

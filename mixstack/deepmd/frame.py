@@ -36,8 +36,10 @@ after the neighbour search from one CUDA graph:
   without mixstack's operators) and the force backward.  The graph is captured after two
   eager warm-up frames (Triton compiles, deepmd-kit's autotuning and level 3's first-use checks
   happen there) and recaptured when the atom count or a capacity changes; one graph is kept.
-  A recapture for new capacities at the same atoms runs one eager frame at the new shapes first
-  (what runs once per shape runs there), not the first capture's three.
+  A recapture for new capacities at the same atoms runs no eager frame (what runs once per shape
+  ran at the first capture), and goes into the first capture's pool where the grown capacities'
+  peak fits it (the pool holds the measured peak plus 3%): releasing a pool and mapping a new
+  block was most of a recapture's host time for a large frame.
 
 Limits: one frame per call (``nf = 1``); no ``fparam`` / ``aparam`` / spin inputs; a model in
 evaluation mode; a box is periodic in all three directions (deepmd-kit's convention), no box is
@@ -69,10 +71,17 @@ EVENTS_KEPT = 256                    # rebuilds and captures FrameRunner.events 
 CAPACITY_STEPS = 256                 # capacities round up to 1/256-1/512 of the count: every edge-sized
                                      # tensor of the frame is padded by this much
 PEAK_SLACK = 1.02                    # a recapture's pool: the measured peak scaled to the new capacities, plus this
+POOL_ROOM = 1.03                     # a measured capture's pool: its peak plus this, so that the capacities' first
+                                     # growths are captured into the same pool (no release, no new block)
 # the frame's flag: why its results cannot stand (bits), and what a rebuild says of each
 OVERFLOW, MOVED, BOX = 1, 2, 4
 WHY = {OVERFLOW: "more edges within the cutoff than the capacity", MOVED: "an atom moved more than half the skin",
        BOX: "the box changed"}
+
+
+def _growth(measured_at: tuple, capacities: tuple) -> float:
+    """The largest growth of a capacity since ``measured_at`` (1 where none grew)."""
+    return max([new / old for new, old in zip(capacities, measured_at) if old > 0] + [1.0])
 
 
 def scaled_peak(peak: int, measured_at: tuple, capacities: tuple) -> int:
@@ -80,8 +89,16 @@ def scaled_peak(peak: int, measured_at: tuple, capacities: tuple) -> int:
     measured at the capacities ``measured_at``) times the largest growth of a capacity, with
     ``PEAK_SLACK``.  A frame's buffers grow with its edge and candidate counts; a pool that turns
     out short only adds a segment (the plain pool's behaviour), so the estimate costs no result."""
-    ratio = max([new / old for new, old in zip(capacities, measured_at) if old > 0] + [1.0])
-    return int(peak * ratio * PEAK_SLACK)
+    return int(peak * _growth(measured_at, capacities) * PEAK_SLACK)
+
+
+def keeps_pool(pool_bytes: int, peak: int, measured_at: tuple, capacities: tuple) -> bool:
+    """Whether a recapture at ``capacities`` goes into the kept pool of ``pool_bytes``: the peak
+    measured at ``measured_at``, scaled to them, fits it (without ``PEAK_SLACK``: a kept pool that
+    turns out short adds a segment, as any pool does).  Releasing a pool and taking a new block
+    from the device is most of a recapture's host time for a large frame (a synchronisation, the
+    old block freed, the new one mapped)."""
+    return pool_bytes > 0 and peak * _growth(measured_at, capacities) <= pool_bytes
 
 
 def next_capacity(count: int, previous: int, room: float, *, steps: int = 32) -> int | None:
@@ -185,6 +202,8 @@ class FrameRunner:
     (``potential.graphs.presized_pool``; one more warm-up frame measures the peak and resets the
     device's peak-memory statistics); on by default: the plain pool adds a segment for each
     request no free block fits and took 0.91x the device memory on an H100 (BENCHMARKS.md).
+    The block holds the peak with ``POOL_ROOM``, and a recapture for capacities that grew by
+    less goes into the same pool (``keeps_pool``).
     Counters: ``calls``, ``rebuilds``, ``captures``, ``replays``, ``growths`` (times a capacity had
     to grow: the headroom doubles each time, up to ``MAX_GROWTHS``); ``seconds``: host wall time
     spent in ``"rebuild"`` (searches, with their read-back of the count) and ``"capture"`` (the
@@ -222,6 +241,7 @@ class FrameRunner:
         self._graph = None
         self._graph_key = None
         self._peak = None           # (bytes, capacities) of the last measured frame peak, for the same atoms
+        self._pool = None           # (pool, the empty graph that keeps it, its bytes): the presized pool, kept
         self._warmed = False
         self.fallback_reason: str | None = None      # why frames run eagerly where a graph was asked for
         self._host0 = None          # (positions, box) the list was built at, on the host, where inputs come from there
@@ -381,22 +401,29 @@ class FrameRunner:
         and a peak was measured before at other capacities, that peak scaled to these
         (``scaled_peak``: a recapture for grown capacities then runs no eager frame at all)."""
         start = time.perf_counter()
-        self._graph = self._static = None                   # release the old graph's pool first
+        self._graph = self._static = None                   # the old graph's tensors go back to its pool
+        scaled = self.presize and not measure and self._peak is not None
+        kept = scaled and self._pool is not None and keeps_pool(self._pool[2], *self._peak, self._capacities())
+        if not kept:
+            self._pool = None                               # released before a new one is taken
         static = (pos.clone(), None if box is None else box.clone(), atype.clone())
         for _ in range(warmups):                            # compiles, autotuning, first-use checks
             run_on_capture_stream(self.frame, *static)
-        pool = seed = None
-        if self.presize:                                    # the frame's peak, in one block
-            if measure or self._peak is None:
+        pool = None
+        if kept:
+            pool, how = self._pool[0], "kept"
+        elif self.presize:                                  # the frame's peak, in one block
+            if scaled:
+                nbytes, how = scaled_peak(*self._peak, self._capacities()), "scaled"
+            else:
                 resident = torch.cuda.memory_allocated(pos.device)
                 torch.cuda.reset_peak_memory_stats(pos.device)
                 run_on_capture_stream(self.frame, *static)
                 peak = torch.cuda.max_memory_allocated(pos.device) - resident
                 self._peak = (peak, self._capacities())
-                measured = True
-            else:
-                peak, measured = scaled_peak(*self._peak, self._capacities()), False
-            pool, seed = presized_pool(pos.device, peak)
+                nbytes, how = int(peak * POOL_ROOM), "measured"
+            pool, seed = presized_pool(pos.device, nbytes)
+            self._pool = (pool, seed, nbytes)              # the seed graph keeps the pool across recaptures
         graph = torch.cuda.CUDAGraph()
         entered = time.perf_counter()
         with torch.cuda.graph(graph, pool=pool, stream=capture_stream(pos.device)):
@@ -404,7 +431,6 @@ class FrameRunner:
             outputs = self.frame(*static)
             recorded = time.perf_counter()
         done = time.perf_counter()
-        del seed
         self._graph, self._static = graph, (static, outputs)
         self.captures += 1
         spent = done - start
@@ -415,7 +441,7 @@ class FrameRunner:
                  "before_s": round(entered - start, 5), "enter_s": round(recording - entered, 5),
                  "record_s": round(recorded - recording, 5), "instantiate_s": round(done - recorded, 5)}
         if self.presize:
-            event["pool"] = "measured" if measured else "scaled"
+            event["pool"] = how
         self.events.append(event)
 
     def _run(self, pos, box, atype):
@@ -441,6 +467,7 @@ class FrameRunner:
                     if n < len(tries):
                         log.debug("recapture without a warm-up failed (%s); warming up first", exc)
                         continue
+                    self._pool = None
                     self.fallback_reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                     warnings.warn(f"mixstack: FrameRunner could not capture the frame as a CUDA graph and runs it "
                                   f"eagerly ({self.fallback_reason})", RuntimeWarning, stacklevel=3)
