@@ -223,7 +223,8 @@ def _copy_rows(x_s, base, a_ptr, rows, tile, rows_layout: gl.constexpr, K: gl.co
 def gluon_chain(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.constexpr, K: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
                 GROUPS: gl.constexpr, REGS: gl.constexpr, INFLIGHT: gl.constexpr, MMAS: gl.constexpr,
-                RESPLIT: gl.constexpr, TAIL_W: gl.constexpr, PREFETCH: gl.constexpr, num_warps: gl.constexpr):
+                RESPLIT: gl.constexpr, TAIL_W: gl.constexpr, PREFETCH: gl.constexpr, XVEC: gl.constexpr,
+                XPHASES: gl.constexpr, num_warps: gl.constexpr):
     """``C = A @ W_0 @ ... @ W_{LAYERS-1}``, each product compensated, ``A (rows, K)`` fp32, the
     ``W_l`` stacked as fp16 head and tail ``(LAYERS * K, K)``, each scaled by ``1 / w_up[l]``.
     ``GROUPS`` 1: one MMA partition on one row tile at a time.  ``GROUPS`` 2 (ping-pong): two MMA
@@ -233,13 +234,16 @@ def gluon_chain(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.conste
     other's MMAs.  ``INFLIGHT``: each K step's MMAs left in flight across the next step's wait.
     ``MMAS``, ``RESPLIT``: ``_chain_products``'s (the diagnostic forms); ``TAIL_W`` off (a diagnostic
     form with ``MMAS`` 1): the loader streams the weights' head tiles alone.  ``PREFETCH`` (``GROUPS`` 1):
-    two fp32 row buffers, the next tile's rows copied in while this one's layers run."""
+    two fp32 row buffers, the next tile's rows copied in while this one's layers run.  ``XVEC``,
+    ``XPHASES``: the fp32 row buffer's swizzle (1, 1: none; 4, 8: each row's 16-byte pieces permuted
+    by the row's index mod 8, so that the epilogue's stores of 8 rows' columns and the split's loads
+    fall into different banks)."""
     NT_N: gl.constexpr = K // BLOCK_N
     NT_K: gl.constexpr = K // BLOCK_K
     n_rounds = gl.cdiv(gl.cdiv(rows, BLOCK_M), GROUPS)
     w_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_N], gl.float16)
     a_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.float16)
-    x_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    x_smem: gl.constexpr = gl.SwizzledSharedLayout(XVEC, 1, XPHASES, [1, 0])
     whi_desc = tma.make_tensor_descriptor(whi_ptr, [LAYERS * K, K], [K, 1], [BLOCK_K, BLOCK_N], w_smem)
     wlo_desc = tma.make_tensor_descriptor(wlo_ptr, [LAYERS * K, K], [K, 1], [BLOCK_K, BLOCK_N], w_smem)
     x_s = gl.allocate_shared_memory(gl.float32, [(2 if PREFETCH else 1) * NT_N, BLOCK_M, BLOCK_N], x_smem)
@@ -307,25 +311,27 @@ def run_twin(a, w_hi, w_lo, w_up, cfg):
 
 
 def constexprs(cfg, k: int, layers: int, groups: int = 1, inflight: bool = False, mmas: int = 3,
-               resplit: bool = True, tail_w: bool = True, prefetch: bool = False) -> dict:
+               resplit: bool = True, tail_w: bool = True, prefetch: bool = False, swizzle: bool = False) -> dict:
     bm, bn, bk, stages, warps = cfg
     return {"LAYERS": layers, "K": k, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages,
             "GROUPS": groups, "REGS": PINGPONG_REGS, "INFLIGHT": inflight, "MMAS": mmas, "RESPLIT": resplit,
-            "TAIL_W": tail_w, "PREFETCH": prefetch, "num_warps": warps}
+            "TAIL_W": tail_w, "PREFETCH": prefetch, "XVEC": 4 if swizzle else 1, "XPHASES": 8 if swizzle else 1,
+            "num_warps": warps}
 
 
 def run_gluon(a, w_hi, w_lo, w_up, cfg, groups: int = 1, inflight: bool = False, mmas: int = 3, resplit: bool = True,
-              tail_w: bool = True, prefetch: bool = False):
+              tail_w: bool = True, prefetch: bool = False, swizzle: bool = False):
     """``gluon_chain`` on ``a``, ``groups`` row tiles an SM (1, or 2: ping-pong), one program an SM at most;
     ``inflight``: MMAs left in flight across K steps; ``mmas``, ``resplit``, ``tail_w``: a diagnostic form's;
-    ``prefetch``: the next row tile copied in under this one's layers."""
+    ``prefetch``: the next row tile copied in under this one's layers; ``swizzle``: the fp32 row buffer
+    swizzled."""
     import torch
     rows, k = a.shape
     c = torch.empty_like(a)
     rounds = triton.cdiv(triton.cdiv(rows, cfg[0]), groups)
     programs = min(rounds, torch.cuda.get_device_properties(a.device).multi_processor_count)
     gluon_chain[(programs,)](a, w_hi, w_lo, w_up, c, rows,
-                             **constexprs(cfg, k, len(w_up), groups, inflight, mmas, resplit, tail_w, prefetch))
+                             **constexprs(cfg, k, len(w_up), groups, inflight, mmas, resplit, tail_w, prefetch, swizzle))
     return c
 
 
@@ -336,7 +342,8 @@ def error(c, a, ws) -> float:
     return float((c.double() - ref).norm() / ref.norm())
 
 
-FORMS = ("chain", "pingpong", "chain-inflight", "pingpong-inflight", "chain-prefetch")
+FORMS = ("chain", "pingpong", "chain-inflight", "pingpong-inflight", "chain-prefetch", "chain-swizzle",
+         "chain-prefetch-swizzle")
 # What bounds the chain's rate: the in-flight chain with one or two of the three MMAs a K step (``mma1``: the
 # head product alone), or each layer's split left out (``nosplit``: the first layer's tiles reused), or
 # both, and the last with the weights' head tiles alone streamed (``headw``: half the weight bytes); their
@@ -348,17 +355,19 @@ DIAGNOSTIC_CONFIGS = ((128, 128, 64, 2, 8), (64, 64, 64, 4, 4), (64, 128, 64, 4,
 def forms(names=FORMS):
     """The kernel's forms the probe runs, of ``names``: ``(name, configs, row tiles an SM, MMAs in flight
     across K steps, MMAs a K step, each layer split, the weights' tail tiles streamed, the next row tile
-    copied in under this one's layers)``."""
-    every = {"chain": (CONFIGS, 1, False, 3, True, True, False),
-             "pingpong": (PINGPONG_CONFIGS, 2, False, 3, True, True, False),
-             "chain-inflight": (CONFIGS, 1, True, 3, True, True, False),
-             "pingpong-inflight": (PINGPONG_CONFIGS, 2, True, 3, True, True, False),
-             "chain-prefetch": (CONFIGS, 1, True, 3, True, True, True),
-             "chain-mma1": (DIAGNOSTIC_CONFIGS, 1, True, 1, True, True, False),
-             "chain-mma2": (DIAGNOSTIC_CONFIGS, 1, True, 2, True, True, False),
-             "chain-nosplit": (DIAGNOSTIC_CONFIGS, 1, True, 3, False, True, False),
-             "chain-mma1-nosplit": (DIAGNOSTIC_CONFIGS, 1, True, 1, False, True, False),
-             "chain-mma1-nosplit-headw": (DIAGNOSTIC_CONFIGS, 1, True, 1, False, False, False)}
+    copied in under this one's layers, the fp32 row buffer swizzled)``."""
+    every = {"chain": (CONFIGS, 1, False, 3, True, True, False, False),
+             "pingpong": (PINGPONG_CONFIGS, 2, False, 3, True, True, False, False),
+             "chain-inflight": (CONFIGS, 1, True, 3, True, True, False, False),
+             "pingpong-inflight": (PINGPONG_CONFIGS, 2, True, 3, True, True, False, False),
+             "chain-prefetch": (CONFIGS, 1, True, 3, True, True, True, False),
+             "chain-swizzle": (CONFIGS, 1, True, 3, True, True, False, True),
+             "chain-prefetch-swizzle": (CONFIGS, 1, True, 3, True, True, True, True),
+             "chain-mma1": (DIAGNOSTIC_CONFIGS, 1, True, 1, True, True, False, False),
+             "chain-mma2": (DIAGNOSTIC_CONFIGS, 1, True, 2, True, True, False, False),
+             "chain-nosplit": (DIAGNOSTIC_CONFIGS, 1, True, 3, False, True, False, False),
+             "chain-mma1-nosplit": (DIAGNOSTIC_CONFIGS, 1, True, 1, False, True, False, False),
+             "chain-mma1-nosplit-headw": (DIAGNOSTIC_CONFIGS, 1, True, 1, False, False, False, False)}
     return tuple((name, *every[name]) for name in names)
 
 
@@ -368,7 +377,7 @@ def offline(arch: int, layers: int, names=FORMS) -> list[dict]:
     out = []
     runtime = {"a_ptr": "*fp32", "whi_ptr": "*fp16", "wlo_ptr": "*fp16", "wup_ptr": "*fp32", "c_ptr": "*fp32",
                "rows": "i32"}
-    for form, configs, groups, inflight, mmas, resplit, tail_w, prefetch in forms(names):
+    for form, configs, groups, inflight, mmas, resplit, tail_w, prefetch, swizzle in forms(names):
         for k in BLOCKS:
             for cfg in configs:
                 if not fits(cfg, k, groups, prefetch):
@@ -376,7 +385,7 @@ def offline(arch: int, layers: int, names=FORMS) -> list[dict]:
                 row = {"form": form, "K": k, "config": list(cfg), "layers": layers,
                        **single.compile_report(gluon_chain, runtime,
                                                constexprs(cfg, k, layers, groups, inflight, mmas, resplit, tail_w,
-                                                          prefetch),
+                                                          prefetch, swizzle),
                                                cfg[4], arch)}
                 out.append(row)
                 print(json.dumps(row), flush=True)
@@ -404,7 +413,7 @@ def gpu(args) -> dict:
         case = {"K": k, "configs": []}
         variants, twins = {}, {}            # the twin chain depends on the tiles alone: one run each
         mma_count = {}                      # each timed variant's MMAs a K step (the twin's: 3)
-        for form, configs, groups, inflight, mmas, resplit, tail_w, prefetch in forms(args.forms):
+        for form, configs, groups, inflight, mmas, resplit, tail_w, prefetch, swizzle in forms(args.forms):
             for cfg in configs:
                 if not fits(cfg, k, groups, prefetch):
                     continue
@@ -415,14 +424,15 @@ def gpu(args) -> dict:
                     if cfg not in twins:
                         twins[cfg] = run_twin(a, w_hi, w_lo, w_up, cfg)
                     twin = twins[cfg]
-                    c = run_gluon(a, w_hi, w_lo, w_up, cfg, groups, inflight, mmas, resplit, tail_w, prefetch)
+                    c = run_gluon(a, w_hi, w_lo, w_up, cfg, groups, inflight, mmas, resplit, tail_w, prefetch, swizzle)
                     torch.cuda.synchronize()
                     entry.update(error=error(c, a, ws), twin_error=error(twin, a, ws),
                                  nonfinite=int((~torch.isfinite(c)).sum()),
                                  max_abs_vs_twin=float((c - twin).abs().max()), bits_equal=bool(torch.equal(c, twin)))
                     mma_count[f"{form} {cfg}"] = mmas
                     variants[f"{form} {cfg}"] = (lambda cfg=cfg, g=groups, f=inflight, m=mmas, r=resplit, t=tail_w,
-                                                 p=prefetch: run_gluon(a, w_hi, w_lo, w_up, cfg, g, f, m, r, t, p))
+                                                 p=prefetch, x=swizzle: run_gluon(a, w_hi, w_lo, w_up, cfg, g, f, m, r, t,
+                                                                                  p, x))
                     variants.setdefault(f"twin x{args.layers} {cfg[:3]}", lambda cfg=cfg: run_twin(a, w_hi, w_lo, w_up, cfg))
                 except Exception as exc:
                     entry["error_text"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"

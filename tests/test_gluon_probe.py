@@ -114,6 +114,23 @@ def test_the_prefetching_chain_copies_the_next_row_tile_in_under_this_ones_layer
     assert "chain-prefetch" in chain.FORMS and "chain-prefetch" not in chain.DIAGNOSTIC_FORMS
 
 
+@needs_ptxas
+def test_the_swizzled_chain_permutes_the_row_buffer_and_nothing_else(monkeypatch):
+    """``chain-swizzle``: the fp32 row buffer's 16-byte pieces permuted by the row's index mod 8 (so that
+    the epilogue's stores of eight rows' columns fall into different banks); the same MMAs, loads, copies
+    and shared memory as the in-flight chain, and with ``chain-prefetch-swizzle`` both changes at once."""
+    chain = load_script("gluon_chain_probe")
+    monkeypatch.setattr(chain, "BLOCKS", (128,))
+    monkeypatch.setattr(chain, "CONFIGS", ((64, 64, 64, 4, 4),))
+    plain, swizzled, both, prefetch = chain.offline(90, 4, ("chain-inflight", "chain-swizzle", "chain-prefetch-swizzle",
+                                                            "chain-prefetch"))
+    assert all("error" not in r and r["spill_bytes"] == 0 for r in (plain, swizzled, both, prefetch))
+    same = ("wgmma", "tma_loads", "cp_async", "wgmma_waits", "shared_bytes")
+    assert all(swizzled[k] == plain[k] for k in same) and all(both[k] == prefetch[k] for k in same)
+    assert chain.constexprs((64, 64, 64, 4, 4), 128, 4, swizzle=True)["XVEC"] == 4
+    assert chain.constexprs((64, 64, 64, 4, 4), 128, 4)["XPHASES"] == 1          # the default: unswizzled
+
+
 def test_the_chain_probe_names_an_unknown_form():
     chain = load_script("gluon_chain_probe")
     assert chain.parser().parse_args(["--forms", "pingpong-inflight,chain"]).forms == ("pingpong-inflight", "chain")
