@@ -53,6 +53,38 @@ def test_the_fused_and_compensated_paths_record_their_kernels():
     assert len(compiler_report.distinct(fused)) < len(fused)
 
 
+def test_the_compensated_forward_zeroes_every_layers_row_maxima_in_one_launch():
+    """Level 3's forward records each gated layer's row maxima into one zeroed buffer (one fill for
+    the call, not one a layer), and each layer's GEMM gets its own slice of it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    lay = StackLayout(2, 16)
+    cfg = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+    meta = dict(device="meta", dtype=torch.float32)
+    n_layers, edges = 4, 100
+    u0, alpha = torch.empty((1, edges, lay.row), **meta), torch.empty((edges, 1), **meta)
+    weights = launchers.Weights(torch.empty((n_layers, 1, lay.m0, lay.m0), **meta),
+                                torch.empty((n_layers, 1, lay.m1, lay.m1), **meta),
+                                torch.empty((n_layers - 1, 1, lay.focus_dim, lay.gate_width), **meta))
+    with Ops() as ops:
+        launches = compiler_report.record_launches(launchers.stack_forward, u0, alpha, weights,
+                                                   launchers.StackSpec(lay, False),
+                                                   launchers.LaunchPlan(cfg, compensated=True))
+    fills = [n for n in ops.names if n.startswith(("zero", "fill", "zeros", "new_zeros"))]
+    assert len(fills) == 1, ops.names
+    maxima = [x.args[5] for x in launches if x.name == "gate_kernel"]           # each layer's amax pointer
+    assert len(maxima) == n_layers - 1 and len({t.storage_offset() for t in maxima}) == n_layers - 1
+
+
 @pytest.mark.slow
 @needs_tools
 @not_interpreted

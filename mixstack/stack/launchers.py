@@ -177,11 +177,11 @@ def stack_forward(u0, alpha, weights: Weights, spec: StackSpec, plan: LaunchPlan
     if n_gated:
         sg = u0.new_empty((n_focus, n_edges, layout.gate_width))
         buffers = [torch.empty_like(u0), torch.empty_like(u0) if n_gated > 1 else None]
-        if record:
-            maxima = [u0.new_empty((n_focus, n_edges, 2)) for _ in range(min(n_gated, 2))]
+        if record:                       # every gated layer's row maxima, zeroed in one launch
+            maxima = u0.new_zeros((n_gated, n_focus, n_edges, 2))
     for k in range(n_gated):
         u_next = buffers[k % 2]
-        amax_next = maxima[k % 2].zero_() if record else None
+        amax_next = maxima[k] if record else None
         a = Operand(u, amax=amax)
         block_gemm(a, BlockWeights(w0, w1, k, layout, (0,), split), Epilogue(z=z), gemm_cfg)
         gate(z, gw, k, sg, n_edges, n_focus, layout, u=u, u_next=u_next, amax=amax_next, blas=blas)
