@@ -303,7 +303,9 @@ def test_the_md_line_splits_the_captures_host_time():
                          "instantiate_s": 0.07}]}
     line = _md_line(md)
     assert ("2 capture(s) 0.30 s (warm-ups and pools 0.04, entering 0.02, recording 0.09, instantiating 0.15)"
-            in line)
+            in line) and "pools" not in line.split(")")[-1]            # no pool kinds recorded: none said
+    md["md_events"][1]["pool"], md["md_events"][2]["pool"] = "kept", "scaled"
+    assert _md_line(md).endswith("; pools kept, scaled")
     del md["md_events"][1:]                                   # a record from before the split: no split
     assert _md_line(md).endswith("2 capture(s) 0.30 s")
 

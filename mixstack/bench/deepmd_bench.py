@@ -305,6 +305,9 @@ def _md_line(md: dict) -> str:
                      for key in ("before_s", "enter_s", "record_s", "instantiate_s")}
             line += (f" (warm-ups and pools {parts['before_s']:.2f}, entering {parts['enter_s']:.2f}, "
                      f"recording {parts['record_s']:.2f}, instantiating {parts['instantiate_s']:.2f})")
+            pools = [e["pool"] for e in captures if "pool" in e]     # kept, scaled or measured (FrameRunner)
+            if pools:
+                line += f"; pools {', '.join(pools)}"
     return line
 
 
