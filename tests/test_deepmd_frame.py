@@ -643,3 +643,17 @@ def test_the_capacity_policy_changes_shapes_rarely_for_wandering_climbing_and_fa
         assert sum(a != b for a, b in zip(caps, caps[1:])) <= most, caps
     falling = _capacities([316_554, 316_554, 250_000], 256)       # far below: the buffers shrink
     assert falling[0] == falling[1] and 250_000 < falling[2] < falling[1]
+
+
+def test_the_recapture_pool_probe_names_bad_arguments_and_needs_a_gpu(monkeypatch):
+    from helpers import load_script
+    probe = load_script("recapture_pool_probe")
+    assert probe.rooms("1.03, 1.0") == [1.03, 1.0]
+    for bad in ("1.03,x", "0.9", ""):
+        with pytest.raises(SystemExit, match="--rooms"):
+            probe.rooms(bad)
+    with pytest.raises(SystemExit, match="--scale"):
+        probe.main(["--scale", "1.2"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        probe.main([])
