@@ -20,6 +20,9 @@ No gate, residual or pointwise work: the floor that design B's kernel would add 
 * ``gluon_chain`` with ``GROUPS`` 2 (form ``pingpong``): the same, two 64-row tiles an SM, each in its own MMA partition (one
   warpgroup) behind its own barrier, both fed by the one loader's ring (a slot freed by both), so
   that one partition's split and stores can run under the other's MMAs.
+* ``gluon_chain`` with ``PREFETCH`` (forms ``chain-prefetch``, ``chain-prefetch-swizzle``): two fp32 row
+  buffers, the next tile's rows copied into the other by ``cp.async`` while this tile's layers run;
+  ``XVEC``/``XPHASES`` (forms ``*-swizzle``): the row buffer swizzled against the epilogue's bank conflicts.
 * the twin: ``LAYERS`` launches of the one-product probe's Triton twin at the chain's tiles, each
   layer's row maxima taken from the last layer's output (the same maximum of the same floats): the
   bits the GPU run holds the chain to, and the arithmetic the interpreter checks against float64.
@@ -236,8 +239,8 @@ def gluon_chain(a_ptr, whi_ptr, wlo_ptr, wup_ptr, c_ptr, rows, LAYERS: gl.conste
     form with ``MMAS`` 1): the loader streams the weights' head tiles alone.  ``PREFETCH`` (``GROUPS`` 1):
     two fp32 row buffers, the next tile's rows copied in while this one's layers run.  ``XVEC``,
     ``XPHASES``: the fp32 row buffer's swizzle (1, 1: none; 4, 8: each row's 16-byte pieces permuted
-    by the row's index mod 8, so that the epilogue's stores of 8 rows' columns and the split's loads
-    fall into different banks)."""
+    by the row's index mod 8, so that the epilogue's stores of 8 rows' columns fall into different
+    banks; the split's loads are conflict-free either way)."""
     NT_N: gl.constexpr = K // BLOCK_N
     NT_K: gl.constexpr = K // BLOCK_K
     n_rounds = gl.cdiv(gl.cdiv(rows, BLOCK_M), GROUPS)
