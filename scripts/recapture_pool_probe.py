@@ -51,7 +51,6 @@ def probe(model, frame, scale: float, room: float) -> dict:
     torch.cuda.empty_cache()
     runner = FrameRunner(model)
     coord, atype, box = (t.to("cuda") for t in frame)
-    coord, box = coord.float(), box.float()
     runner(coord, atype, box)
     torch.cuda.synchronize()
     before, first = torch.cuda.memory_reserved(), runner._capacities()
@@ -76,7 +75,7 @@ def main(argv=None) -> int:
     from mixstack.deepmd.configs import build_model, perturb
     model = perturb(build_model(args.config, precision="float32", rcut=args.rcut)).eval().to("cuda")
     accelerate(model, level=3)
-    frame = systems.water(args.atoms, seed=6)
+    frame = systems.water(args.atoms, seed=6, dtype=torch.float32)
     for room in values:
         print(json.dumps(probe(model, frame, args.scale, room)), flush=True)
     return 0
