@@ -102,6 +102,8 @@
 #   kernel's forms (default all: chain, pingpong and both with MMAs in flight across K steps).  Both probes' racecheck and GPU steps stop after
 #   GLUON_STEP_SECONDS (default 240) each, so that a kernel that hangs leaves the call's other parts time.
 #   "chainprobe" then runs repro/gluon_ws_racecheck.py under racecheck, plain and with --sync.
+#   "chainncu": ncu (speed of light, compute and memory workload, warp stalls) on the chain's first
+#   CHAIN_NCU_COUNT launches (default 4) of CHAIN_FORMS (default chain-inflight,chain-prefetch-swizzle).
 #   "aoti": repro/aoti_loader_crash.py (AOTInductor's loader, every loading path in its own process; the
 #   compiler's libstdc++ preloaded; the package from each other compiler; the package with its own hidden
 #   libstdc++, mixstack.cxx_runtime's way) and a cuda-gdb backtrace of aoti_load_package (AOTI_GDB=0
@@ -456,6 +458,19 @@ part_chainprobe() {
     done
   fi
 }
+part_chainncu() {
+  # ncu on design B's chain: the first CHAIN_NCU_COUNT (default 4) gluon_chain launches of CHAIN_FORMS (the
+  # bits checks' launches, one a config, in the probe's order) at GLUON_ROWS; under $OUT/chainncu
+  mkdir -p "$OUT/chainncu"
+  if ! command -v ncu > /dev/null; then summary+=("chain ncu: no ncu"); return; fi
+  timeout "$(left)" ncu --clock-control none -k regex:gluon_chain -c "${CHAIN_NCU_COUNT:-4}" \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section Occupancy --section LaunchStats \
+    python3 scripts/gluon_chain_probe.py --forms "${CHAIN_FORMS:-chain-inflight,chain-prefetch-swizzle}" \
+    --rows "${GLUON_ROWS:-600006}" --layers "${CHAIN_LAYERS:-4}" --rounds 1 > "$OUT/chainncu/ncu.txt" 2>&1
+  r=$?; rc=$(( rc || r ))
+  summary+=("chain ncu rc=$r: $(grep -c 'Section:' "$OUT/chainncu/ncu.txt") sections")
+}
 part_aoti() {
   # AOTInductor's loader: a packaged nn.Linear loaded every way (each in its own process, faulthandler
   # on), then a backtrace below Python of the first path under cuda-gdb (the machine has no gdb)
@@ -500,10 +515,10 @@ part_deepmdlammps() {
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|stackprobe|deepmdprobe|pt2conv|restprobe|convprobe|train|lammps|scaling|tma|tmaprobe|gluonprobe|chainprobe|aoti|pt2|deepmd|deepmdlammps)
+    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|stackprobe|deepmdprobe|pt2conv|restprobe|convprobe|train|lammps|scaling|tma|tmaprobe|gluonprobe|chainprobe|chainncu|aoti|pt2|deepmd|deepmdlammps)
       "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, stackprobe, deepmdprobe, pt2conv, restprobe, convprobe, train, lammps, scaling, tma, tmaprobe, gluonprobe, chainprobe, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, stackprobe, deepmdprobe, pt2conv, restprobe, convprobe, train, lammps, scaling, tma, tmaprobe, gluonprobe, chainprobe, chainncu, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

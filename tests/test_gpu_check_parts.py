@@ -326,6 +326,35 @@ def test_the_chainprobe_part_runs_the_partition_racecheck_repro_plain_and_with_i
     assert "ws racecheck [plain] rc=0" in summary and "ws racecheck [--sync] rc=0" in summary
 
 
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_the_chainncu_part_profiles_the_chains_first_launches_without_locking_the_clocks(tmp_path):
+    """``chainncu``: ``ncu --clock-control none`` on the first ``CHAIN_NCU_COUNT`` ``gluon_chain`` launches of
+    the chain probe at S1's rows, the forms ``CHAIN_FORMS`` names, the probe's command parsed by its own
+    parser; the summary counts the report's sections."""
+    from helpers import load_script
+
+    bin_dir, log = tmp_path / "bin", tmp_path / "ncu.jsonl"
+    bin_dir.mkdir()
+    ncu = bin_dir / "ncu"                         # records its command line, reports one section
+    ncu.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                   f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+                   "print('    Section: GPU Speed Of Light Throughput')\n")
+    ncu.chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "BUDGET": "60", "PARTS": "chainncu",
+           "CHAIN_NCU_COUNT": "3", "CHAIN_FORMS": "chain-prefetch", "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (argv,) = map(json.loads, log.read_text().splitlines())
+    assert argv[argv.index("--clock-control") + 1] == "none" and argv[argv.index("-c") + 1] == "3"
+    assert argv[argv.index("-k") + 1] == "regex:gluon_chain"
+    probe = load_script("gluon_chain_probe")
+    args = probe.parser().parse_args(argv[argv.index("python3") + 2:])
+    assert argv[argv.index("python3") + 1] == "scripts/gluon_chain_probe.py"
+    assert args.forms == ("chain-prefetch",) and args.rows == 600006 and args.rounds == 1
+    assert "chain ncu rc=0: 1 sections" in (tmp_path / "out" / "summary.txt").read_text()
+
+
 def test_the_tmaprobe_part_runs_every_candidate_at_s1s_key_then_the_quick_forms_at_two_more(tmp_path):
     """``tmaprobe``: ``scripts/tma_stack_probe.py`` at S1's key (every candidate, E 4099, written
     under ``$OUT/tma``), then the quick forms at the GPU tests' two other keys; every command parses."""
