@@ -102,6 +102,9 @@
 #   kernel's forms (default all: chain, pingpong and both with MMAs in flight across K steps).  Both probes' racecheck and GPU steps stop after
 #   GLUON_STEP_SECONDS (default 240) each, so that a kernel that hangs leaves the call's other parts time.
 #   "chainprobe" then runs repro/gluon_ws_racecheck.py under racecheck, plain and with --sync.
+#   "fwdprobe": scripts/gluon_forward_probe.py, design B's forward (level 3's stack forward in one persistent
+#   kernel, the row tile on chip across the layers, gate and epilogues included): the "gluonprobe" steps,
+#   bits against its twin, times beside level 3's forward as it ships at FWD_EDGES (default 300003), ~2 min.
 #   "chainncu": ncu (speed of light, compute and memory workload, warp stalls) on the chain's first
 #   CHAIN_NCU_COUNT launches (default 4) of CHAIN_FORMS (default chain-inflight,chain-prefetch-swizzle).
 #   "aoti": repro/aoti_loader_crash.py (AOTInductor's loader, every loading path in its own process; the
@@ -458,6 +461,12 @@ part_chainprobe() {
     done
   fi
 }
+part_fwdprobe() {
+  # design B's forward (scripts/gluon_forward_probe.py): offline build, racecheck, then bits against the
+  # twin and times beside level 3's forward as it ships, at FWD_EDGES (default S1's 300003); under $OUT/fwdprobe
+  local every_step=()
+  gluon_probe gluon_forward_probe.py fwdprobe "forward probe" --edges "${FWD_EDGES:-300003}"
+}
 part_chainncu() {
   # ncu on design B's chain: the first CHAIN_NCU_COUNT (default 4) gluon_chain launches of CHAIN_FORMS (the
   # bits checks' launches, one a config, in the probe's order) at GLUON_ROWS; under $OUT/chainncu
@@ -515,10 +524,10 @@ part_deepmdlammps() {
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|stackprobe|deepmdprobe|pt2conv|restprobe|convprobe|train|lammps|scaling|tma|tmaprobe|gluonprobe|chainprobe|chainncu|aoti|pt2|deepmd|deepmdlammps)
+    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|stackprobe|deepmdprobe|pt2conv|restprobe|convprobe|train|lammps|scaling|tma|tmaprobe|gluonprobe|chainprobe|chainncu|fwdprobe|aoti|pt2|deepmd|deepmdlammps)
       "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, stackprobe, deepmdprobe, pt2conv, restprobe, convprobe, train, lammps, scaling, tma, tmaprobe, gluonprobe, chainprobe, chainncu, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, stackprobe, deepmdprobe, pt2conv, restprobe, convprobe, train, lammps, scaling, tma, tmaprobe, gluonprobe, chainprobe, chainncu, fwdprobe, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

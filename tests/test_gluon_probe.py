@@ -136,3 +136,29 @@ def test_the_chain_probe_names_an_unknown_form():
     assert chain.parser().parse_args(["--forms", "pingpong-inflight,chain"]).forms == ("pingpong-inflight", "chain")
     with pytest.raises(SystemExit):
         chain.parser().parse_args(["--forms", "pingpong,zigzag"])
+
+
+def test_design_b_forward_fits_s1s_row_only():
+    """The forward keeps a 64-row tile of fp32 rows and their fp16 split in shared memory: at S1's row (320
+    floats) with the sigmoids, the staging tile and the ring that is 224 KB, under an SM's 227 KB; at S4's
+    (Cf 64, 640 floats) the row tile and its split alone are 320 KB, so no config fits and the probe says so."""
+    probe = load_script("gluon_forward_probe")
+    assert all(probe.fits(cfg, 3, 32) for cfg in probe.CONFIGS)
+    assert probe.smem_bytes(probe.CONFIGS[0], 3, 32) == 64 * 320 * 8 + 64 * 96 * 4 + 64 * 64 * 4 + 64 * 32 * 4 + 2 * 2 * 32 * 64 * 2
+    assert not any(probe.fits(cfg, 3, 64) for cfg in probe.CONFIGS)
+    with pytest.raises(SystemExit, match="--focus-dim 64 --lmax 3"):
+        probe.main(["--focus-dim", "64", "--cpu"])
+
+
+@needs_ptxas
+def test_design_b_forward_builds_for_sm90_with_its_loader_partition_and_no_spills(monkeypatch):
+    """The Gluon forward at S1's key, one config: TMA loads of the weights, warpgroup MMAs, register
+    reallocation between the MMA partition and the loader, the MMAs left in flight (wait depths 3 and 0),
+    no spills, and the shared memory the probe counts (barriers aside)."""
+    probe = load_script("gluon_forward_probe")
+    monkeypatch.setattr(probe, "CONFIGS", ((64, 64, 16, 4, 4),))
+    (row,) = probe.offline(90, 3, 32, 4)
+    assert "error" not in row, row
+    assert row["spill_bytes"] == 0 and row["wgmma"] > 0 and row["tma_loads"] > 0 and row["setmaxnreg"] > 0
+    assert row["wgmma_waits"] == [0, 3]
+    assert row["smem_counted"] <= row["shared_bytes"] <= row["smem_counted"] + 1024 <= 227 * 1024 + 1024

@@ -260,6 +260,27 @@ def test_the_gluon_probe_parts_compile_offline_then_probe_at_s1s_rows(tmp_path, 
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_the_fwdprobe_part_builds_the_forward_offline_then_runs_it_at_s1s_edges(tmp_path):
+    """``fwdprobe``: design B's forward probe offline first, then on the GPU at S1's edges (``FWD_EDGES``
+    overrides), each command parsed by the probe's own parser."""
+    from helpers import load_script
+
+    probe = load_script("gluon_forward_probe")
+
+    def runs(run, **env):
+        (tmp_path / run).mkdir()
+        return [probe.parser().parse_args(argv[1:]) for _, argv in _recorded_commands(tmp_path / run, "fwdprobe", **env)
+                if argv[:1] == ["scripts/gluon_forward_probe.py"]]
+
+    calls = runs("default")
+    assert calls[0].offline and calls[0].out == str(tmp_path / "default" / "out" / "fwdprobe" / "offline")
+    gpu = calls[-1]
+    assert not (gpu.offline or gpu.racecheck or gpu.cpu) and gpu.edges == 300003
+    assert (gpu.focus, gpu.focus_dim, gpu.lmax, gpu.layers) == (2, 32, 3, 4)
+    assert runs("fewer", FWD_EDGES="4099")[-1].edges == 4099
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
 def test_chain_forms_reach_every_step_of_the_chain_probe(tmp_path):
     """``CHAIN_FORMS`` picks the chain kernel's forms for its offline build, racecheck and timing alike;
     unset, every form runs."""
