@@ -30,7 +30,8 @@ own power of two; the gate's logits exact fp32 products, one fused multiply-add 
     python3 scripts/gluon_forward_probe.py [--edges 300003] [--out DIR]   # a Hopper GPU: bits, rates
     python3 scripts/gluon_forward_probe.py --racecheck   # one small launch a config, for compute-sanitizer
 
-On the GPU, beside it: level 3's forward as it ships (``launchers.stack_forward`` with the key's tuned
+On the GPU, beside it: a diagnostic form without the global stores (timed only: what the MMA partition's
+own stores cost) and level 3's forward as it ships (``launchers.stack_forward`` with the key's tuned
 compensated config, or the level-1 default where none is shipped) on the same inputs, its error
 against float64 and its time.  Shapes: S1's key by default (Cf 32, lmax 3, F 2, 4 layers); ``Cf`` must
 be a power of two that divides ``BLOCK_N``, and ``BLOCK_N`` must divide both blocks.
@@ -203,7 +204,7 @@ def _gate(p_s, st_s, sg_s, gw_ptr, gw_row0, rows_layout: gl.constexpr, CF: gl.co
 def _block(x_s, hi_s, lo_s, whi_s, wlo_s, p_s, st_s, sg_s, ready, empty, c, up, gw_ptr, wup_ptr, alpha_ptr, z_ptr, y_ptr,
            out_ptr, e, E, layer, f, F, gated, B: gl.constexpr, K: gl.constexpr, T0: gl.constexpr,
            LMAX: gl.constexpr, CF: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-           STAGES: gl.constexpr, num_warps: gl.constexpr):
+           STAGES: gl.constexpr, STORES: gl.constexpr, num_warps: gl.constexpr):
     """Block ``B`` (``K`` wide, its split tiles from ``T0``) of one layer: each N tile's product staged,
     then ``z`` stored and the next input written back (a gated layer; block 0's first N tile forms the
     gate's sigmoids first), or ``y`` and ``alpha * y`` stored (the identity layer); the ring position back."""
@@ -235,7 +236,8 @@ def _block(x_s, hi_s, lo_s, whi_s, wlo_s, p_s, st_s, sg_s, ready, empty, c, up, 
             offs = col + pc[None, :]
             if gated:                               # z (n_gated, F, E, ROW), focus-major
                 z_rows = ((layer * F + f) * E + e).to(gl.int64) * ROW
-                gl.store(z_ptr + z_rows[:, None] + offs, pq, mask=mask)
+                if STORES:
+                    gl.store(z_ptr + z_rows[:, None] + offs, pq, mask=mask)
                 if B == 0:                          # the scalar columns' SiLU, the others gated
                     sq = sg_s.index(gl.maximum(col - CF, 0) // CF).load(rows_layout)
                     # each branch one fused multiply-add, as the twin's (a select between the
@@ -249,8 +251,9 @@ def _block(x_s, hi_s, lo_s, whi_s, wlo_s, p_s, st_s, sg_s, ready, empty, c, up, 
                 v = uq + pq
                 y_rows = (e.to(gl.int64) * F + f) * ROW
                 a = gl.load(alpha_ptr + e.to(gl.int64) * F + f, mask=e < E, other=0.0)
-                gl.store(y_ptr + y_rows[:, None] + offs, v, mask=mask)
-                gl.store(out_ptr + y_rows[:, None] + offs, v * a[:, None], mask=mask)
+                if STORES:
+                    gl.store(y_ptr + y_rows[:, None] + offs, v, mask=mask)
+                    gl.store(out_ptr + y_rows[:, None] + offs, v * a[:, None], mask=mask)
         _sync()
     return c
 
@@ -259,7 +262,8 @@ def _block(x_s, hi_s, lo_s, whi_s, wlo_s, p_s, st_s, sg_s, ready, empty, c, up, 
 def _forward_products(u_ptr, alpha_ptr, gw_ptr, wup_ptr, z_ptr, y_ptr, out_ptr, E, F, n_tiles, tiles_per_f,
                       x_s, hi_s, lo_s, whi_s, wlo_s, p_s, st_s, sg_s, ready, empty,
                       LAYERS: gl.constexpr, LMAX: gl.constexpr, CF: gl.constexpr, BLOCK_M: gl.constexpr,
-                      BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+                      BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, STORES: gl.constexpr,
+                      num_warps: gl.constexpr):
     """The MMA partition: per row tile, the rows in, every layer's split, products and epilogues out of
     shared memory, ``z`` of the gated layers, ``y`` and the result out."""
     M0: gl.constexpr = (LMAX + 1) * CF
@@ -284,17 +288,18 @@ def _forward_products(u_ptr, alpha_ptr, gw_ptr, wup_ptr, z_ptr, y_ptr, out_ptr, 
             _sync()
             c = _block(x_s, hi_s, lo_s, whi_s, wlo_s, p_s, st_s, sg_s, ready, empty, c, up0, gw_ptr, wup_ptr, alpha_ptr, z_ptr,
                        y_ptr, out_ptr, e, E, layer, f, F, gated, 0, M0, 0, LMAX, CF, BLOCK_M, BLOCK_N, BLOCK_K, STAGES,
-                       num_warps)
+                       STORES, num_warps)
             c = _block(x_s, hi_s, lo_s, whi_s, wlo_s, p_s, st_s, sg_s, ready, empty, c, up1, gw_ptr, wup_ptr, alpha_ptr, z_ptr,
                        y_ptr, out_ptr, e, E, layer, f, F, gated, 1, M1, M0 // BLOCK_K, LMAX, CF, BLOCK_M, BLOCK_N,
-                       BLOCK_K, STAGES, num_warps)
+                       BLOCK_K, STAGES, STORES, num_warps)
             _sync()
 
 
 @gluon.jit
 def gluon_forward(u_ptr, alpha_ptr, w0hi_ptr, w0lo_ptr, w1hi_ptr, w1lo_ptr, wup_ptr, gw_ptr, z_ptr, y_ptr, out_ptr,
                   E, F, LAYERS: gl.constexpr, LMAX: gl.constexpr, CF: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+                  BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, STORES: gl.constexpr,
+                  num_warps: gl.constexpr):
     """Level 3's stack forward: ``u (F, E, ROW)``, ``alpha (E, F)``, the block weights stacked as fp16 head
     and tail ``(LAYERS * F * m, m)`` (each matrix scaled by its ``wup (LAYERS, F, 2)``), ``gw (LAYERS - 1,
     F, Cf, G)`` fp32; writes ``z (LAYERS - 1, F, E, ROW)``, ``y`` and the result ``(E, F, ROW)``."""
@@ -327,7 +332,7 @@ def gluon_forward(u_ptr, alpha_ptr, w0hi_ptr, w0lo_ptr, w1hi_ptr, w1lo_ptr, wup_
     gl.warp_specialize([
         (_forward_products, (u_ptr, alpha_ptr, gw_ptr, wup_ptr, z_ptr, y_ptr, out_ptr, E, F, n_tiles, tiles_per_f,
                              x_s, hi_s, lo_s, whi_s, wlo_s, p_s, st_s, sg_s, ready, empty, LAYERS, LMAX, CF, BLOCK_M, BLOCK_N,
-                             BLOCK_K, STAGES, num_warps)),
+                             BLOCK_K, STAGES, STORES, num_warps)),
         (_forward_loader, (w0hi_desc, w0lo_desc, w1hi_desc, w1lo_desc, whi_s, wlo_s, ready, empty, n_tiles, tiles_per_f,
                            F, LAYERS, M0, M1, BLOCK_N, BLOCK_K, STAGES)),
     ], [1], [24])
@@ -484,14 +489,15 @@ def run_twin(ins, cfg) -> tuple:
     return out, z, y
 
 
-def constexprs(cfg, lmax: int, cf: int, layers: int) -> dict:
+def constexprs(cfg, lmax: int, cf: int, layers: int, stores: bool = True) -> dict:
     bm, bn, bk, stages, warps = cfg
     return {"LAYERS": layers, "LMAX": lmax, "CF": cf, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages,
-            "num_warps": warps}
+            "STORES": stores, "num_warps": warps}
 
 
-def run_gluon(ins, cfg) -> tuple:
-    """``(result, z, y)`` of ``gluon_forward``, one program an SM at most."""
+def run_gluon(ins, cfg, stores: bool = True) -> tuple:
+    """``(result, z, y)`` of ``gluon_forward``, one program an SM at most; ``stores`` off: the diagnostic
+    form without global stores (its outputs unwritten)."""
     import torch
     u = ins["u0"]
     focus, edges, row = u.shape
@@ -500,7 +506,7 @@ def run_gluon(ins, cfg) -> tuple:
     y, out = u.new_empty((edges, focus, row)), u.new_empty((edges, focus, row))
     programs = min(triton.cdiv(edges, cfg[0]) * focus, torch.cuda.get_device_properties(u.device).multi_processor_count)
     gluon_forward[(programs,)](u, ins["alpha"], ins["w0hi"], ins["w0lo"], ins["w1hi"], ins["w1lo"], ins["wup"], ins["gw"],
-                               z, y, out, edges, focus, **constexprs(cfg, ins["lmax"], ins["cf"], layers))
+                               z, y, out, edges, focus, **constexprs(cfg, ins["lmax"], ins["cf"], layers, stores))
     return out, z, y
 
 
@@ -586,6 +592,8 @@ def gpu(args) -> dict:
             if ref is not None:
                 entry.update(error=errors(got, ref), twin_error=errors(twin, ref))
             variants[f"gluon {cfg}"] = lambda cfg=cfg: run_gluon(ins, cfg)
+            # what the MMA partition's own stores of z, y and the result cost: the form without them, timed only
+            variants[f"gluon {cfg} no stores (diagnostic)"] = lambda cfg=cfg: run_gluon(ins, cfg, stores=False)
             variants.setdefault(f"twin {cfg[:3]}", lambda cfg=cfg: run_twin(ins, cfg))
         except Exception as exc:
             entry["error_text"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
