@@ -105,6 +105,7 @@
 #   "fwdprobe": scripts/gluon_forward_probe.py, design B's forward (level 3's stack forward in one persistent
 #   kernel, the row tile on chip across the layers, gate and epilogues included): the "gluonprobe" steps,
 #   bits against its twin, times beside level 3's forward as it ships at FWD_EDGES (default 300003), ~2 min.
+#   "fwdncu": ncu (the same sections as "chainncu") on the forward probe's first FWD_NCU_COUNT launches (default 2).
 #   "chainncu": ncu (speed of light, compute and memory workload, warp stalls) on the chain's first
 #   CHAIN_NCU_COUNT launches (default 4) of CHAIN_FORMS (default chain-inflight,chain-prefetch-swizzle).
 #   "aoti": repro/aoti_loader_crash.py (AOTInductor's loader, every loading path in its own process; the
@@ -467,6 +468,18 @@ part_fwdprobe() {
   local every_step=()
   gluon_probe gluon_forward_probe.py fwdprobe "forward probe" --edges "${FWD_EDGES:-300003}"
 }
+part_fwdncu() {
+  # ncu on design B's forward: its first FWD_NCU_COUNT (default 2) gluon_forward launches (the bits
+  # checks', one a config) at FWD_EDGES; under $OUT/fwdncu
+  mkdir -p "$OUT/fwdncu"
+  if ! command -v ncu > /dev/null; then summary+=("forward ncu: no ncu"); return; fi
+  timeout "$(left)" ncu --clock-control none -k regex:gluon_forward -c "${FWD_NCU_COUNT:-2}" \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section Occupancy --section LaunchStats \
+    python3 scripts/gluon_forward_probe.py --edges "${FWD_EDGES:-300003}" --rounds 1 > "$OUT/fwdncu/ncu.txt" 2>&1
+  r=$?; rc=$(( rc || r ))
+  summary+=("forward ncu rc=$r: $(grep -c 'Section:' "$OUT/fwdncu/ncu.txt") sections")
+}
 part_chainncu() {
   # ncu on design B's chain: the first CHAIN_NCU_COUNT (default 4) gluon_chain launches of CHAIN_FORMS (the
   # bits checks' launches, one a config, in the probe's order) at GLUON_ROWS; under $OUT/chainncu
@@ -524,10 +537,10 @@ part_deepmdlammps() {
 IFS=',' read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do              # in the order PARTS names them
   case "$part" in
-    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|stackprobe|deepmdprobe|pt2conv|restprobe|convprobe|train|lammps|scaling|tma|tmaprobe|gluonprobe|chainprobe|chainncu|fwdprobe|aoti|pt2|deepmd|deepmdlammps)
+    tests|tune|retune|grid|gridcheck|model|md|breakdown|baseline|probe|stackprobe|deepmdprobe|pt2conv|restprobe|convprobe|train|lammps|scaling|tma|tmaprobe|gluonprobe|chainprobe|chainncu|fwdprobe|fwdncu|aoti|pt2|deepmd|deepmdlammps)
       "part_$part" ;;
     stack) part_stack "$@" ;;
-    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, stackprobe, deepmdprobe, pt2conv, restprobe, convprobe, train, lammps, scaling, tma, tmaprobe, gluonprobe, chainprobe, chainncu, fwdprobe, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
+    *) echo "unknown part '$part' (use tests, tune, retune, grid, gridcheck, stack, model, md, breakdown, baseline, probe, stackprobe, deepmdprobe, pt2conv, restprobe, convprobe, train, lammps, scaling, tma, tmaprobe, gluonprobe, chainprobe, chainncu, fwdprobe, fwdncu, aoti, pt2, deepmd, deepmdlammps)"; rc=2 ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

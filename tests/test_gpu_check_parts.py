@@ -281,6 +281,33 @@ def test_the_fwdprobe_part_builds_the_forward_offline_then_runs_it_at_s1s_edges(
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_the_fwdncu_part_profiles_the_forwards_first_launches(tmp_path):
+    """``fwdncu``: ``ncu --clock-control none`` on the first ``FWD_NCU_COUNT`` ``gluon_forward`` launches of the
+    forward probe at ``FWD_EDGES``, the probe's command parsed by its own parser."""
+    from helpers import load_script
+
+    bin_dir, log = tmp_path / "bin", tmp_path / "ncu.jsonl"
+    bin_dir.mkdir()
+    ncu = bin_dir / "ncu"
+    ncu.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                   f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+                   "print('    Section: GPU Speed Of Light Throughput')\n")
+    ncu.chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "BUDGET": "60", "PARTS": "fwdncu", "FWD_EDGES": "8191",
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (argv,) = map(json.loads, log.read_text().splitlines())
+    assert argv[argv.index("--clock-control") + 1] == "none" and argv[argv.index("-c") + 1] == "2"
+    assert argv[argv.index("-k") + 1] == "regex:gluon_forward"
+    assert argv[argv.index("python3") + 1] == "scripts/gluon_forward_probe.py"
+    args = load_script("gluon_forward_probe").parser().parse_args(argv[argv.index("python3") + 2:])
+    assert args.edges == 8191 and args.rounds == 1 and not args.offline
+    assert "forward ncu rc=0: 1 sections" in (tmp_path / "out" / "summary.txt").read_text()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
 def test_chain_forms_reach_every_step_of_the_chain_probe(tmp_path):
     """``CHAIN_FORMS`` picks the chain kernel's forms for its offline build, racecheck and timing alike;
     unset, every form runs."""
