@@ -34,7 +34,8 @@ On the GPU, beside it: a diagnostic form without the global stores (timed only: 
 own stores cost) and level 3's forward as it ships (``launchers.stack_forward`` with the key's tuned
 compensated config, or the level-1 default where none is shipped) on the same inputs, its error
 against float64 and its time.  Shapes: S1's key by default (Cf 32, lmax 3, F 2, 4 layers); ``Cf`` must
-be a power of two that divides ``BLOCK_N``, and ``BLOCK_N`` must divide both blocks.
+be a power of two that divides ``BLOCK_N``, and ``BLOCK_N`` must divide both blocks; with the row tile and its
+split in shared memory, only S1's and S3's row (320 floats) fits an SM (``fits``).
 """
 
 from __future__ import annotations
