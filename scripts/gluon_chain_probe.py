@@ -477,10 +477,7 @@ def main(argv=None) -> int:
         return 0
     record = ({"offline": offline(args.arch, args.layers, args.forms), "triton": triton.__version__} if args.offline
               else gpu(args))
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "gluon_chain_probe.json"), "w") as fh:
-            json.dump(record, fh, indent=1)
+    single.write_record(args.out, "gluon_chain_probe.json", record)
     return 0
 
 

@@ -613,18 +613,12 @@ def gpu(args) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--offline", action="store_true", help="compile for --arch without a GPU")
-    p.add_argument("--arch", type=int, default=90)
-    p.add_argument("--cpu", action="store_true", help="the Triton twin in the interpreter against float64")
-    p.add_argument("--racecheck", action="store_true", help="one small launch per config (for compute-sanitizer)")
+    p = single.probe_parser(__doc__, 15, "gluon_forward_probe.json", rows=False)
     p.add_argument("--edges", type=int, default=300003, help="edges E (default 300003: S1's)")
     p.add_argument("--focus", type=int, default=2, help="focus streams F (default 2)")
     p.add_argument("--focus-dim", type=int, default=32, help="Cf (default 32), a power of two")
     p.add_argument("--lmax", type=int, default=3, help="lmax (default 3)")
     p.add_argument("--layers", type=int, default=4, help="layers, the last the identity layer (default 4)")
-    p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--out", help="folder for gluon_forward_probe.json")
     return p
 
 
@@ -640,10 +634,7 @@ def main(argv=None) -> int:
         return 0
     record = ({"offline": offline(args.arch, args.lmax, args.focus_dim, args.layers), "triton": triton.__version__}
               if args.offline else gpu(args))
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "gluon_forward_probe.json"), "w") as fh:
-            json.dump(record, fh, indent=1)
+    single.write_record(args.out, "gluon_forward_probe.json", record)
     return 0
 
 

@@ -404,17 +404,27 @@ def gpu(args) -> dict:
     return record
 
 
-def probe_parser(doc: str, rounds: int, record: str) -> argparse.ArgumentParser:
-    """The options every Gluon probe takes (its own added by the caller)."""
+def probe_parser(doc: str, rounds: int, record: str, rows: bool = True) -> argparse.ArgumentParser:
+    """The options every Gluon probe takes (its own added by the caller); ``rows``: ``--rows``, the rows of
+    ``A`` (a probe sized otherwise adds its own)."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--offline", action="store_true", help="compile for --arch without a GPU")
     p.add_argument("--arch", type=int, default=90)
     p.add_argument("--cpu", action="store_true", help="the Triton twin in the interpreter against float64")
     p.add_argument("--racecheck", action="store_true", help="one small launch per config (for compute-sanitizer)")
-    p.add_argument("--rows", type=int, default=600006, help="rows of A (default 600006: S1's two focus streams)")
+    if rows:
+        p.add_argument("--rows", type=int, default=600006, help="rows of A (default 600006: S1's two focus streams)")
     p.add_argument("--rounds", type=int, default=rounds)
     p.add_argument("--out", help=f"folder for {record}")
     return p
+
+
+def write_record(out: str | None, name: str, record: dict) -> None:
+    """A probe's record as JSON into folder ``out`` (made if missing) as ``name``; nothing without ``out``."""
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, name), "w") as fh:
+            json.dump(record, fh, indent=1)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -427,10 +437,7 @@ def main(argv=None) -> int:
         cpu_check()
         return 0
     record = {"offline": offline(args.arch), "triton": triton.__version__} if args.offline else gpu(args)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "gluon_probe.json"), "w") as fh:
-            json.dump(record, fh, indent=1)
+    write_record(args.out, "gluon_probe.json", record)
     return 0
 
 

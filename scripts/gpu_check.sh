@@ -468,30 +468,27 @@ part_fwdprobe() {
   local every_step=()
   gluon_probe gluon_forward_probe.py fwdprobe "forward probe" --edges "${FWD_EDGES:-300003}"
 }
-part_fwdncu() {
-  # ncu on design B's forward: its first FWD_NCU_COUNT (default 2) gluon_forward launches (the bits
-  # checks', one a config) at FWD_EDGES; under $OUT/fwdncu
-  mkdir -p "$OUT/fwdncu"
-  if ! command -v ncu > /dev/null; then summary+=("forward ncu: no ncu"); return; fi
-  timeout "$(left)" ncu --clock-control none -k regex:gluon_forward -c "${FWD_NCU_COUNT:-2}" \
+probe_ncu() {   # DIR NAME KERNEL COUNT SCRIPT [args]: ncu (clocks unlocked) on the first COUNT launches of KERNEL
+  local dir=$OUT/$1 name=$2 kernel=$3 count=$4; shift 4
+  mkdir -p "$dir"
+  if ! command -v ncu > /dev/null; then summary+=("$name ncu: no ncu"); return; fi
+  timeout "$(left)" ncu --clock-control none -k "regex:$kernel" -c "$count" \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --section WarpStateStats --section Occupancy --section LaunchStats \
-    python3 scripts/gluon_forward_probe.py --edges "${FWD_EDGES:-300003}" --rounds 1 > "$OUT/fwdncu/ncu.txt" 2>&1
+    python3 "$@" --rounds 1 > "$dir/ncu.txt" 2>&1
   r=$?; rc=$(( rc || r ))
-  summary+=("forward ncu rc=$r: $(grep -c 'Section:' "$OUT/fwdncu/ncu.txt") sections")
+  summary+=("$name ncu rc=$r: $(grep -c 'Section:' "$dir/ncu.txt") sections")
+}
+part_fwdncu() {
+  # design B's forward: its first FWD_NCU_COUNT (default 2) launches (the bits checks', one a config) at FWD_EDGES
+  probe_ncu fwdncu forward gluon_forward "${FWD_NCU_COUNT:-2}" scripts/gluon_forward_probe.py --edges "${FWD_EDGES:-300003}"
 }
 part_chainncu() {
-  # ncu on design B's chain: the first CHAIN_NCU_COUNT (default 4) gluon_chain launches of CHAIN_FORMS (the
-  # bits checks' launches, one a config, in the probe's order) at GLUON_ROWS; under $OUT/chainncu
-  mkdir -p "$OUT/chainncu"
-  if ! command -v ncu > /dev/null; then summary+=("chain ncu: no ncu"); return; fi
-  timeout "$(left)" ncu --clock-control none -k regex:gluon_chain -c "${CHAIN_NCU_COUNT:-4}" \
-    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-    --section WarpStateStats --section Occupancy --section LaunchStats \
-    python3 scripts/gluon_chain_probe.py --forms "${CHAIN_FORMS:-chain-inflight,chain-prefetch-swizzle}" \
-    --rows "${GLUON_ROWS:-600006}" --layers "${CHAIN_LAYERS:-4}" --rounds 1 > "$OUT/chainncu/ncu.txt" 2>&1
-  r=$?; rc=$(( rc || r ))
-  summary+=("chain ncu rc=$r: $(grep -c 'Section:' "$OUT/chainncu/ncu.txt") sections")
+  # design B's chain: the first CHAIN_NCU_COUNT (default 4) launches of CHAIN_FORMS (the bits checks', one a
+  # config, in the probe's order) at GLUON_ROWS
+  probe_ncu chainncu chain gluon_chain "${CHAIN_NCU_COUNT:-4}" scripts/gluon_chain_probe.py \
+    --forms "${CHAIN_FORMS:-chain-inflight,chain-prefetch-swizzle}" --rows "${GLUON_ROWS:-600006}" \
+    --layers "${CHAIN_LAYERS:-4}"
 }
 part_aoti() {
   # AOTInductor's loader: a packaged nn.Linear loaded every way (each in its own process, faulthandler

@@ -44,22 +44,41 @@ def test_the_grid_part_runs_and_resumes_from_a_previous_slice(tmp_path):
     assert "measured 2, skipped 0" in (tmp_path / "c" / "summary.txt").read_text()
 
 
-def _recorded_commands(tmp_path, parts: str, **env) -> list[tuple[str, list[str]]]:
-    """Run ``scripts/gpu_check.sh`` with a ``python3`` on ``PATH`` that only records its
-    arguments (and ``MIXSTACK_CONV_KERNELS``): the commands a part would run, without running them."""
-    bin_dir, log = tmp_path / "bin", tmp_path / "calls.jsonl"
+def _check_with_shim(tmp_path, parts: str, tool: str, body: str, **env) -> None:
+    """Run ``scripts/gpu_check.sh``'s ``parts`` with a Python script ``body`` on ``PATH`` as ``tool``;
+    the run must succeed."""
+    bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    shim = bin_dir / "python3"
-    shim.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
-                    f"with open({str(log)!r}, 'a') as f:\n"
-                    "    f.write(json.dumps([os.environ.get('MIXSTACK_CONV_KERNELS', ''), sys.argv[1:]]) + '\\n')\n")
+    shim = bin_dir / tool
+    shim.write_text(f"#!{sys.executable}\n{body}")
     shim.chmod(0o755)
     full = {**os.environ, "OUT": str(tmp_path / "out"), "BUDGET": "60", "PARTS": parts,
             "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", **env}
     done = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, env=full, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _recorded_commands(tmp_path, parts: str, **env) -> list[tuple[str, list[str]]]:
+    """Run ``scripts/gpu_check.sh`` with a ``python3`` on ``PATH`` that only records its
+    arguments (and ``MIXSTACK_CONV_KERNELS``): the commands a part would run, without running them."""
+    log = tmp_path / "calls.jsonl"
+    _check_with_shim(tmp_path, parts, "python3",
+                     f"import json, os, sys\nwith open({str(log)!r}, 'a') as f:\n"
+                     "    f.write(json.dumps([os.environ.get('MIXSTACK_CONV_KERNELS', ''), sys.argv[1:]]) + '\\n')\n",
+                     **env)
     return [tuple(json.loads(line)) for line in log.read_text().splitlines()]
+
+
+def _ncu_command(tmp_path, part: str, **env) -> tuple[list[str], str]:
+    """Run ``scripts/gpu_check.sh``'s ``part`` with an ``ncu`` on ``PATH`` that records its command line and
+    reports one section: ``(that command line, the run's summary.txt)``."""
+    log = tmp_path / "ncu.jsonl"
+    _check_with_shim(tmp_path, part, "ncu",
+                     f"import json, sys\nopen({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+                     "print('    Section: GPU Speed Of Light Throughput')\n", **env)
+    (argv,) = map(json.loads, log.read_text().splitlines())
+    return argv, (tmp_path / "out" / "summary.txt").read_text()
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
@@ -286,25 +305,13 @@ def test_the_fwdncu_part_profiles_the_forwards_first_launches(tmp_path):
     forward probe at ``FWD_EDGES``, the probe's command parsed by its own parser."""
     from helpers import load_script
 
-    bin_dir, log = tmp_path / "bin", tmp_path / "ncu.jsonl"
-    bin_dir.mkdir()
-    ncu = bin_dir / "ncu"
-    ncu.write_text(f"#!{sys.executable}\nimport json, sys\n"
-                   f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
-                   "print('    Section: GPU Speed Of Light Throughput')\n")
-    ncu.chmod(0o755)
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "BUDGET": "60", "PARTS": "fwdncu", "FWD_EDGES": "8191",
-           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    done = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    (argv,) = map(json.loads, log.read_text().splitlines())
+    argv, summary = _ncu_command(tmp_path, "fwdncu", FWD_EDGES="8191")
     assert argv[argv.index("--clock-control") + 1] == "none" and argv[argv.index("-c") + 1] == "2"
     assert argv[argv.index("-k") + 1] == "regex:gluon_forward"
     assert argv[argv.index("python3") + 1] == "scripts/gluon_forward_probe.py"
     args = load_script("gluon_forward_probe").parser().parse_args(argv[argv.index("python3") + 2:])
     assert args.edges == 8191 and args.rounds == 1 and not args.offline
-    assert "forward ncu rc=0: 1 sections" in (tmp_path / "out" / "summary.txt").read_text()
+    assert "forward ncu rc=0: 1 sections" in summary
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
@@ -381,26 +388,14 @@ def test_the_chainncu_part_profiles_the_chains_first_launches_without_locking_th
     parser; the summary counts the report's sections."""
     from helpers import load_script
 
-    bin_dir, log = tmp_path / "bin", tmp_path / "ncu.jsonl"
-    bin_dir.mkdir()
-    ncu = bin_dir / "ncu"                         # records its command line, reports one section
-    ncu.write_text(f"#!{sys.executable}\nimport json, sys\n"
-                   f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
-                   "print('    Section: GPU Speed Of Light Throughput')\n")
-    ncu.chmod(0o755)
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "BUDGET": "60", "PARTS": "chainncu",
-           "CHAIN_NCU_COUNT": "3", "CHAIN_FORMS": "chain-prefetch", "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    done = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    (argv,) = map(json.loads, log.read_text().splitlines())
+    argv, summary = _ncu_command(tmp_path, "chainncu", CHAIN_NCU_COUNT="3", CHAIN_FORMS="chain-prefetch")
     assert argv[argv.index("--clock-control") + 1] == "none" and argv[argv.index("-c") + 1] == "3"
     assert argv[argv.index("-k") + 1] == "regex:gluon_chain"
     probe = load_script("gluon_chain_probe")
     args = probe.parser().parse_args(argv[argv.index("python3") + 2:])
     assert argv[argv.index("python3") + 1] == "scripts/gluon_chain_probe.py"
     assert args.forms == ("chain-prefetch",) and args.rows == 600006 and args.rounds == 1
-    assert "chain ncu rc=0: 1 sections" in (tmp_path / "out" / "summary.txt").read_text()
+    assert "chain ncu rc=0: 1 sections" in summary
 
 
 def test_the_tmaprobe_part_runs_every_candidate_at_s1s_key_then_the_quick_forms_at_two_more(tmp_path):
